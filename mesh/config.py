@@ -1,0 +1,229 @@
+"""Membership tuning profiles: `lan`, `wan` and `local`.
+
+Every field below is a trade-off between how fast the swarm notices a change
+and how much it costs (bandwidth, false alarms). The defaults follow
+hashicorp/memberlist's measured profiles where they are good, and depart
+from them where the swarm's needs differ; each departure says why.
+
+The time a crashed node takes to be declared dead everywhere is bounded by
+`MembershipConfig.detection_bound(n)`; tests and the demo rely on it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True, slots=True)
+class MembershipConfig:
+    name: str
+
+    probe_interval: float
+    """Seconds between probes of one member (round-robin over all members).
+
+    Shorter finds crashes sooner but costs one ping and ack per interval per
+    node. Scaled up by the local-health multiplier when we are unwell."""
+
+    probe_timeout: float
+    """Seconds to wait for a direct ack before asking helpers to probe.
+
+    Must exceed the network's round-trip time at its 99th percentile, or
+    healthy nodes get indirect probes (cost) and suspicions (noise)."""
+
+    indirect_checks: int
+    """Helpers asked to probe a target that missed its direct ack.
+
+    More helpers make a false suspicion under packet loss less likely: with
+    10% loss, each indirect path fails with ~34% chance, three all fail with
+    ~4%, so three keeps suspicions rare without flooding."""
+
+    gossip_interval: float
+    """Seconds between gossip rounds (only when there is something to send)."""
+
+    gossip_fanout: int
+    """Random members each gossip round goes to. Fanout 3 with 200 ms rounds
+    is memberlist's LAN setting; the spread time grows as log(N)/log(fanout)."""
+
+    retransmit_mult: int
+    """Each update is sent retransmit_mult * ceil(log10(N + 1)) times by every
+    node that holds it; enough that all N nodes get it with high probability."""
+
+    suspicion_mult: int
+    """Minimum suspicion timeout = suspicion_mult * max(1, log10 N) * probe_interval.
+
+    memberlist uses 4 (12 s at 1,000 nodes). We use 3 on LAN: refutations
+    reach a suspect within ~2 gossip hops of a second, so 9 s still leaves a
+    wide margin, and detection gets ~3 s faster (target: median <= 15 s)."""
+
+    suspicion_max_timeout_mult: int
+    """A suspicion starts at max = this * min and falls toward min as other
+    members independently confirm it (Lifeguard): a lone accuser whose own
+    links are bad cannot get a healthy node declared dead quickly."""
+
+    push_pull_interval: float
+    """Seconds between full-state syncs with one random member, scaled by
+    ceil(log2 N - 5) + 1 above 32 nodes so total sync traffic stays flat.
+    It repairs whatever gossip missed (e.g. updates that aged out)."""
+
+    awareness_max_multiplier: int
+    """Lifeguard local health: when our own probes go unanswered without
+    nacks, we are probably the slow one, so probe timeouts and intervals grow
+    up to this factor instead of accusing healthy peers."""
+
+    gossip_to_dead_time: float
+    """Keep gossiping to a member this long after it was declared dead, so a
+    falsely declared node hears of it and refutes."""
+
+    reconnect_interval: float
+    """Every this many seconds, ping one random dead (not departed) member;
+    an answer triggers a full-state sync. This is what heals a partition:
+    after it, each side thinks the other is dead and would never talk to it
+    again otherwise (serf does the same with its reconnect loop)."""
+
+    reconnect_timeout: float
+    """Stop trying to reach a dead member after this long; its entry is then
+    forgotten. Departed (left) members are forgotten after the same time."""
+
+    packet_budget: int
+    """Bytes of piggybacked updates per message (estimated). Keeps probes
+    small and a gossip packet near one MTU on LAN."""
+
+    join_retry_interval: float
+    """Seconds between join attempts while no seed has answered."""
+
+    def __post_init__(self) -> None:
+        if self.probe_timeout >= self.probe_interval:
+            raise ValueError("probe_timeout must be shorter than probe_interval")
+        for field_name in (
+            "probe_interval",
+            "gossip_interval",
+            "push_pull_interval",
+            "reconnect_interval",
+        ):
+            if getattr(self, field_name) <= 0:
+                raise ValueError(f"{field_name} must be positive")
+        if self.gossip_fanout < 1 or self.retransmit_mult < 1 or self.suspicion_mult < 1:
+            raise ValueError("fanout, retransmit_mult and suspicion_mult must be >= 1")
+
+    # --- profiles -----------------------------------------------------------
+
+    @classmethod
+    def lan(cls) -> MembershipConfig:
+        """One building or data centre: sub-millisecond to few-ms round trips."""
+        return cls(
+            name="lan",
+            probe_interval=1.0,
+            probe_timeout=0.5,
+            indirect_checks=3,
+            gossip_interval=0.2,
+            gossip_fanout=3,
+            retransmit_mult=4,
+            suspicion_mult=3,
+            suspicion_max_timeout_mult=6,
+            push_pull_interval=30.0,
+            awareness_max_multiplier=8,
+            gossip_to_dead_time=30.0,
+            reconnect_interval=10.0,
+            reconnect_timeout=24 * 3600.0,
+            packet_budget=1400,
+            join_retry_interval=1.0,
+        )
+
+    @classmethod
+    def wan(cls) -> MembershipConfig:
+        """Volunteers across the internet: 50-300 ms round trips, more loss.
+
+        Probes and suspicion are slower (a home link that stalls for a second
+        must not be declared dead); fanout is higher to make up for loss."""
+        return cls(
+            name="wan",
+            probe_interval=5.0,
+            probe_timeout=3.0,
+            indirect_checks=3,
+            gossip_interval=0.5,
+            gossip_fanout=4,
+            retransmit_mult=4,
+            suspicion_mult=6,
+            suspicion_max_timeout_mult=6,
+            push_pull_interval=60.0,
+            awareness_max_multiplier=8,
+            gossip_to_dead_time=60.0,
+            reconnect_interval=30.0,
+            reconnect_timeout=24 * 3600.0,
+            packet_budget=1400,
+            join_retry_interval=2.0,
+        )
+
+    @classmethod
+    def local(cls) -> MembershipConfig:
+        """One machine (loopback): tests and the demo.
+
+        Everything is fast because loopback neither loses nor delays; a
+        crashed process is declared dead in a few seconds."""
+        return cls(
+            name="local",
+            probe_interval=0.3,
+            probe_timeout=0.1,
+            indirect_checks=2,
+            gossip_interval=0.05,
+            gossip_fanout=3,
+            retransmit_mult=3,
+            suspicion_mult=3,
+            suspicion_max_timeout_mult=4,
+            push_pull_interval=5.0,
+            awareness_max_multiplier=4,
+            gossip_to_dead_time=10.0,
+            reconnect_interval=1.0,
+            reconnect_timeout=3600.0,
+            packet_budget=64 * 1024,
+            join_retry_interval=0.3,
+        )
+
+    @classmethod
+    def profile(cls, name: str) -> MembershipConfig:
+        factories = {"lan": cls.lan, "wan": cls.wan, "local": cls.local}
+        try:
+            return factories[name]()
+        except KeyError:
+            choices = ", ".join(sorted(factories))
+            raise ValueError(f"unknown profile {name!r}; choose one of {choices}") from None
+
+    def with_overrides(self, **changes: object) -> MembershipConfig:
+        return replace(self, **changes)
+
+    # --- derived quantities -------------------------------------------------
+
+    def retransmit_limit(self, n: int) -> int:
+        return self.retransmit_mult * math.ceil(math.log10(n + 1))
+
+    def suspicion_min_timeout(self, n: int) -> float:
+        return self.suspicion_mult * max(1.0, math.log10(max(n, 1))) * self.probe_interval
+
+    def suspicion_max_timeout(self, n: int) -> float:
+        return self.suspicion_max_timeout_mult * self.suspicion_min_timeout(n)
+
+    def suspicion_confirmations(self, n: int) -> int:
+        """Independent confirmations that bring a suspicion down to its minimum."""
+        return max(0, min(self.suspicion_mult - 2, n - 2))
+
+    def push_pull_period(self, n: int) -> float:
+        if n <= 32:
+            return self.push_pull_interval
+        return self.push_pull_interval * (math.ceil(math.log2(n) - 5) + 1)
+
+    def detection_bound(self, n: int) -> float:
+        """Worst case seconds from a crash to `dead` at every surviving member.
+
+        Each survivor probes members round-robin in an order it reshuffles
+        every cycle, so it reaches any given member within 2 * (n - 1) probe
+        intervals. Add one interval for the failed probe, the maximum
+        suspicion timeout (as if nobody confirmed it), and the spread of the
+        `dead` update. Typical detection is far sooner: all n - 1 survivors
+        probe, and confirmations shrink the timeout to its minimum. Assumes
+        healthy survivors (local-health multiplier at 1).
+        """
+        first_probe = 2 * max(n - 1, 1) * self.probe_interval
+        failed_probe = self.probe_interval
+        spread = 10 * self.gossip_interval + self.probe_interval
+        return first_probe + failed_probe + self.suspicion_max_timeout(n) + spread

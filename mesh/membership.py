@@ -1,0 +1,900 @@
+"""SWIM membership with Lifeguard, as a protocol object with no I/O.
+
+The object is driven from outside, like h11 or etcd-io/raft's RawNode:
+
+- `receive(envelope, now)` feeds one inbound message;
+- `tick(now)` fires every timer that is due;
+- `next_deadline()` says when `tick` must next be called;
+- `take_sends()` and `take_events()` drain what it wants sent and what
+  changed.
+
+It never reads a clock (time is always the `now` argument), draws randomness
+only from the injected `random.Random`, and signs and verifies through the
+injected signer and verifier. The trio node and the simulator drive the very
+same object, which is what makes a 1,000-node partition reproducible.
+
+Protocol summary (SWIM, arXiv cs/0204058, with Lifeguard, arXiv 1707.00788):
+
+- Every probe interval a node pings the next member of a shuffled
+  round-robin order. No ack within the probe timeout: it asks
+  `indirect_checks` other members to ping the target for it; they answer
+  with the target's ack or, failing that, a nack. No ack by the end of the
+  interval: the target becomes *suspect*.
+- A suspicion becomes *dead* after a timeout that starts long and shrinks
+  as other members independently confirm it. The suspect refutes by
+  announcing itself alive with a higher incarnation, which only it can sign.
+- Local health (Lifeguard): probes that fail while helpers stay silent
+  (no nacks) mean the fault is probably ours, so we slow our own probing
+  instead of accusing healthy peers.
+- Updates ride on every ping and ack and on periodic gossip to a few random
+  members; each node retransmits an update ~mult*log10(N) times.
+- Periodically a node swaps its full state with one random member, and
+  pings one random dead member so that healed partitions merge again.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mesh.config import MembershipConfig
+from mesh.identity import Signer, Verifier
+from mesh.messages import (
+    Ack,
+    Alive,
+    Dead,
+    Envelope,
+    Gossip,
+    Message,
+    Nack,
+    Ping,
+    PingReq,
+    PushPull,
+    Record,
+    Suspect,
+    Update,
+    alive_signing_bytes,
+    dead_signing_bytes,
+    record_signing_bytes,
+    signer_of,
+    signing_bytes,
+    suspect_signing_bytes,
+)
+
+MAX_COUNTER = 2**63 - 1
+"""Incarnations and record sequence numbers stay below 2**63 (wire limit)."""
+
+RELAY_NACK_FRACTION = 0.8
+"""A helper probing on someone's behalf sends its nack after this fraction
+of its probe timeout, so the nack lands before the requester's probe ends."""
+
+# Estimated encoded sizes, used only to keep piggybacked updates within the
+# packet budget without encoding them twice. Generous upper bounds.
+_SIZE_ALIVE = 120
+_SIZE_ACCUSATION = 160
+_SIZE_RECORD = 130
+
+
+class MemberState(StrEnum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Send `envelope` to the node listening at `addr`."""
+
+    addr: str
+    envelope: Envelope
+
+
+@dataclass(frozen=True, slots=True)
+class MemberEvent:
+    """A change in this node's view. `kind` is one of
+    "joined", "alive", "suspect", "dead", "left", "record"; for "record",
+    `incarnation` carries the record's seq."""
+
+    kind: str
+    node: bytes
+    incarnation: int
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
+class MemberView:
+    node: bytes
+    addr: str
+    incarnation: int
+    state: MemberState
+    state_since: float
+    last_seen: float | None
+    record: Record | None
+
+
+class _Member:
+    __slots__ = (
+        "accusation",
+        "addr",
+        "alive",
+        "incarnation",
+        "last_seen",
+        "node",
+        "state",
+        "state_since",
+    )
+
+    def __init__(self, alive: Alive, now: float) -> None:
+        self.node = alive.node
+        self.addr = alive.addr
+        self.incarnation = alive.incarnation
+        self.alive = alive
+        self.accusation: Suspect | Dead | None = None
+        self.state = MemberState.ALIVE
+        self.state_since = now
+        self.last_seen: float | None = None
+
+
+class _Suspicion:
+    """Lifeguard's shrinking suspicion timer for one member."""
+
+    __slots__ = ("accusers", "deadline", "k", "max_timeout", "min_timeout", "start")
+
+    def __init__(self, start: float, accuser: bytes, k: int, lo: float, hi: float) -> None:
+        self.start = start
+        self.accusers = {accuser}
+        self.k = k
+        self.min_timeout = lo
+        self.max_timeout = hi
+        self.deadline = start + (lo if k == 0 else hi)
+
+    def confirm(self, accuser: bytes) -> bool:
+        """Count an independent accuser; True if it was new."""
+        if accuser in self.accusers:
+            return False
+        self.accusers.add(accuser)
+        confirmations = len(self.accusers) - 1
+        if self.k > 0:
+            fraction = math.log(confirmations + 1) / math.log(self.k + 1)
+            timeout = self.max_timeout - fraction * (self.max_timeout - self.min_timeout)
+            self.deadline = self.start + max(self.min_timeout, timeout)
+        return True
+
+
+class _Probe:
+    __slots__ = ("acked", "direct_deadline", "end", "helpers", "nacks", "seq", "target")
+
+    def __init__(self, seq: int, target: bytes, direct_deadline: float, end: float) -> None:
+        self.seq = seq
+        self.target = target
+        self.direct_deadline = direct_deadline  # inf once the indirect phase began
+        self.end = end
+        self.acked = False
+        self.helpers = 0
+        self.nacks = 0
+
+
+class _Broadcast:
+    __slots__ = ("order", "size", "transmits", "update")
+
+    def __init__(self, update: Update, order: int, size: int) -> None:
+        self.update = update
+        self.order = order
+        self.size = size
+        self.transmits = 0
+
+
+def _update_size(update: Update) -> int:
+    if isinstance(update, Alive):
+        return _SIZE_ALIVE + len(update.addr)
+    if isinstance(update, Record):
+        return _SIZE_RECORD + len(update.body)
+    return _SIZE_ACCUSATION
+
+
+def _broadcast_key(update: Update) -> tuple[str, bytes]:
+    """Updates with the same key supersede one another in the send queue."""
+    return ("r" if isinstance(update, Record) else "m", update.node)
+
+
+class Membership:
+    """One node's view of the swarm; see the module docstring."""
+
+    def __init__(
+        self,
+        *,
+        signer: Signer,
+        verifier: Verifier,
+        addr: str,
+        config: MembershipConfig,
+        rng: random.Random,
+        now: float,
+        incarnation: int = 0,
+        record_body: bytes | None = None,
+        record_seq: int = 0,
+        validate_record_body: Callable[[bytes], str | None] | None = None,
+    ) -> None:
+        self.node_id: bytes = signer.node_id
+        self.addr = addr
+        self.config = config
+        self.drops: Counter[str] = Counter()
+        self._signer = signer
+        self._verify = verifier
+        self._rng = rng
+        self._validate_body = validate_record_body
+
+        self._members: dict[bytes, _Member] = {}
+        self._records: dict[bytes, Record] = {}
+        self._probe_order: list[bytes] = []
+        self._probe_index = 0
+        self._peers: list[bytes] = []  # every member but us, for random picks
+        self._peer_index: dict[bytes, int] = {}
+        self._live_count = 1  # alive or suspect, us included
+
+        self._broadcasts: dict[tuple[str, bytes], _Broadcast] = {}
+        self._broadcast_order = 0
+        self._sends: list[Send] = []
+        self._events: list[MemberEvent] = []
+
+        self._seq = 0
+        self._probe: _Probe | None = None
+        self._relays: dict[int, tuple[str, int, float]] = {}
+        self._suspicions: dict[bytes, _Suspicion] = {}
+        self._awareness = 0
+        self._leaving = False
+        self._join_seeds: tuple[str, ...] = ()
+        self._joined = True
+
+        jitter = rng.random()
+        self._next_probe = now + config.probe_interval * jitter
+        self._next_gossip = now + config.gossip_interval * jitter
+        self._next_push_pull = now + config.push_pull_interval * (0.5 + jitter)
+        self._next_reconnect = now + config.reconnect_interval * (0.5 + jitter)
+        self._next_join = math.inf
+
+        me = self._sign_alive(min(incarnation, MAX_COUNTER))
+        self._members[self.node_id] = _Member(me, now)
+        self._members[self.node_id].last_seen = now
+        self._queue(me)
+        self._record_seq = record_seq
+        if record_body is not None:
+            self.publish_record(record_body, now)
+
+    # --- public driving API ----------------------------------------------------------
+
+    @property
+    def incarnation(self) -> int:
+        return self._members[self.node_id].incarnation
+
+    @property
+    def health(self) -> int:
+        """Lifeguard local-health score: 0 is healthy; timeouts scale by score + 1."""
+        return self._awareness
+
+    def join(self, seeds: Sequence[str], now: float) -> None:
+        """Start a full-state exchange with every seed, retried until one answers."""
+        self._join_seeds = tuple(addr for addr in seeds if addr != self.addr)
+        if not self._join_seeds:
+            return
+        self._joined = False
+        self._send_join(now)
+
+    def leave(self, now: float) -> None:
+        """Announce a graceful leave (a `Dead` about ourselves, self-signed)."""
+        if self._leaving:
+            return
+        self._leaving = True
+        me = self._members[self.node_id]
+        farewell = Dead(
+            self.node_id,
+            me.incarnation,
+            self.node_id,
+            self._signer.sign(dead_signing_bytes(self.node_id, me.incarnation, self.node_id)),
+        )
+        me.accusation = farewell
+        self._set_state(me, MemberState.LEFT, now)
+        self._queue(farewell)
+        # Send it now to more members than one gossip round would reach: the
+        # process is about to exit and may not get another round.
+        for node in self._random_peers(2 * self.config.gossip_fanout, now):
+            self._send(self._members[node].addr, Gossip((farewell,)))
+
+    def publish_record(self, body: bytes, now: float) -> Record:
+        """Sign `body` as our new node record (seq + 1) and disseminate it."""
+        self._record_seq = min(self._record_seq + 1, MAX_COUNTER)
+        record = Record(
+            self.node_id,
+            self._record_seq,
+            body,
+            self._signer.sign(record_signing_bytes(self.node_id, self._record_seq, body)),
+        )
+        self._records[self.node_id] = record
+        self._events.append(MemberEvent("record", self.node_id, record.seq, now))
+        self._queue(record)
+        return record
+
+    def receive(self, envelope: Envelope, now: float) -> None:
+        message = envelope.message
+        match message:
+            case Ping():
+                self._on_ping(envelope, message, now)
+            case Ack():
+                self._apply_all(message.updates, now)
+                self._on_ack(envelope, message, now)
+            case PingReq():
+                self._apply_all(message.updates, now)
+                self._on_ping_req(envelope, message, now)
+            case Nack():
+                if self._probe is not None and self._probe.seq == message.seq:
+                    self._probe.nacks += 1
+            case Gossip():
+                self._apply_all(message.updates, now)
+            case PushPull():
+                self._on_push_pull(envelope, message, now)
+
+    def tick(self, now: float) -> None:
+        if self._leaving:
+            if now >= self._next_gossip:
+                self._gossip(now)
+            return
+        if now >= self._next_join:
+            self._send_join(now)
+        probe = self._probe
+        if probe is not None and not probe.acked and now >= probe.direct_deadline:
+            self._send_indirect_probes(probe, now)
+        if probe is not None and now >= probe.end:
+            self._finish_probe(probe, now)
+        if now >= self._next_probe:
+            self._start_probe(now)
+        for node in [n for n, s in self._suspicions.items() if now >= s.deadline]:
+            self._suspicion_expired(node, now)
+        for seq in [s for s, relay in self._relays.items() if now >= relay[2]]:
+            requester_addr, requester_seq, _ = self._relays.pop(seq)
+            self._send(requester_addr, Nack(requester_seq))
+        if now >= self._next_gossip:
+            self._gossip(now)
+        if now >= self._next_push_pull:
+            self._periodic_push_pull(now)
+        if now >= self._next_reconnect:
+            self._reconnect(now)
+
+    def next_deadline(self) -> float:
+        deadline = min(self._next_gossip, self._next_join)
+        if self._leaving:
+            return deadline
+        deadline = min(deadline, self._next_probe, self._next_push_pull, self._next_reconnect)
+        probe = self._probe
+        if probe is not None:
+            deadline = min(deadline, probe.end)
+            if not probe.acked:
+                deadline = min(deadline, probe.direct_deadline)
+        for suspicion in self._suspicions.values():
+            deadline = min(deadline, suspicion.deadline)
+        for _, _, nack_at in self._relays.values():
+            deadline = min(deadline, nack_at)
+        return deadline
+
+    def take_sends(self) -> list[Send]:
+        sends, self._sends = self._sends, []
+        return sends
+
+    def take_events(self) -> list[MemberEvent]:
+        events, self._events = self._events, []
+        return events
+
+    def members(self) -> list[MemberView]:
+        return [self._view(m) for m in self._members.values()]
+
+    def member(self, node: bytes) -> MemberView | None:
+        m = self._members.get(node)
+        return None if m is None else self._view(m)
+
+    def record(self, node: bytes) -> Record | None:
+        return self._records.get(node)
+
+    def live_members(self) -> int:
+        """Members alive or suspect, us included: the N in every log(N)."""
+        return self._live_count
+
+    # --- probing -----------------------------------------------------------------------
+
+    def _scaled(self, seconds: float) -> float:
+        return seconds * (self._awareness + 1)
+
+    def _adjust_awareness(self, delta: int) -> None:
+        top = self.config.awareness_max_multiplier - 1
+        self._awareness = max(0, min(top, self._awareness + delta))
+
+    def _next_probe_target(self) -> _Member | None:
+        """Next member in our shuffled round-robin, skipping dead and departed."""
+        for _ in range(len(self._probe_order) + 1):
+            if self._probe_index >= len(self._probe_order):
+                self._probe_order = [n for n in self._peers if self._is_probeable(n)]
+                self._rng.shuffle(self._probe_order)
+                self._probe_index = 0
+                if not self._probe_order:
+                    return None
+            node = self._probe_order[self._probe_index]
+            self._probe_index += 1
+            if self._is_probeable(node):
+                return self._members[node]
+        return None
+
+    def _is_probeable(self, node: bytes) -> bool:
+        member = self._members.get(node)
+        return member is not None and member.state in (MemberState.ALIVE, MemberState.SUSPECT)
+
+    def _start_probe(self, now: float) -> None:
+        self._next_probe = now + self._scaled(self.config.probe_interval)
+        target = self._next_probe_target()
+        if target is None:
+            return
+        self._seq += 1
+        self._probe = _Probe(
+            self._seq,
+            target.node,
+            now + self._scaled(self.config.probe_timeout),
+            self._next_probe,
+        )
+        # Buddy system: a suspect hears of its suspicion on the probe itself,
+        # so it can refute at once rather than when gossip happens to reach it.
+        first: tuple[Update, ...] = ()
+        if target.state is MemberState.SUSPECT and isinstance(target.accusation, Suspect):
+            first = (target.accusation,)
+        self._send(target.addr, Ping(self._seq, target.node, first + self._piggyback(now)))
+
+    def _send_indirect_probes(self, probe: _Probe, now: float) -> None:
+        probe.direct_deadline = math.inf
+        target = self._members.get(probe.target)
+        if target is None:
+            return
+        candidates = self._random_peers(self.config.indirect_checks + 1, now, live_only=True)
+        helpers = [n for n in candidates if n != probe.target][: self.config.indirect_checks]
+        probe.helpers = len(helpers)
+        for node in helpers:
+            self._send(
+                self._members[node].addr,
+                PingReq(probe.seq, probe.target, target.addr, self._piggyback(now)),
+            )
+
+    def _finish_probe(self, probe: _Probe, now: float) -> None:
+        self._probe = None
+        if probe.acked:
+            return
+        # Lifeguard: every helper that did not even nack suggests our own
+        # links are the problem; with no helpers to ask, blame ourselves once.
+        if probe.helpers > 0:
+            self._adjust_awareness(probe.helpers - probe.nacks)
+        else:
+            self._adjust_awareness(1)
+        target = self._members.get(probe.target)
+        if target is None or target.state not in (MemberState.ALIVE, MemberState.SUSPECT):
+            return
+        self._accuse(target, now)
+
+    def _on_ping(self, envelope: Envelope, ping: Ping, now: float) -> None:
+        if ping.target != self.node_id:
+            self.drops["wrong_target"] += 1
+            return
+        self._apply_all(ping.updates, now)
+        self._send(envelope.addr, Ack(ping.seq, self._piggyback(now)))
+
+    def _on_ack(self, envelope: Envelope, ack: Ack, now: float) -> None:
+        probe = self._probe
+        if probe is not None and probe.seq == ack.seq and not probe.acked:
+            probe.acked = True
+            self._adjust_awareness(-1)
+            target = self._members.get(probe.target)
+            if target is not None:
+                target.last_seen = now
+            return
+        relay = self._relays.pop(ack.seq, None)
+        if relay is not None:
+            self._send(relay[0], Ack(relay[1]))
+            return
+        sender = self._members.get(envelope.sender)
+        if sender is not None and sender.state is MemberState.DEAD:
+            # A reconnect ping came back: the "dead" member is reachable again
+            # (typically a healed partition). Merge our full states.
+            self._send(sender.addr, self._full_state(join=False, reply=False))
+
+    def _on_ping_req(self, envelope: Envelope, req: PingReq, now: float) -> None:
+        self._seq += 1
+        nack_at = now + self.config.probe_timeout * RELAY_NACK_FRACTION
+        self._relays[self._seq] = (envelope.addr, req.seq, nack_at)
+        self._send(req.target_addr, Ping(self._seq, req.target, self._piggyback(now)))
+
+    # --- suspicion -------------------------------------------------------------------
+
+    def _accuse(self, target: _Member, now: float) -> None:
+        """Our own probe failed: suspect the target (or confirm its suspicion)."""
+        incarnation = target.incarnation
+        accusation = Suspect(
+            target.node,
+            incarnation,
+            self.node_id,
+            self._signer.sign(suspect_signing_bytes(target.node, incarnation, self.node_id)),
+        )
+        self._apply_suspect(accusation, now, verified=True)
+
+    def _suspicion_expired(self, node: bytes, now: float) -> None:
+        self._suspicions.pop(node, None)
+        member = self._members.get(node)
+        if member is None or member.state is not MemberState.SUSPECT:
+            return
+        verdict = Dead(
+            node,
+            member.incarnation,
+            self.node_id,
+            self._signer.sign(dead_signing_bytes(node, member.incarnation, self.node_id)),
+        )
+        self._apply_dead(verdict, now, verified=True)
+
+    def _refute(self, incarnation: int, now: float) -> None:
+        """Someone accused us (or remembers an older life): outbid them."""
+        me = self._members[self.node_id]
+        me.incarnation = min(max(me.incarnation, incarnation) + 1, MAX_COUNTER)
+        me.alive = self._sign_alive(me.incarnation)
+        me.accusation = None
+        self._queue(me.alive)
+        self._adjust_awareness(1)
+
+    # --- applying updates --------------------------------------------------------------
+
+    def _apply_all(self, updates: tuple[Update, ...], now: float) -> None:
+        for update in updates:
+            self._apply(update, now)
+
+    def _apply(self, update: Update, now: float, relay: bool = True) -> None:
+        match update:
+            case Alive():
+                self._apply_alive(update, now, relay)
+            case Suspect():
+                self._apply_suspect(update, now, relay=relay)
+            case Dead():
+                self._apply_dead(update, now, relay=relay)
+            case Record():
+                self._apply_record(update, now, relay)
+
+    def _authentic(self, update: Update) -> bool:
+        if self._verify(signer_of(update), signing_bytes(update), update.signature):
+            return True
+        self.drops["bad_signature"] += 1
+        return False
+
+    def _apply_alive(self, alive: Alive, now: float, relay: bool = True) -> None:
+        member = self._members.get(alive.node)
+        if alive.node == self.node_id:
+            stale_self = alive.incarnation > member.incarnation and not self._leaving
+            if stale_self and self._authentic(alive):
+                self._refute(alive.incarnation, now)
+            return
+        if member is None:
+            if not self._authentic(alive):
+                return
+            member = _Member(alive, now)
+            self._members[alive.node] = member
+            self._add_peer(alive.node)
+            self._live_count += 1
+            self._events.append(MemberEvent("joined", alive.node, alive.incarnation, now))
+            if relay:
+                self._queue(alive)
+            return
+        if alive.incarnation <= member.incarnation:
+            return
+        if not self._authentic(alive):
+            return
+        was = member.state
+        member.incarnation = alive.incarnation
+        member.addr = alive.addr
+        member.alive = alive
+        member.accusation = None
+        self._suspicions.pop(alive.node, None)
+        if was is not MemberState.ALIVE:
+            self._set_state(member, MemberState.ALIVE, now)
+            self._events.append(MemberEvent("alive", alive.node, alive.incarnation, now))
+        if relay:
+            self._queue(alive)
+
+    def _apply_suspect(
+        self, suspect: Suspect, now: float, *, verified: bool = False, relay: bool = True
+    ) -> None:
+        member = self._members.get(suspect.node)
+        if member is None or suspect.incarnation < member.incarnation:
+            return
+        if member.state in (MemberState.DEAD, MemberState.LEFT):
+            return
+        if suspect.node == self.node_id:
+            if not self._leaving and (verified or self._authentic(suspect)):
+                self._refute(suspect.incarnation, now)
+            return
+        if member.state is MemberState.SUSPECT and suspect.incarnation == member.incarnation:
+            suspicion = self._suspicions.get(suspect.node)
+            if suspicion is None or suspect.accuser in suspicion.accusers:
+                return
+            if not (verified or self._authentic(suspect)):
+                return
+            suspicion.confirm(suspect.accuser)
+            if relay:
+                self._queue(suspect, key=("s", suspect.node + suspect.accuser))
+            return
+        if not (verified or self._authentic(suspect)):
+            return
+        member.incarnation = suspect.incarnation
+        member.accusation = suspect
+        self._set_state(member, MemberState.SUSPECT, now)
+        n = self._live_count
+        self._suspicions[suspect.node] = _Suspicion(
+            now,
+            suspect.accuser,
+            self.config.suspicion_confirmations(n),
+            self.config.suspicion_min_timeout(n),
+            self.config.suspicion_max_timeout(n),
+        )
+        self._events.append(MemberEvent("suspect", suspect.node, suspect.incarnation, now))
+        if relay:
+            self._queue(suspect)
+
+    def _apply_dead(
+        self, dead: Dead, now: float, *, verified: bool = False, relay: bool = True
+    ) -> None:
+        member = self._members.get(dead.node)
+        if member is None or dead.incarnation < member.incarnation:
+            return
+        if member.state in (MemberState.DEAD, MemberState.LEFT):
+            return
+        if dead.node == self.node_id:
+            if not self._leaving and (verified or self._authentic(dead)):
+                self._refute(dead.incarnation, now)
+            return
+        if not (verified or self._authentic(dead)):
+            return
+        departed = dead.accuser == dead.node
+        member.incarnation = dead.incarnation
+        member.accusation = dead
+        self._suspicions.pop(dead.node, None)
+        state = MemberState.LEFT if departed else MemberState.DEAD
+        self._set_state(member, state, now)
+        self._events.append(MemberEvent(state.value, dead.node, dead.incarnation, now))
+        if relay:
+            self._queue(dead)
+
+    def _apply_record(self, record: Record, now: float, relay: bool = True) -> None:
+        known = self._records.get(record.node)
+        if record.node == self.node_id:
+            # A record of ours we do not remember: our previous life published
+            # it. Outbid it so the swarm takes our current record.
+            if record != known and record.seq >= self._record_seq and self._authentic(record):
+                self._record_seq = record.seq
+                if known is not None:
+                    self.publish_record(known.body, now)
+            return
+        if known is not None:
+            if record.seq < known.seq:
+                self.drops["stale_record"] += 1
+                return
+            if record.seq == known.seq:
+                return
+        if self._validate_body is not None:
+            reason = self._validate_body(record.body)
+            if reason is not None:
+                self.drops[reason] += 1
+                return
+        if not self._authentic(record):
+            return
+        self._records[record.node] = record
+        self._events.append(MemberEvent("record", record.node, record.seq, now))
+        if relay:
+            self._queue(record)
+
+    def _set_state(self, member: _Member, state: MemberState, now: float) -> None:
+        live_before = member.state in (MemberState.ALIVE, MemberState.SUSPECT)
+        live_after = state in (MemberState.ALIVE, MemberState.SUSPECT)
+        self._live_count += int(live_after) - int(live_before)
+        member.state = state
+        member.state_since = now
+
+    # --- dissemination ---------------------------------------------------------------
+
+    def _queue(self, update: Update, key: tuple[str, bytes] | None = None) -> None:
+        """Queue `update` for piggybacking, replacing older news of the same node."""
+        self._broadcast_order += 1
+        self._broadcasts[key or _broadcast_key(update)] = _Broadcast(
+            update, self._broadcast_order, _update_size(update)
+        )
+
+    def _piggyback(self, now: float) -> tuple[Update, ...]:
+        """Take the least-sent updates that fit the packet budget."""
+        if not self._broadcasts:
+            return ()
+        limit = self.config.retransmit_limit(self._live_count)
+        budget = self.config.packet_budget
+        chosen: list[Update] = []
+        spent: list[tuple[str, bytes]] = []
+        ranked = sorted(self._broadcasts.items(), key=lambda kv: (kv[1].transmits, -kv[1].order))
+        for key, item in ranked:
+            if item.size > budget and chosen:
+                continue
+            chosen.append(item.update)
+            budget -= item.size
+            item.transmits += 1
+            if item.transmits >= limit:
+                spent.append(key)
+            if budget <= 0:
+                break
+        for key in spent:
+            del self._broadcasts[key]
+        return tuple(chosen)
+
+    def _gossip(self, now: float) -> None:
+        self._next_gossip = now + self.config.gossip_interval
+        if not self._broadcasts:
+            return
+        for node in self._random_peers(self.config.gossip_fanout, now):
+            updates = self._piggyback(now)
+            if not updates:
+                return
+            self._send(self._members[node].addr, Gossip(updates))
+
+    def _random_peers(self, count: int, now: float, *, live_only: bool = False) -> list[bytes]:
+        """Up to `count` distinct random peers we may send to.
+
+        Rejection sampling over the peer list keeps this O(count) per round,
+        which matters when 10,000 simulated nodes gossip five times a second.
+        """
+        peers = self._peers
+        if not peers:
+            return []
+        chosen: list[bytes] = []
+        for _ in range(4 * count + 4):
+            node = peers[self._rng.randrange(len(peers))]
+            if node in chosen:
+                continue
+            member = self._members[node]
+            state = member.state
+            if live_only and state is not MemberState.ALIVE:
+                continue
+            if state is MemberState.LEFT or (
+                state is MemberState.DEAD
+                and now - member.state_since > self.config.gossip_to_dead_time
+            ):
+                continue
+            chosen.append(node)
+            if len(chosen) == count:
+                break
+        return chosen
+
+    def _add_peer(self, node: bytes) -> None:
+        self._peer_index[node] = len(self._peers)
+        self._peers.append(node)
+        # A newcomer joins our probe order at a random place (as memberlist
+        # does), so it is probed within one cycle rather than after a reshuffle.
+        position = self._rng.randint(self._probe_index, len(self._probe_order))
+        self._probe_order.insert(position, node)
+
+    def _remove_peer(self, node: bytes) -> None:
+        index = self._peer_index.pop(node)
+        last = self._peers.pop()
+        if last != node:
+            self._peers[index] = last
+            self._peer_index[last] = index
+
+    # --- full-state sync, join and reconnect -------------------------------------------
+
+    def _full_state(self, *, join: bool, reply: bool) -> PushPull:
+        states: list[Alive | Suspect | Dead] = []
+        for member in self._members.values():
+            states.append(member.alive)
+            if member.accusation is not None:
+                states.append(member.accusation)
+        return PushPull(join, reply, tuple(states), tuple(self._records.values()))
+
+    def _send_join(self, now: float) -> None:
+        self._next_join = now + self.config.join_retry_interval
+        state = self._full_state(join=True, reply=False)
+        for addr in self._join_seeds:
+            self._send(addr, state)
+
+    def _on_push_pull(self, envelope: Envelope, message: PushPull, now: float) -> None:
+        """Merge another node's full state, then answer with ours.
+
+        Only news about the sender itself is gossiped on (that is how a
+        joiner becomes known); the rest stays local. Re-gossiping a whole
+        swarm's worth of state after every sync would flood the network,
+        and the other nodes get the same news from their own syncs.
+        """
+        sender = envelope.sender
+        for update in message.states:
+            if isinstance(update, Dead) and update.accuser != update.node:
+                self._merge_remote_death(update, now)
+            else:
+                self._apply(update, now, relay=update.node == sender)
+        for record in message.records:
+            self._apply_record(record, now, relay=record.node == sender)
+        if message.reply:
+            if not self._joined:
+                self._joined = True
+                self._next_join = math.inf
+            return
+        self._send(envelope.addr, self._full_state(join=False, reply=True))
+
+    def _merge_remote_death(self, dead: Dead, now: float) -> None:
+        """Another node's full state says `dead.node` is dead.
+
+        A death we did not witness becomes our own suspicion instead (as
+        memberlist does): if the node is in fact alive it gets the suspicion
+        timeout to refute, rather than dying on one member's word carried by
+        a sync that may be minutes old.
+        """
+        member = self._members.get(dead.node)
+        if dead.node == self.node_id:
+            self._apply_dead(dead, now)
+            return
+        if member is None or member.state is not MemberState.ALIVE:
+            return
+        if dead.incarnation < member.incarnation:
+            return
+        if not self._authentic(dead):
+            return
+        self._accuse(member, now)
+
+    def _periodic_push_pull(self, now: float) -> None:
+        self._next_push_pull = now + self.config.push_pull_period(self._live_count)
+        self._forget_old_members(now)
+        peers = self._random_peers(1, now, live_only=True)
+        if peers:
+            self._send(self._members[peers[0]].addr, self._full_state(join=False, reply=False))
+
+    def _reconnect(self, now: float) -> None:
+        """Ping one random dead member; its ack triggers a full-state merge."""
+        self._next_reconnect = now + self.config.reconnect_interval
+        for _ in range(8):
+            if not self._peers:
+                return
+            node = self._peers[self._rng.randrange(len(self._peers))]
+            member = self._members[node]
+            if member.state is MemberState.DEAD:
+                self._seq += 1
+                self._send(member.addr, Ping(self._seq, node, ()))
+                return
+
+    def _forget_old_members(self, now: float) -> None:
+        horizon = now - self.config.reconnect_timeout
+        stale = [
+            m.node
+            for m in self._members.values()
+            if m.state in (MemberState.DEAD, MemberState.LEFT) and m.state_since < horizon
+        ]
+        for node in stale:
+            del self._members[node]
+            self._records.pop(node, None)
+            self._remove_peer(node)
+
+    # --- helpers -------------------------------------------------------------------
+
+    def _sign_alive(self, incarnation: int) -> Alive:
+        return Alive(
+            self.node_id,
+            incarnation,
+            self.addr,
+            self._signer.sign(alive_signing_bytes(self.node_id, incarnation, self.addr)),
+        )
+
+    def _send(self, addr: str, message: Message) -> None:
+        self._sends.append(Send(addr, Envelope(self.node_id, self.addr, message)))
+
+    def _view(self, member: _Member) -> MemberView:
+        return MemberView(
+            member.node,
+            member.addr,
+            member.incarnation,
+            member.state,
+            member.state_since,
+            member.last_seen,
+            self._records.get(member.node),
+        )

@@ -1,0 +1,642 @@
+"""Node records: what a node tells the swarm about itself, and how it is checked.
+
+A node record is gossiped to every member and kept by every member (newest
+`seq` wins; the membership core owns that store). It says where the node can
+be reached, what hardware it runs, which shard it is assigned, whether its
+`doctor` admitted that shard, which models it holds, whether it offers spare
+capacity, and the chat demand it has seen.
+
+Every record is decoded by every member, so this module is written for bytes
+from strangers: the body is CBOR, decoded strictly (size cap, depth cap, no
+tags, no duplicate keys, no trailing bytes), and every known field is
+type-checked and bounded. Unknown keys are ignored so a newer node's records
+stay readable by older nodes during a rolling upgrade. A bad record is a drop
+reason (a string the caller counts), never an exception that escapes into the
+membership core.
+
+Validation lives in the dataclasses' `__post_init__`, so a record a node
+builds for itself passes exactly the checks its peers will apply: a node
+cannot publish a record its peers would drop without finding out locally.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Any, Literal, get_args
+
+import cbor2
+
+from mesh.identity import Signer, Verifier, node_id_text
+from mesh.messages import Record, record_signing_bytes
+
+# --- limits -----------------------------------------------------------------
+
+MAX_RECORD_BODY_BYTES = 16 * 1024
+"""A realistic record (addresses, a capability report, a few models and demand
+counters) encodes to about 1 KiB. Every member stores every record and a
+push-pull sync carries all of them, so the cap bounds what one node can cost
+the swarm: at 1,000 members a full state is at most 16 MB even if every node
+were at the cap. The per-field limits below bound each field on its own; they
+cannot all be at their maximum at once, and this cap bounds the sum."""
+
+MAX_CBOR_DEPTH = 8
+"""The schema nests three deep (record -> capability -> layers); eight leaves
+room for fields added later while stopping pathological nesting early."""
+
+MAX_MODEL_NAME_CHARS = 200
+"""Model names are manifest names or directory names; 200 characters covers
+Hugging Face's `org/name-with-variant` style with room to spare."""
+
+MAX_MODELS = 64
+"""Models a node may list as locally available. A machine rarely holds more
+than a handful; 64 keeps a record within its size cap."""
+
+MAX_DEMAND_ENTRIES = 64
+"""Models a node may report demand for. Demand is per model the swarm knows,
+and a single node's counters only need the models its users asked for."""
+
+MAX_LAYER_INDEX = 10_000
+"""Exclusive upper bound for a layer index. The deepest published models have
+a few hundred layers; anything near 10,000 is an error or an attack, and
+bounding it keeps per-layer arrays (replica counts) small."""
+
+MAX_ADDRESS_CHARS = 300
+"""An endpoint is a scheme, a host and a port: DNS names stop at 253
+characters, plus `tcp://` and `:65535`."""
+
+MAX_DEVICE_CHARS = 64
+"""Device descriptors are short (`cuda:0`, `mps`, `cpu`, `gpu`)."""
+
+MAX_DIGEST_HEX_CHARS = 128
+"""A manifest digest in lowercase hex: 64 for SHA-256, up to 128 for 512-bit
+hashes, so the manifest can change hash without a record format change."""
+
+MAX_FAILURE_CHARS = 1024
+"""A failed doctor run says why in one or two lines; the full log stays on the
+node."""
+
+MAX_COUNTER = 2**63 - 1
+"""Counters, epochs and byte sizes stay within a signed 64-bit integer, which
+CBOR encodes without bignum tags and sqlite and Prometheus store exactly."""
+
+# --- vocabularies -----------------------------------------------------------
+
+BackendKind = Literal["torch", "mlx"]
+Recipe = Literal["fp32", "bf16", "fp16", "q8", "q4"]
+Tier = Literal["operator", "bootstrap", "managed"]
+CapabilityResult = Literal["admitted", "failed"]
+
+BACKEND_KINDS: frozenset[str] = frozenset(get_args(BackendKind))
+RECIPES: frozenset[str] = frozenset(get_args(Recipe))
+TIERS: frozenset[str] = frozenset(get_args(Tier))
+CAPABILITY_RESULTS: frozenset[str] = frozenset(get_args(CapabilityResult))
+
+# Drop reasons, as counted by the membership core.
+RECORD_OVERSIZED = "record_oversized"
+RECORD_MALFORMED = "record_malformed"
+RECORD_BAD_FIELD = "record_bad_field"
+BAD_SIGNATURE = "bad_signature"
+
+_SEQ_LIMIT = 2**64
+"""`record_signing_bytes` writes `seq` as 8 unsigned bytes."""
+
+
+class RecordError(ValueError):
+    """A record body that must be dropped; `reason` is the counted drop reason.
+
+    `detail` says which field and why, for logs and for the node that built a
+    bad record of its own.
+    """
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def _bad(detail: str) -> RecordError:
+    return RecordError(RECORD_BAD_FIELD, detail)
+
+
+# --- field checks -----------------------------------------------------------
+
+
+def _check_str(value: object, name: str, max_chars: int, *, empty_ok: bool = False) -> str:
+    if not isinstance(value, str):
+        raise _bad(f"{name} must be a string, not {type(value).__name__}")
+    if not value and not empty_ok:
+        raise _bad(f"{name} must not be empty")
+    if len(value) > max_chars:
+        raise _bad(f"{name} is longer than {max_chars} characters")
+    return value
+
+
+def _check_model_name(value: object, name: str) -> str:
+    text = _check_str(value, name, MAX_MODEL_NAME_CHARS)
+    if not text.isprintable():
+        raise _bad(f"{name} contains control characters")
+    return text
+
+
+def _check_address(value: object, name: str) -> str:
+    # Printable ASCII, as on the wire (mesh.wire), so it can be logged unescaped.
+    text = _check_str(value, name, MAX_ADDRESS_CHARS)
+    if not (text.isascii() and text.isprintable()):
+        raise _bad(f"{name} must be printable ASCII")
+    return text
+
+
+def _check_int(value: object, name: str, low: int = 0, high: int = MAX_COUNTER) -> int:
+    # bool is an int subclass; `True` is never a meaningful count.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise _bad(f"{name} must be an integer, not {type(value).__name__}")
+    if not low <= value <= high:
+        raise _bad(f"{name}={value} is outside [{low}, {high}]")
+    return value
+
+
+def _check_float(value: object, name: str, *, non_negative: bool = False) -> float:
+    # Integers are accepted (another encoder may shrink 3.0 to 3) and stored as
+    # float, so equal records compare and encode equal.
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise _bad(f"{name} must be a number, not {type(value).__name__}")
+    number = float(value)
+    if not math.isfinite(number):
+        raise _bad(f"{name} must be finite")
+    if non_negative and number < 0:
+        raise _bad(f"{name} must not be negative")
+    return number
+
+
+def _check_bool(value: object, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise _bad(f"{name} must be a boolean, not {type(value).__name__}")
+    return value
+
+
+def _check_choice(value: object, name: str, choices: frozenset[str]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise _bad(f"{name}={value!r} is not one of {sorted(choices)}")
+    return value
+
+
+def _check_layers(value: object, name: str) -> tuple[int, int]:
+    """A half-open span [a, b) with 0 <= a < b <= MAX_LAYER_INDEX."""
+    if not isinstance(value, tuple | list) or len(value) != 2:
+        raise _bad(f"{name} must be a pair [a, b]")
+    start = _check_int(value[0], f"{name}[0]", 0, MAX_LAYER_INDEX)
+    end = _check_int(value[1], f"{name}[1]", 0, MAX_LAYER_INDEX)
+    if start >= end:
+        raise _bad(f"{name}=[{start}, {end}) is empty or reversed")
+    return (start, end)
+
+
+def _check_hex(value: object, name: str, max_chars: int) -> str:
+    text = _check_str(value, name, max_chars)
+    if any(ch not in "0123456789abcdef" for ch in text):
+        raise _bad(f"{name} must be lowercase hex")
+    return text
+
+
+# --- schema -----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Addresses:
+    """Where to reach the node: control plane (gossip, Raft), data plane
+    (activations) and, if it serves one, the HTTP API."""
+
+    control: str
+    data: str
+    api: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_address(self.control, "addresses.control")
+        _check_address(self.data, "addresses.data")
+        if self.api is not None:
+            _check_address(self.api, "addresses.api")
+
+
+@dataclass(frozen=True, slots=True)
+class BackendInfo:
+    """The compute the node offers: placement needs the memory to size shards."""
+
+    kind: BackendKind
+    device: str
+    memory_bytes: int
+
+    def __post_init__(self) -> None:
+        _check_choice(self.kind, "backend.kind", BACKEND_KINDS)
+        _check_str(self.device, "backend.device", MAX_DEVICE_CHARS)
+        _check_int(self.memory_bytes, "backend.memory_bytes")
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """The shard this node is meant to serve, and who may change it (ADR-0026).
+
+    `managed` repeats what `tier == "managed"` says because the ADR makes the
+    flag part of the contract; a record where they disagree is rejected so no
+    reader ever has to decide which one to believe.
+    """
+
+    model: str
+    layers: tuple[int, int]
+    recipe: Recipe
+    tier: Tier
+    managed: bool
+    epoch: int
+
+    def __post_init__(self) -> None:
+        _check_model_name(self.model, "assignment.model")
+        object.__setattr__(self, "layers", _check_layers(self.layers, "assignment.layers"))
+        _check_choice(self.recipe, "assignment.recipe", RECIPES)
+        _check_choice(self.tier, "assignment.tier", TIERS)
+        _check_bool(self.managed, "assignment.managed")
+        _check_int(self.epoch, "assignment.epoch")
+        if self.managed != (self.tier == "managed"):
+            raise _bad(f"assignment.managed={self.managed} contradicts tier={self.tier!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityReport:
+    """The outcome of this node's `doctor` for one shard and recipe.
+
+    Only an admitted, unexpired report makes a node routable. An admitted
+    report carries no failure text and a failed one must say why, so the
+    status API can always explain a node that is not serving.
+    """
+
+    result: CapabilityResult
+    model: str
+    manifest_digest: str
+    layers: tuple[int, int]
+    recipe: Recipe
+    backend: BackendKind
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    validated_at: float
+    expires_at: float
+    failure: str | None = None
+
+    def __post_init__(self) -> None:
+        _check_choice(self.result, "capability.result", CAPABILITY_RESULTS)
+        _check_model_name(self.model, "capability.model")
+        _check_hex(self.manifest_digest, "capability.manifest_digest", MAX_DIGEST_HEX_CHARS)
+        object.__setattr__(self, "layers", _check_layers(self.layers, "capability.layers"))
+        _check_choice(self.recipe, "capability.recipe", RECIPES)
+        _check_choice(self.backend, "capability.backend", BACKEND_KINDS)
+        for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
+            value = _check_float(getattr(self, name), f"capability.{name}", non_negative=True)
+            object.__setattr__(self, name, value)
+        for name in ("validated_at", "expires_at"):
+            object.__setattr__(self, name, _check_float(getattr(self, name), f"capability.{name}"))
+        if self.expires_at < self.validated_at:
+            raise _bad("capability.expires_at is before validated_at")
+        if self.result == "admitted":
+            if self.failure is not None:
+                raise _bad("an admitted capability report carries no failure")
+        elif self.failure is None:
+            raise _bad("a failed capability report must say why (failure)")
+        else:
+            _check_str(self.failure, "capability.failure", MAX_FAILURE_CHARS)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeRecord:
+    """Everything a node publishes about itself (see the module docstring).
+
+    `models` and `demand` accept any sequence / mapping and are stored as a
+    tuple and a read-only mapping so a record cannot change after it is
+    signed. `demand` is left out of the hash (mappings are not hashable).
+    """
+
+    addresses: Addresses
+    started_at: float
+    backend: BackendInfo | None = None
+    assignment: Assignment | None = None
+    capability: CapabilityReport | None = None
+    models: tuple[str, ...] = ()
+    spare: bool = False
+    demand: Mapping[str, int] = field(default_factory=dict, hash=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.addresses, Addresses):
+            raise _bad("addresses must be an Addresses")
+        object.__setattr__(self, "started_at", _check_float(self.started_at, "started_at"))
+        if self.backend is not None and not isinstance(self.backend, BackendInfo):
+            raise _bad("backend must be a BackendInfo or None")
+        if self.assignment is not None and not isinstance(self.assignment, Assignment):
+            raise _bad("assignment must be an Assignment or None")
+        if self.capability is not None and not isinstance(self.capability, CapabilityReport):
+            raise _bad("capability must be a CapabilityReport or None")
+        object.__setattr__(self, "models", _check_models(self.models))
+        _check_bool(self.spare, "spare")
+        object.__setattr__(self, "demand", _check_demand(self.demand))
+
+
+def _check_models(value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, tuple | list):
+        raise _bad("models must be a list of model names")
+    if len(value) > MAX_MODELS:
+        raise _bad(f"models lists more than {MAX_MODELS} entries")
+    names = tuple(_check_model_name(name, "models[]") for name in value)
+    if len(set(names)) != len(names):
+        raise _bad("models lists a model twice")
+    return names
+
+
+def _check_demand(value: object) -> Mapping[str, int]:
+    if not isinstance(value, Mapping):
+        raise _bad("demand must be a map of model name to count")
+    if len(value) > MAX_DEMAND_ENTRIES:
+        raise _bad(f"demand has more than {MAX_DEMAND_ENTRIES} entries")
+    checked = {
+        _check_model_name(model, "demand key"): _check_int(count, f"demand[{model!r}]")
+        for model, count in value.items()
+    }
+    return MappingProxyType(checked)
+
+
+# --- encoding ---------------------------------------------------------------
+
+
+def _layers_out(layers: tuple[int, int]) -> list[int]:
+    return [layers[0], layers[1]]
+
+
+def _record_map(record: NodeRecord) -> dict[str, Any]:
+    """The record as plain maps and lists: the CBOR body and the JSON view."""
+    addresses = record.addresses
+    backend = record.backend
+    assignment = record.assignment
+    capability = record.capability
+    return {
+        "addresses": {"control": addresses.control, "data": addresses.data, "api": addresses.api},
+        "backend": None
+        if backend is None
+        else {"kind": backend.kind, "device": backend.device, "memory_bytes": backend.memory_bytes},
+        "assignment": None
+        if assignment is None
+        else {
+            "model": assignment.model,
+            "layers": _layers_out(assignment.layers),
+            "recipe": assignment.recipe,
+            "tier": assignment.tier,
+            "managed": assignment.managed,
+            "epoch": assignment.epoch,
+        },
+        "capability": None
+        if capability is None
+        else {
+            "result": capability.result,
+            "model": capability.model,
+            "manifest_digest": capability.manifest_digest,
+            "layers": _layers_out(capability.layers),
+            "recipe": capability.recipe,
+            "backend": capability.backend,
+            "prefill_tokens_per_s": capability.prefill_tokens_per_s,
+            "decode_tokens_per_s": capability.decode_tokens_per_s,
+            "validated_at": capability.validated_at,
+            "expires_at": capability.expires_at,
+            "failure": capability.failure,
+        },
+        "models": list(record.models),
+        "spare": record.spare,
+        "demand": dict(record.demand),
+        "started_at": record.started_at,
+    }
+
+
+def encode_record_body(record: NodeRecord) -> bytes:
+    """The record's CBOR body, canonical so equal records give equal bytes.
+
+    Raises `RecordError("record_oversized")` rather than producing a body that
+    every peer would drop.
+    """
+    body = cbor2.dumps(_record_map(record), canonical=True)
+    if len(body) > MAX_RECORD_BODY_BYTES:
+        raise RecordError(RECORD_OVERSIZED, f"{len(body)} bytes exceeds {MAX_RECORD_BODY_BYTES}")
+    return body
+
+
+# Tags cbor2 decodes on its own (datetimes, bignums, decimals, sets, shared and
+# string references, ...). Each is overridden to fail; `tag_hook` fails every
+# other tag. The schema has no tagged value, so any tag is malformed input.
+_BUILTIN_TAGS = (
+    0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261,
+    1004, 43000, 55799,
+)  # fmt: skip
+
+
+def _refuse_tag(*_args: object) -> Any:
+    raise ValueError("CBOR tags are not allowed in a node record")
+
+
+_NO_TAGS: dict[int, Any] = dict.fromkeys(_BUILTIN_TAGS, _refuse_tag)
+
+_PLAIN_SCALARS = (str, int, float, bool, type(None))
+
+
+def _is_plain(value: object, depth: int = 0) -> bool:
+    """Only maps, lists, text, numbers, booleans and null: the belt to the
+    tag override's braces, should a future cbor2 decode another tag itself."""
+    if depth > MAX_CBOR_DEPTH:
+        return False
+    if isinstance(value, _PLAIN_SCALARS):
+        return True
+    if isinstance(value, list):
+        return all(_is_plain(item, depth + 1) for item in value)
+    if isinstance(value, dict):
+        return all(
+            isinstance(key, str) and _is_plain(item, depth + 1) for key, item in value.items()
+        )
+    return False
+
+
+def _parse_cbor(body: bytes) -> Any:
+    if not isinstance(body, bytes):
+        raise RecordError(RECORD_MALFORMED, "body is not bytes")
+    if len(body) > MAX_RECORD_BODY_BYTES:
+        raise RecordError(RECORD_OVERSIZED, f"{len(body)} bytes exceeds {MAX_RECORD_BODY_BYTES}")
+    stream = io.BytesIO(body)
+    decoder = cbor2.CBORDecoder(
+        stream,
+        tag_hook=_refuse_tag,
+        semantic_decoders=_NO_TAGS,
+        max_depth=MAX_CBOR_DEPTH,
+        allow_indefinite=False,
+        allow_duplicate_keys=False,
+        strict_hashable_types=True,
+    )
+    try:
+        value = decoder.decode()
+    except (cbor2.CBORError, ValueError, TypeError, EOFError, RecursionError) as exc:
+        raise RecordError(RECORD_MALFORMED, f"not valid CBOR: {exc}") from exc
+    if stream.tell() != len(body):
+        raise RecordError(RECORD_MALFORMED, "trailing bytes after the record")
+    if not _is_plain(value):
+        raise RecordError(RECORD_MALFORMED, "record holds values of types outside the schema")
+    return value
+
+
+_MISSING = object()
+
+
+def _field(obj: dict[str, Any], key: str, where: str, *, nullable: bool = False) -> Any:
+    """A known key; a nullable key may be absent (an older node may omit it)."""
+    value = obj.get(key, _MISSING)
+    if value is _MISSING:
+        if nullable:
+            return None
+        raise _bad(f"{where}{key} is missing")
+    return value
+
+
+def _submap(value: Any, name: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise _bad(f"{name} must be a map")
+    return value
+
+
+def _decode_addresses(value: Any) -> Addresses:
+    obj = _submap(value, "addresses")
+    return Addresses(
+        control=_field(obj, "control", "addresses."),
+        data=_field(obj, "data", "addresses."),
+        api=_field(obj, "api", "addresses.", nullable=True),
+    )
+
+
+def _decode_backend(value: Any) -> BackendInfo | None:
+    if value is None:
+        return None
+    obj = _submap(value, "backend")
+    return BackendInfo(
+        kind=_field(obj, "kind", "backend."),
+        device=_field(obj, "device", "backend."),
+        memory_bytes=_field(obj, "memory_bytes", "backend."),
+    )
+
+
+def _decode_assignment(value: Any) -> Assignment | None:
+    if value is None:
+        return None
+    obj = _submap(value, "assignment")
+    return Assignment(
+        model=_field(obj, "model", "assignment."),
+        layers=_field(obj, "layers", "assignment."),
+        recipe=_field(obj, "recipe", "assignment."),
+        tier=_field(obj, "tier", "assignment."),
+        managed=_field(obj, "managed", "assignment."),
+        epoch=_field(obj, "epoch", "assignment."),
+    )
+
+
+def _decode_capability(value: Any) -> CapabilityReport | None:
+    if value is None:
+        return None
+    obj = _submap(value, "capability")
+    where = "capability."
+    return CapabilityReport(
+        result=_field(obj, "result", where),
+        model=_field(obj, "model", where),
+        manifest_digest=_field(obj, "manifest_digest", where),
+        layers=_field(obj, "layers", where),
+        recipe=_field(obj, "recipe", where),
+        backend=_field(obj, "backend", where),
+        prefill_tokens_per_s=_field(obj, "prefill_tokens_per_s", where),
+        decode_tokens_per_s=_field(obj, "decode_tokens_per_s", where),
+        validated_at=_field(obj, "validated_at", where),
+        expires_at=_field(obj, "expires_at", where),
+        failure=_field(obj, "failure", where, nullable=True),
+    )
+
+
+def decode_record_body(body: bytes) -> NodeRecord:
+    """Parse and check a record body from any peer; raises `RecordError`.
+
+    Reasons: `record_oversized` (over `MAX_RECORD_BODY_BYTES`, checked before
+    parsing), `record_malformed` (not one well-formed, tag-free CBOR map) and
+    `record_bad_field` (a known field is missing, mistyped or out of range).
+    Unknown keys are ignored.
+    """
+    obj = _parse_cbor(body)
+    if not isinstance(obj, dict):
+        raise RecordError(RECORD_MALFORMED, "a record body is a CBOR map")
+    models = obj.get("models", ())
+    demand = obj.get("demand", {})
+    return NodeRecord(
+        addresses=_decode_addresses(_field(obj, "addresses", "")),
+        started_at=_field(obj, "started_at", ""),
+        backend=_decode_backend(obj.get("backend")),
+        assignment=_decode_assignment(obj.get("assignment")),
+        capability=_decode_capability(obj.get("capability")),
+        models=models,
+        spare=obj.get("spare", False),
+        demand=demand,
+    )
+
+
+def validate_record_body(body: bytes) -> str | None:
+    """The membership core's hook: a drop reason for a bad body, else None."""
+    try:
+        decode_record_body(body)
+    except RecordError as exc:
+        return exc.reason
+    return None
+
+
+# --- signing ----------------------------------------------------------------
+
+
+def sign_record(signer: Signer, seq: int, record: NodeRecord) -> Record:
+    """Encode `record` and sign it as `signer`'s own record number `seq`.
+
+    The caller keeps `seq` increasing (newest wins at every member).
+    """
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < _SEQ_LIMIT:
+        raise ValueError(f"seq {seq!r} must be an integer in [0, 2**64)")
+    body = encode_record_body(record)
+    node = signer.node_id
+    return Record(
+        node=node, seq=seq, body=body, signature=signer.sign(record_signing_bytes(node, seq, body))
+    )
+
+
+def check_record(record: Record, verifier: Verifier) -> str | None:
+    """A drop reason for a gossiped record, or None when it may be stored.
+
+    Order matters: the size cap first (cheap, and bounds the bytes we hash),
+    then the signature of the subject itself (so unauthenticated bytes are
+    never parsed and a record about X signed by Y is refused), then the body.
+    """
+    body = record.body
+    if not all(isinstance(part, bytes) for part in (body, record.node, record.signature)):
+        return RECORD_MALFORMED
+    if len(body) > MAX_RECORD_BODY_BYTES:
+        return RECORD_OVERSIZED
+    seq = record.seq
+    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < _SEQ_LIMIT:
+        return RECORD_BAD_FIELD
+    if not verifier(record.node, record_signing_bytes(record.node, seq, body), record.signature):
+        return BAD_SIGNATURE
+    return validate_record_body(body)
+
+
+# --- JSON view --------------------------------------------------------------
+
+
+def record_to_json(record: NodeRecord, node_id: bytes | None = None) -> dict[str, Any]:
+    """The record for the HTTP status API: layers as `[a, b]`, plain types.
+
+    Given `node_id`, it is included as hex under `"node_id"`.
+    """
+    view = _record_map(record)
+    if node_id is not None:
+        view = {"node_id": node_id_text(node_id), **view}
+    return view

@@ -1,0 +1,739 @@
+"""ZeroMQ transport: one-way datagrams between nodes, driven from trio.
+
+A *plane* is a pair of ROUTER sockets: an inbound one bound on the node's
+listen address, and an outbound one that connects to whichever peers we send
+to. Messages are one-way: the membership protocol replies to the address a
+sender advertises inside its payload, never over the pipe a message came in
+on, so a node needs only "send these frames to that address" and "give me
+the next message". Each node has two planes, control (gossip, Raft, small
+RPC) and data (activations), so a 20 MB prefill on the data plane can never
+sit in front of a failure-detector probe.
+
+Why it is built this way:
+
+* pyzmq has no trio integration, so each socket has exactly one *owner task*
+  and no other task ever touches it. A ZeroMQ socket's FD is edge-triggered:
+  it signals "something changed", not "a message is waiting". Owner tasks
+  therefore drain with NOBLOCK until ``zmq.Again``, re-check ``EVENTS``
+  (which also lets libzmq process its pending commands), and only then await
+  ``trio.lowlevel.wait_readable(FD)``; waiting without draining first can
+  sleep forever on data that has already arrived.
+* :meth:`Plane.send` never blocks and never raises for network reasons: the
+  membership and Raft cores are sans-IO and treat the network as lossy, so a
+  message that cannot go out is dropped and *counted* in the node's shared
+  ``drops`` counter (``"<plane>.<reason>"``), never turned into an exception
+  in the caller.
+* The outbound ROUTER sets ``ROUTER_MANDATORY`` so a full per-peer queue is an
+  error we count (``peer_queue_full``) rather than a silent discard, and names
+  each connection with ``CONNECT_ROUTING_ID`` so we can address it by peer.
+* ``IMMEDIATE`` stays 0 on the outbound socket. Measured on libzmq 4.3.5:
+  with ``IMMEDIATE=0``, ``connect()`` creates the peer's pipe at once, so a
+  send right after the first connect succeeds and is queued (up to SNDHWM)
+  until the handshake completes, then delivered. With ``IMMEDIATE=1`` libzmq
+  creates the pipe only after the handshake and then *ignores*
+  ``CONNECT_ROUTING_ID`` (the pipe is named by the peer instead), so every
+  send by address fails with EHOSTUNREACH forever. libzmq's own pipe is
+  therefore the bounded per-peer pending queue; we keep none of our own.
+* With ``IMMEDIATE=0`` the pipe also survives a broken connection (libzmq
+  keeps reconnecting and delivers what is queued when the peer returns), so
+  ROUTER_MANDATORY alone never tells us a peer is gone. A socket monitor on
+  the outbound socket reports handshakes and failed connection attempts per
+  endpoint; a peer that has been failing for ``unreachable_after_s`` is
+  disconnected and forgotten, and the messages we queued for it since it was
+  last reachable are counted as ``unreachable``. The peer table is also
+  bounded (LRU) and idle peers are disconnected, so neither file descriptors
+  nor pipes leak when we talk to many addresses over time.
+* Routing ids are never reused: connecting again with a
+  ``CONNECT_ROUTING_ID`` whose old pipe is still being torn down (right after
+  ``disconnect()``) trips ``assert(!has_out_pipe(routing_id))`` in libzmq and
+  aborts the whole process (observed on 4.3.5). Each connection therefore
+  gets a fresh routing id: the address plus "#" and a generation number.
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import asynccontextmanager, suppress
+from dataclasses import dataclass, replace
+from typing import Final
+
+import trio
+import zmq
+
+__all__ = [
+    "CONTROL_MAX_MESSAGE_BYTES",
+    "DATA_MAX_MESSAGE_BYTES",
+    "DEFAULT_CONTROL_CONFIG",
+    "DEFAULT_DATA_CONFIG",
+    "Plane",
+    "PlaneConfig",
+    "open_plane",
+    "open_planes",
+]
+
+# --- limits -----------------------------------------------------------------
+
+# Control carries gossip, Raft and small RPCs. Its largest legitimate message
+# is a push-pull of the whole membership state (about 2.3 MB for 1,000 nodes;
+# see mesh/wire.py, which caps decoding at the same 4 MiB). Keeping it small
+# bounds what one peer can make us allocate, and keeps every control message
+# quick to transmit so a probe never waits long behind another message.
+CONTROL_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
+
+# Data carries activations. A long prefill is tens of MB (e.g. 4,096 tokens x
+# 8,192 hidden x 2 bytes = 64 MiB for a 70B-class model); 256 MiB leaves room
+# for bigger models and longer prompts while still refusing an absurd frame
+# before libzmq allocates it.
+DATA_MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
+
+# A ZeroMQ routing id is at most 255 bytes. Ours is the address plus "#" and a
+# generation number (up to 20 digits), so addresses must fit in 200 bytes;
+# real endpoints ("tcp://[v6 address]:port") are well under 64.
+MAX_ADDRESS_BYTES: Final = 200
+
+# The outbound socket should never receive anything: our peers' inbound
+# sockets do not send. Only ZMTP commands (handshake, PING/PONG) legitimately
+# arrive there; they are tens of bytes (a few hundred with CURVE). 64 KiB is
+# far above that and stops a hostile endpoint we connect to from making us
+# buffer large frames (the frame is refused and the connection dropped).
+OUTBOUND_MAX_FRAME_BYTES: Final = 64 * 1024
+# ...and at most this many unread junk messages per connection, after which
+# libzmq stops reading that connection (TCP back-pressure on the sender).
+OUTBOUND_RCVHWM: Final = 16
+
+# An owner task handles at most this many messages in a row before yielding
+# to the scheduler, so a flood on one socket cannot starve the other tasks.
+DRAIN_BATCH: Final = 64
+
+# The peer-table sweep runs every unreachable_after_s / 4, clamped to this
+# range: often enough that unreachable peers go within ~25% of their limit,
+# rarely enough that an idle node does not spin.
+MIN_SWEEP_INTERVAL_S: Final = 0.05
+MAX_SWEEP_INTERVAL_S: Final = 1.0
+
+# libzmq carries HEARTBEAT_TTL on the wire as a 16-bit count of deciseconds.
+MAX_HEARTBEAT_TTL_MS: Final = 6_553_500
+
+# Monitor events the outbound socket reports. CONNECTED gives the connection's
+# fd (to match a later DISCONNECTED); HANDSHAKE_SUCCEEDED means the peer is
+# reachable and what we queued has been flushed to it; CONNECT_RETRIED follows
+# every failed attempt or lost connection, so it marks a peer as failing.
+_MONITORED_EVENTS: Final = (
+    zmq.EVENT_CONNECTED
+    | zmq.EVENT_DISCONNECTED
+    | zmq.EVENT_CONNECT_RETRIED
+    | zmq.EVENT_HANDSHAKE_SUCCEEDED
+)
+_MONITOR_HEADER = struct.Struct("=Hi")  # event id (u16), value (i32), no padding
+
+# What an owner task does with each message it reads.
+_Deliver = Callable[[list[bytes]], Awaitable[None]]
+
+
+# --- configuration ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PlaneConfig:
+    """Tunables of one plane. Every default is chosen for the control plane
+    on a LAN or a decent WAN; :data:`DEFAULT_DATA_CONFIG` adjusts it for big,
+    slow frames.
+
+    hwm:
+        ZeroMQ high-water mark, in messages, per peer and per direction
+        (SNDHWM on outbound pipes, RCVHWM on inbound pipes). Higher absorbs
+        bigger bursts; lower bounds memory per slow or dead peer (worst case
+        hwm x max message size each) and turns overload into counted drops
+        sooner. 1,000 is libzmq's default.
+    heartbeat_ivl_ms:
+        How often ZMTP PINGs go out on an otherwise quiet connection, so a
+        dead pipe is noticed without application traffic. Lower notices
+        sooner; each PING is a few bytes per connection per interval.
+    heartbeat_timeout_ms:
+        How long without any traffic back after a PING before the connection
+        is dropped (and, outbound, reconnected). Must exceed the time a PING
+        can wait behind our biggest frame on the slowest link; too low tears
+        down healthy but busy connections.
+    heartbeat_ttl_ms:
+        Sent to the peer inside our PINGs: "drop me if you hear nothing for
+        this long". Should be a few heartbeat intervals. At most 6,553,500
+        (16-bit deciseconds on the wire).
+    send_queue:
+        Messages :meth:`Plane.send` may queue for the outbound owner task.
+        Beyond it, sends are dropped as ``send_queue_full``. The queue only
+        absorbs scheduling jitter; per-peer buffering is libzmq's (hwm).
+    receive_queue:
+        Messages the inbound owner task may hold for :meth:`Plane.receive`.
+        When full, the owner stops reading, libzmq's RCVHWM fills and the
+        senders' pipes fill: back-pressure, not silent loss.
+    max_peers:
+        Outbound connections kept at once; the least recently used is
+        disconnected beyond it. Each is one TCP connection (one fd here and
+        one on the peer), so this must stay well under RLIMIT_NOFILE
+        (commonly 1,024 soft); idle peers are also closed (idle_disconnect_s),
+        so the live set is usually far smaller.
+    unreachable_after_s:
+        How long a peer may keep failing to connect before it is
+        disconnected and what was queued for it is dropped as
+        ``unreachable``. Lower frees resources and reports loss sooner; it
+        must exceed a slow handshake over the worst link we serve.
+    idle_disconnect_s:
+        A peer we have not sent to for this long is disconnected (it is
+        reconnected on the next send), so long-running nodes do not hold a
+        connection to every address they ever talked to.
+    connect_timeout_ms:
+        TCP connect timeout (ZMQ_CONNECT_TIMEOUT). Without it a SYN into a
+        black hole waits for the OS (minutes) before a retry is reported.
+    handshake_ivl_ms:
+        Longest a ZMTP handshake may take (ZMQ_HANDSHAKE_IVL); a peer that
+        accepts TCP but never speaks ZMTP is dropped after it.
+    reconnect_ivl_ms / reconnect_ivl_max_ms:
+        First and largest delay between libzmq's reconnect attempts (it
+        backs off exponentially between them). Short first retry recovers a
+        restarted peer quickly; the cap stops hammering a dead one.
+    """
+
+    hwm: int = 1000
+    heartbeat_ivl_ms: int = 1_000
+    heartbeat_timeout_ms: int = 5_000
+    heartbeat_ttl_ms: int = 10_000
+    send_queue: int = 1024
+    receive_queue: int = 256
+    max_peers: int = 1024
+    unreachable_after_s: float = 10.0
+    idle_disconnect_s: float = 300.0
+    connect_timeout_ms: int = 5_000
+    handshake_ivl_ms: int = 10_000
+    reconnect_ivl_ms: int = 100
+    reconnect_ivl_max_ms: int = 2_000
+
+    def __post_init__(self) -> None:
+        positive = {
+            "hwm": self.hwm,
+            "heartbeat_ivl_ms": self.heartbeat_ivl_ms,
+            "heartbeat_timeout_ms": self.heartbeat_timeout_ms,
+            "heartbeat_ttl_ms": self.heartbeat_ttl_ms,
+            "send_queue": self.send_queue,
+            "receive_queue": self.receive_queue,
+            "max_peers": self.max_peers,
+            "unreachable_after_s": self.unreachable_after_s,
+            "idle_disconnect_s": self.idle_disconnect_s,
+            "connect_timeout_ms": self.connect_timeout_ms,
+            "handshake_ivl_ms": self.handshake_ivl_ms,
+            "reconnect_ivl_ms": self.reconnect_ivl_ms,
+            "reconnect_ivl_max_ms": self.reconnect_ivl_max_ms,
+        }
+        for field_name, value in positive.items():
+            if value <= 0:
+                raise ValueError(f"PlaneConfig.{field_name} must be positive, got {value!r}")
+        if self.heartbeat_ttl_ms > MAX_HEARTBEAT_TTL_MS:
+            raise ValueError(f"PlaneConfig.heartbeat_ttl_ms must be <= {MAX_HEARTBEAT_TTL_MS}")
+        if self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:
+            raise ValueError("PlaneConfig.reconnect_ivl_max_ms must be >= reconnect_ivl_ms")
+
+
+DEFAULT_CONTROL_CONFIG: Final = PlaneConfig()
+
+# The data plane moves frames of up to 256 MiB. A PING queued behind one of
+# them on a 10 MB/s link waits ~25 s, so the heartbeat timeout is a minute
+# (a control-plane timeout would cut healthy transfers). hwm 256 still lets
+# many concurrent streams pipeline small decode activations while bounding
+# what a stalled peer can pin; send_queue and receive_queue are smaller
+# because each entry may be large.
+DEFAULT_DATA_CONFIG: Final = replace(
+    DEFAULT_CONTROL_CONFIG,
+    hwm=256,
+    heartbeat_ivl_ms=5_000,
+    heartbeat_timeout_ms=60_000,
+    heartbeat_ttl_ms=60_000,
+    send_queue=256,
+    receive_queue=64,
+    unreachable_after_s=30.0,
+)
+
+
+# --- the plane ----------------------------------------------------------------
+
+
+@dataclass
+class _Peer:
+    """What the outbound side knows about one address it connected to."""
+
+    address: str
+    routing_id: bytes
+    last_used: float
+    # True from a handshake until that connection is lost.
+    up: bool = False
+    # fd of the current connection (from EVENT_CONNECTED), to ignore a
+    # DISCONNECTED that belongs to an earlier connection.
+    fd: int | None = None
+    # When the peer started failing (first CONNECT_RETRIED while not up).
+    down_since: float | None = None
+    # Messages handed to libzmq since the peer was last up: if it never comes
+    # back these are lost, and we count them when we give up on it.
+    queued_while_down: int = 0
+
+
+def _frame_bytes(frame: bytes | memoryview) -> int:
+    return frame.nbytes if isinstance(frame, memoryview) else len(frame)
+
+
+class Plane:
+    """One plane's sockets and the state its owner tasks share.
+
+    Created only by :func:`open_plane`, which also runs the owner tasks; the
+    plane is usable only inside that context. All methods are for the trio
+    thread that opened it.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str,
+        inbound: zmq.Socket[bytes],
+        outbound: zmq.Socket[bytes],
+        monitor: zmq.Socket[bytes],
+        address: str,
+        max_message_bytes: int,
+        drops: collections.Counter[str],
+        config: PlaneConfig,
+    ) -> None:
+        self.name: str = name
+        self.address: str = address
+        self.max_message_bytes: int = max_message_bytes
+        self.config: PlaneConfig = config
+        # Metrics: messages and bytes (payload frames, no routing id) that
+        # libzmq accepted for sending / that passed the inbound checks and
+        # were queued for receive().
+        self.sent_messages: int = 0
+        self.sent_bytes: int = 0
+        self.received_messages: int = 0
+        self.received_bytes: int = 0
+        self._drops = drops
+        self._inbound = inbound
+        self._outbound = outbound
+        self._monitor = monitor
+        self._peers: collections.OrderedDict[str, _Peer] = collections.OrderedDict()
+        self._generation = 0
+        self._outbox_send, self._outbox_receive = trio.open_memory_channel[
+            tuple[str, tuple[bytes | memoryview, ...]]
+        ](config.send_queue)
+        self._inbox_send, self._inbox_receive = trio.open_memory_channel[list[bytes]](
+            config.receive_queue
+        )
+        self._closed = False
+
+    # --- public API -----------------------------------------------------------
+
+    def send(self, addr: str, frames: Sequence[bytes | memoryview]) -> None:
+        """Queue one message of one or more frames for ``addr``.
+
+        Never blocks and never raises for network reasons: a message that
+        cannot be sent is dropped and counted under ``"<plane>.<reason>"``
+        (``send_queue_full``, ``oversized``, ``peer_queue_full``,
+        ``unreachable``, ``evicted``, ``bad_address``, ``send_error``,
+        ``closed``; inbound adds ``oversized`` and ``malformed``). Raises only for
+        programming errors (no frames, or a frame that is not bytes-like).
+
+        Frames are handed to libzmq without copying where they are large, so
+        the caller must not modify a buffer after passing it here.
+        """
+        if not frames:
+            raise ValueError("a message needs at least one frame")
+        total = 0
+        for frame in frames:
+            if not isinstance(frame, bytes | memoryview):
+                raise TypeError(f"frames must be bytes or memoryview, not {type(frame).__name__}")
+            total += _frame_bytes(frame)
+        if total > self.max_message_bytes:
+            # The receiver's libzmq would drop the whole connection (and
+            # everything queued on it) for a frame over its MAXMSGSIZE, and
+            # its plane drops a message whose total is over the cap; refuse
+            # here so one bad message costs only itself.
+            self._drop("oversized")
+            return
+        if self._closed:
+            self._drop("closed")
+            return
+        try:
+            self._outbox_send.send_nowait((addr, tuple(frames)))
+        except trio.WouldBlock:
+            self._drop("send_queue_full")
+        except (trio.ClosedResourceError, trio.BrokenResourceError):
+            self._drop("closed")
+
+    async def receive(self) -> list[bytes]:
+        """The next inbound message's frames (the routing-id frame removed).
+
+        Messages from different senders interleave; frames are exactly what
+        the sender sent and are *not* validated here (the wire layer does
+        that). Raises ``trio.EndOfChannel`` once the plane has closed.
+        """
+        return await self._inbox_receive.receive()
+
+    @property
+    def peer_count(self) -> int:
+        """Outbound connections currently held (bounded by ``max_peers``)."""
+        return len(self._peers)
+
+    @property
+    def closed(self) -> bool:
+        """True once the plane's sockets are closed."""
+        return self._closed
+
+    def __repr__(self) -> str:
+        return f"<Plane {self.name} {self.address} peers={len(self._peers)}>"
+
+    # --- shared helpers ---------------------------------------------------------
+
+    def _drop(self, reason: str, count: int = 1) -> None:
+        self._drops[f"{self.name}.{reason}"] += count
+
+    async def _drain_forever(self, sock: zmq.Socket[bytes], deliver: _Deliver) -> None:
+        """Own ``sock`` for reading: drain, re-check EVENTS, then wait on the FD.
+
+        The FD only signals changes, so every message already queued must be
+        read (until ``zmq.Again``) and ``EVENTS`` re-checked before sleeping;
+        reading ``EVENTS`` also makes libzmq process its command queue, which
+        is what re-arms the FD.
+        """
+        fd = sock.getsockopt(zmq.FD)
+        handled = 0
+        while True:
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                    continue
+                handled = 0
+                await trio.lowlevel.wait_readable(fd)
+                continue
+            await deliver(frames)
+            handled += 1
+            if handled >= DRAIN_BATCH:
+                handled = 0
+                await trio.lowlevel.checkpoint()
+
+    # --- inbound ----------------------------------------------------------------
+
+    async def _run_inbound(self) -> None:
+        """Owner task of the inbound ROUTER."""
+        await self._drain_forever(self._inbound, self._deliver_inbound)
+
+    async def _deliver_inbound(self, frames: list[bytes]) -> None:
+        """Strip the routing id, enforce the size cap on the whole message, and
+        hand it to receive(); waiting here when receive() lags is deliberate
+        back-pressure (libzmq then stops reading, and senders' HWMs fill)."""
+        payload = frames[1:]
+        if not payload:  # a ROUTER always yields id + at least one frame
+            self._drop("malformed")
+            return
+        size = sum(len(frame) for frame in payload)
+        if size > self.max_message_bytes:
+            # libzmq's MAXMSGSIZE is per frame; this catches many frames that
+            # are each under the cap but together over it.
+            self._drop("oversized")
+            return
+        self.received_messages += 1
+        self.received_bytes += size
+        await self._inbox_send.send(payload)
+
+    # --- outbound ---------------------------------------------------------------
+
+    async def _run_outbound(self) -> None:
+        """Owner task of the outbound ROUTER: send what send() queued, and
+        periodically sweep the peer table (unreachable, idle)."""
+        sweep_every = min(
+            MAX_SWEEP_INTERVAL_S,
+            max(MIN_SWEEP_INTERVAL_S, self.config.unreachable_after_s / 4),
+        )
+        next_sweep = trio.current_time() + sweep_every
+        while True:
+            # Cancelling a memory-channel receive never loses an item, so the
+            # timeout around it is safe.
+            with trio.move_on_at(next_sweep):
+                while True:
+                    addr, frames = await self._outbox_receive.receive()
+                    self._transmit(addr, frames)
+            now = trio.current_time()
+            self._sweep(now)
+            next_sweep = now + sweep_every
+
+    def _transmit(self, addr: str, frames: tuple[bytes | memoryview, ...]) -> None:
+        peer = self._peer_for(addr, trio.current_time())
+        if peer is None:
+            return
+        try:
+            # copy=False: pyzmq copies small frames anyway and passes big ones
+            # (activations) to libzmq by reference.
+            self._outbound.send_multipart([peer.routing_id, *frames], zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            # ROUTER_MANDATORY: this peer's pipe is at SNDHWM.
+            self._drop("peer_queue_full")
+            return
+        except zmq.ZMQError as exc:
+            if exc.errno == zmq.EHOSTUNREACH:
+                # The pipe is gone (it should not be, with IMMEDIATE=0): start
+                # over with a fresh connection on the next send.
+                self._drop("unreachable")
+                self._evict(peer, "unreachable")
+            else:
+                self._drop("send_error")
+            return
+        self.sent_messages += 1
+        self.sent_bytes += sum(_frame_bytes(frame) for frame in frames)
+        if not peer.up:
+            peer.queued_while_down += 1
+
+    def _peer_for(self, addr: str, now: float) -> _Peer | None:
+        """The peer entry for ``addr``, connecting on first use."""
+        peer = self._peers.get(addr)
+        if peer is not None:
+            self._peers.move_to_end(addr)
+            peer.last_used = now
+            return peer
+        encoded = addr.encode("utf-8", errors="surrogateescape")
+        if not encoded or len(encoded) > MAX_ADDRESS_BYTES:
+            self._drop("bad_address")
+            return None
+        while len(self._peers) >= self.config.max_peers:
+            _, oldest = next(iter(self._peers.items()))
+            self._evict(oldest, "evicted")
+        self._generation += 1
+        routing_id = encoded + b"#" + str(self._generation).encode()
+        try:
+            self._outbound.setsockopt(zmq.CONNECT_ROUTING_ID, routing_id)
+            self._outbound.connect(addr)
+        except (zmq.ZMQError, UnicodeError):
+            # Malformed endpoint or unknown transport. Host names are resolved
+            # later by libzmq's I/O thread, so this never blocks on DNS.
+            self._drop("bad_address")
+            return None
+        peer = _Peer(address=addr, routing_id=routing_id, last_used=now)
+        self._peers[addr] = peer
+        return peer
+
+    def _evict(self, peer: _Peer, reason: str) -> None:
+        """Disconnect a peer and forget it; count what we know is lost.
+
+        With LINGER=0 anything still in its pipe is discarded. If the peer
+        was never reachable since we queued, all of that is lost and counted
+        under ``reason``; if it was up, its pipe has normally drained (it is
+        the least recently used or idle one) and nothing is counted.
+        """
+        if self._peers.get(peer.address) is peer:
+            del self._peers[peer.address]
+        # ENOENT means libzmq no longer knows the endpoint: nothing to free.
+        with suppress(zmq.ZMQError):
+            self._outbound.disconnect(peer.address)
+        if not peer.up and peer.queued_while_down:
+            self._drop(reason, peer.queued_while_down)
+
+    def _sweep(self, now: float) -> None:
+        """Disconnect peers that have failed for too long or gone idle."""
+        config = self.config
+        for peer in list(self._peers.values()):
+            down_since = None if peer.up else peer.down_since
+            if down_since is not None and now - down_since >= config.unreachable_after_s:
+                self._evict(peer, "unreachable")
+            elif now - peer.last_used >= config.idle_disconnect_s:
+                self._evict(peer, "unreachable" if not peer.up else "idle")
+
+    # --- monitor ----------------------------------------------------------------
+
+    async def _run_monitor(self) -> None:
+        """Owner task of the outbound socket's monitor (a PAIR socket).
+
+        It only updates the peer table (plain data; trio switches tasks only
+        at awaits, so no update is ever seen half done); the outbound socket
+        itself stays with its owner. Draining promptly matters: libzmq's I/O
+        thread blocks if the monitor's queue (1,000 events) fills.
+        """
+        await self._drain_forever(self._monitor, self._on_monitor_message)
+
+    async def _on_monitor_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 2 or len(frames[0]) != _MONITOR_HEADER.size:
+            return
+        event, value = _MONITOR_HEADER.unpack(frames[0])
+        # libzmq 4.3 reports the endpoint as given to connect() for these
+        # events when it is a numeric address, which is what nodes advertise.
+        # For host names some events carry the resolved form instead; those
+        # peers simply never look "failing" and rely on the LRU and idle
+        # limits instead.
+        peer = self._peers.get(frames[1].decode("utf-8", errors="surrogateescape"))
+        if peer is None:
+            return
+        if event == zmq.EVENT_CONNECTED:
+            peer.fd = value
+        elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+            peer.up = True
+            peer.down_since = None
+            peer.queued_while_down = 0
+        elif event == zmq.EVENT_DISCONNECTED:
+            if peer.fd == value:
+                peer.up = False
+                peer.fd = None
+        elif event == zmq.EVENT_CONNECT_RETRIED and not peer.up and peer.down_since is None:
+            peer.down_since = trio.current_time()
+
+    # --- teardown ---------------------------------------------------------------
+
+    def _close(self) -> None:
+        """Close channels and sockets; only after the owner tasks have ended."""
+        if self._closed:
+            return
+        self._closed = True
+        self._outbox_send.close()
+        self._outbox_receive.close()
+        self._inbox_send.close()
+        for sock in (self._inbound, self._outbound, self._monitor):
+            trio.lowlevel.notify_closing(sock.getsockopt(zmq.FD))
+        with suppress(zmq.ZMQError):
+            self._outbound.disable_monitor()
+        for sock in (self._monitor, self._outbound, self._inbound):
+            sock.close(linger=0)
+
+
+def _common_options(sock: zmq.Socket[bytes], config: PlaneConfig) -> None:
+    sock.setsockopt(zmq.LINGER, 0)  # never hang on close waiting for a peer
+    sock.setsockopt(zmq.HEARTBEAT_IVL, config.heartbeat_ivl_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, config.heartbeat_timeout_ms)
+    sock.setsockopt(zmq.HEARTBEAT_TTL, config.heartbeat_ttl_ms)
+    sock.setsockopt(zmq.HANDSHAKE_IVL, config.handshake_ivl_ms)
+
+
+def _make_sockets(
+    context: zmq.Context[zmq.Socket[bytes]],
+    listen: str,
+    max_message_bytes: int,
+    config: PlaneConfig,
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes], zmq.Socket[bytes], str]:
+    """Create, configure and bind; close everything again if any step fails."""
+    made: list[zmq.Socket[bytes]] = []
+    try:
+        inbound = context.socket(zmq.ROUTER)
+        made.append(inbound)
+        _common_options(inbound, config)
+        # Per frame: libzmq drops the *connection* that sends a bigger frame
+        # (the sender reconnects; what it had queued is lost), and other
+        # peers are unaffected.
+        inbound.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
+        inbound.setsockopt(zmq.RCVHWM, config.hwm)
+        # IPv6 only when asked for: with IPV6=1 a v4 bind reports itself as
+        # "tcp://[::ffff:127.0.0.1]:port", which is not what we advertise.
+        inbound.setsockopt(zmq.IPV6, 1 if "[" in listen else 0)
+        inbound.bind(listen)
+        address = inbound.getsockopt_string(zmq.LAST_ENDPOINT)
+
+        outbound = context.socket(zmq.ROUTER)
+        made.append(outbound)
+        _common_options(outbound, config)
+        outbound.setsockopt(zmq.IPV6, 1)  # reach tcp://[v6]:port peers as well as v4
+        outbound.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        outbound.setsockopt(zmq.IMMEDIATE, 0)  # see the module docstring
+        outbound.setsockopt(zmq.SNDHWM, config.hwm)
+        outbound.setsockopt(zmq.RCVHWM, OUTBOUND_RCVHWM)
+        outbound.setsockopt(zmq.MAXMSGSIZE, OUTBOUND_MAX_FRAME_BYTES)
+        outbound.setsockopt(zmq.CONNECT_TIMEOUT, config.connect_timeout_ms)
+        outbound.setsockopt(zmq.RECONNECT_IVL, config.reconnect_ivl_ms)
+        outbound.setsockopt(zmq.RECONNECT_IVL_MAX, config.reconnect_ivl_max_ms)
+        monitor = outbound.get_monitor_socket(_MONITORED_EVENTS)
+        made.append(monitor)
+        monitor.setsockopt(zmq.LINGER, 0)
+    except BaseException:
+        for sock in reversed(made):
+            sock.close(linger=0)
+        raise
+    return inbound, outbound, monitor, address
+
+
+@asynccontextmanager
+async def open_plane(
+    listen: str,
+    *,
+    name: str,
+    max_message_bytes: int,
+    drops: collections.Counter[str],
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    config: PlaneConfig | None = None,
+) -> AsyncIterator[Plane]:
+    """Bind a plane on ``listen`` and run its owner tasks until the block exits.
+
+    ``listen`` is a ZeroMQ endpoint such as ``"tcp://127.0.0.1:7001"``; port 0
+    picks a free port and ``plane.address`` reports the real endpoint. Binding
+    errors (address in use, bad endpoint) raise ``zmq.ZMQError`` here. Drops
+    are counted in ``drops`` as ``"<name>.<reason>"``. ``context`` should be
+    the process's shared one (``zmq.Context.instance()`` if omitted): one
+    context means one set of I/O threads for every plane.
+
+    The owner tasks live in a nursery inside this context manager; leaving
+    the block cancels them, then closes both sockets with LINGER=0 (queued
+    outbound messages are discarded, as a crash would).
+    """
+    if max_message_bytes <= 0:
+        raise ValueError("max_message_bytes must be positive")
+    config = config or DEFAULT_CONTROL_CONFIG
+    context = context or zmq.Context.instance()
+    inbound, outbound, monitor, address = _make_sockets(context, listen, max_message_bytes, config)
+    plane = Plane(
+        name=name,
+        inbound=inbound,
+        outbound=outbound,
+        monitor=monitor,
+        address=address,
+        max_message_bytes=max_message_bytes,
+        drops=drops,
+        config=config,
+    )
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(plane._run_inbound, name=f"transport.{name}.inbound")
+            nursery.start_soon(plane._run_outbound, name=f"transport.{name}.outbound")
+            nursery.start_soon(plane._run_monitor, name=f"transport.{name}.monitor")
+            try:
+                yield plane
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        plane._close()
+
+
+@asynccontextmanager
+async def open_planes(
+    control_listen: str,
+    data_listen: str,
+    *,
+    drops: collections.Counter[str],
+    context: zmq.Context[zmq.Socket[bytes]] | None = None,
+    control_config: PlaneConfig | None = None,
+    data_config: PlaneConfig | None = None,
+    control_max_message_bytes: int = CONTROL_MAX_MESSAGE_BYTES,
+    data_max_message_bytes: int = DATA_MAX_MESSAGE_BYTES,
+) -> AsyncIterator[tuple[Plane, Plane]]:
+    """Open a node's two planes, ``(control, data)``, on one shared context.
+
+    They are separate sockets (and TCP connections) so that a large
+    activation on the data plane is never queued in front of a small,
+    latency-sensitive probe or Raft message on the control plane.
+    """
+    async with (
+        open_plane(
+            control_listen,
+            name="control",
+            max_message_bytes=control_max_message_bytes,
+            drops=drops,
+            context=context,
+            config=control_config or DEFAULT_CONTROL_CONFIG,
+        ) as control,
+        open_plane(
+            data_listen,
+            name="data",
+            max_message_bytes=data_max_message_bytes,
+            drops=drops,
+            context=context,
+            config=data_config or DEFAULT_DATA_CONFIG,
+        ) as data,
+    ):
+        yield control, data
