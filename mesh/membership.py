@@ -535,14 +535,21 @@ class Membership:
         )
         self._apply_dead(verdict, now, verified=True)
 
-    def _refute(self, incarnation: int, now: float) -> None:
-        """Someone accused us (or remembers an older life): outbid them."""
+    def _refute(self, incarnation: int, now: float, accuser: bytes | None = None) -> None:
+        """Someone accused us (or remembers an older life): outbid them.
+
+        The accuser also gets the refutation directly: it is the member most
+        likely to declare us dead, and gossip alone may take a few rounds.
+        """
         me = self._members[self.node_id]
         me.incarnation = min(max(me.incarnation, incarnation) + 1, MAX_COUNTER)
         me.alive = self._sign_alive(me.incarnation)
         me.accusation = None
         self._queue(me.alive)
         self._adjust_awareness(1)
+        accuser_member = self._members.get(accuser) if accuser is not None else None
+        if accuser_member is not None and accuser != self.node_id:
+            self._send(accuser_member.addr, Gossip((me.alive,)))
 
     # --- applying updates --------------------------------------------------------------
 
@@ -611,7 +618,7 @@ class Membership:
             return
         if suspect.node == self.node_id:
             if not self._leaving and (verified or self._authentic(suspect)):
-                self._refute(suspect.incarnation, now)
+                self._refute(suspect.incarnation, now, suspect.accuser)
             return
         if member.state is MemberState.SUSPECT and suspect.incarnation == member.incarnation:
             suspicion = self._suspicions.get(suspect.node)
@@ -650,7 +657,7 @@ class Membership:
             return
         if dead.node == self.node_id:
             if not self._leaving and (verified or self._authentic(dead)):
-                self._refute(dead.incarnation, now)
+                self._refute(dead.incarnation, now, dead.accuser)
             return
         if not (verified or self._authentic(dead)):
             return

@@ -1,0 +1,375 @@
+"""Scripted scenarios for the SWIM/Lifeguard core, driven by hand.
+
+Each test reads as a script: who sends what, which messages are lost, how
+much time passes, what every node then believes. The `Net` below is the
+smallest possible driver: it holds in-flight messages and delivers them when
+told, so a test decides exactly which ones arrive.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mesh.config import MembershipConfig
+from mesh.identity import Identity, verify
+from mesh.membership import Membership, MemberState, Send
+from mesh.messages import (
+    Ack,
+    Alive,
+    Dead,
+    Envelope,
+    Gossip,
+    Ping,
+    PingReq,
+    Record,
+    Suspect,
+    alive_signing_bytes,
+    record_signing_bytes,
+)
+
+CONFIG = MembershipConfig.lan()
+
+
+def identity(name: str) -> Identity:
+    return Identity.from_seed(name.encode().ljust(32, b"."))
+
+
+class Net:
+    """Nodes by name; sends wait in `inflight` until delivered or dropped."""
+
+    def __init__(self, *names: str, seed: int = 7, config: MembershipConfig = CONFIG) -> None:
+        self.now = 0.0
+        self.config = config
+        self.nodes: dict[str, Membership] = {}
+        self.ids: dict[str, Identity] = {}
+        self.inflight: list[Send] = []
+        self.seed = seed
+        self.keep: Callable[[Send], bool] = lambda send: True
+        for name in names:
+            self.start(name)
+
+    def start(self, name: str, incarnation: int = 0, body: bytes | None = b"{}") -> Membership:
+        ident = self.ids.setdefault(name, identity(name))
+        node = Membership(
+            signer=ident,
+            verifier=verify,
+            addr=f"tcp://{name}",
+            config=self.config,
+            rng=random.Random(f"{self.seed}/{name}"),
+            now=self.now,
+            incarnation=incarnation,
+            record_body=body,
+        )
+        self.nodes[name] = node
+        return node
+
+    def name_of(self, addr: str) -> str:
+        return addr.removeprefix("tcp://")
+
+    def collect(self) -> None:
+        for node in self.nodes.values():
+            self.inflight.extend(node.take_sends())
+
+    def deliver(self) -> int:
+        """Deliver everything in flight (and what it causes) until quiet.
+
+        A message is lost when its addressee is gone or `self.keep` says so.
+        """
+        delivered = 0
+        for _ in range(10_000):
+            self.collect()
+            if not self.inflight:
+                return delivered
+            batch, self.inflight = self.inflight, []
+            for send in batch:
+                to = self.name_of(send.addr)
+                if to not in self.nodes or not self.keep(send):
+                    continue
+                self.nodes[to].receive(send.envelope, self.now)
+                delivered += 1
+        raise AssertionError("messages never stopped flowing")
+
+    def advance(self, seconds: float) -> None:
+        """Let time pass, firing timers in order and delivering as we go."""
+        end = self.now + seconds
+        while True:
+            due = min(node.next_deadline() for node in self.nodes.values())
+            if due > end:
+                break
+            self.now = max(self.now, due)
+            for node in self.nodes.values():
+                if node.next_deadline() <= self.now:
+                    node.tick(self.now)
+            self.deliver()
+        self.now = end
+
+    def state(self, observer: str, subject: str) -> MemberState | None:
+        view = self.nodes[observer].member(self.ids[subject].node_id)
+        return None if view is None else view.state
+
+    def join_all(self) -> None:
+        first, *rest = self.nodes
+        for name in rest:
+            self.nodes[name].join([f"tcp://{first}"], self.now)
+        self.deliver()
+        self.advance(3.0)
+
+
+def test_nodes_that_join_through_one_seed_learn_of_each_other() -> None:
+    net = Net("a", "b", "c", "d")
+    net.join_all()
+    for observer in "abcd":
+        for subject in "abcd":
+            assert net.state(observer, subject) is MemberState.ALIVE, (observer, subject)
+        records = [m.record for m in net.nodes[observer].members()]
+        assert all(r is not None for r in records)
+
+
+def test_a_silent_member_is_suspected_then_declared_dead() -> None:
+    net = Net("a", "b", "c", "d")
+    net.join_all()
+    del net.nodes["d"]  # crashed: nothing reaches it, nothing comes from it
+    net.advance(CONFIG.probe_interval * 8)
+    states = {net.state(o, "d") for o in "abc"}
+    assert MemberState.SUSPECT in states or MemberState.DEAD in states
+    net.advance(CONFIG.suspicion_max_timeout(4) + 5)
+    for observer in "abc":
+        assert net.state(observer, "d") is MemberState.DEAD
+
+
+def test_a_suspected_member_refutes_with_a_higher_incarnation() -> None:
+    net = Net("a", "b", "c")
+    net.join_all()
+    b = net.nodes["b"]
+    before = b.incarnation
+    accusation = Suspect(b.node_id, before, net.ids["a"].node_id, b"")
+    signed = Suspect(
+        accusation.node,
+        accusation.incarnation,
+        accusation.accuser,
+        net.ids["a"].sign(
+            b"shardmesh/suspect/1\x00" + b.node_id + before.to_bytes(8, "big") + accusation.accuser
+        ),
+    )
+    net.nodes["c"].receive(Envelope(net.ids["a"].node_id, "tcp://a", Gossip((signed,))), net.now)
+    assert net.state("c", "b") is MemberState.SUSPECT
+    b.receive(Envelope(net.ids["a"].node_id, "tcp://a", Gossip((signed,))), net.now)
+    assert b.incarnation == before + 1
+    net.advance(2.0)
+    assert net.state("c", "b") is MemberState.ALIVE
+    assert net.nodes["c"].member(b.node_id).incarnation == before + 1
+
+
+def test_indirect_probes_save_a_member_whose_direct_link_is_lossy() -> None:
+    net = Net("a", "b", "c", "d")
+    net.join_all()
+    a, d = net.nodes["a"], net.nodes["d"]
+    # Everything a sends straight to d is lost; helpers can still reach d.
+    net.keep = lambda send: not (send.envelope.sender == a.node_id and send.addr == "tcp://d")
+    net.advance(40 * CONFIG.probe_interval)
+    assert net.state("a", "d") is MemberState.ALIVE
+    assert d.incarnation == 0
+
+
+def test_a_forged_alive_is_rejected_and_counted() -> None:
+    net = Net("a", "b")
+    net.join_all()
+    b_id = net.ids["b"].node_id
+    forged = Alive(b_id, 99, "tcp://evil", net.ids["a"].sign(alive_signing_bytes(b_id, 99, "x")))
+    victim = net.nodes["a"]
+    victim.receive(Envelope(b_id, "tcp://evil", Gossip((forged,))), net.now)
+    assert victim.drops["bad_signature"] == 1
+    assert victim.member(b_id).incarnation == 0
+    assert victim.member(b_id).addr == "tcp://b"
+
+
+def test_a_record_signed_by_another_key_is_rejected() -> None:
+    net = Net("a", "b")
+    net.join_all()
+    b_id = net.ids["b"].node_id
+    body = b"\xa0"
+    forged = Record(b_id, 50, body, net.ids["a"].sign(record_signing_bytes(b_id, 50, body)))
+    net.nodes["a"].receive(Envelope(b_id, "tcp://b", Gossip((forged,))), net.now)
+    assert net.nodes["a"].drops["bad_signature"] == 1
+    assert net.nodes["a"].record(b_id).seq == 1
+
+
+def test_an_older_record_seq_is_rejected_as_stale_and_a_newer_one_wins() -> None:
+    net = Net("a", "b")
+    net.join_all()
+    b = net.nodes["b"]
+    first = b.record(b.node_id)
+    newer = b.publish_record(b"new", net.now)
+    net.advance(1.0)
+    a = net.nodes["a"]
+    assert a.record(b.node_id) == newer
+    a.receive(Envelope(b.node_id, "tcp://b", Gossip((first,))), net.now)
+    assert a.drops["stale_record"] == 1
+    assert a.record(b.node_id) == newer
+
+
+def test_a_record_body_the_validator_refuses_is_dropped_with_its_reason() -> None:
+    net = Net("a")
+    strict = Membership(
+        signer=identity("v"),
+        verifier=verify,
+        addr="tcp://v",
+        config=CONFIG,
+        rng=random.Random(1),
+        now=0.0,
+        validate_record_body=lambda body: None if body.startswith(b"ok") else "record_malformed",
+    )
+    a = net.nodes["a"]
+    bad = a.publish_record(b"garbage", 0.0)
+    good = a.publish_record(b"ok fine", 0.0)
+    strict.receive(Envelope(a.node_id, "tcp://a", Gossip((bad,))), 0.0)
+    assert strict.drops["record_malformed"] == 1
+    strict.receive(Envelope(a.node_id, "tcp://a", Gossip((good,))), 0.0)
+    assert strict.record(a.node_id) == good
+
+
+def test_a_graceful_leave_marks_the_node_left_not_dead() -> None:
+    net = Net("a", "b", "c")
+    net.join_all()
+    net.nodes["c"].leave(net.now)
+    net.deliver()
+    net.advance(1.0)
+    del net.nodes["c"]
+    net.advance(CONFIG.suspicion_max_timeout(3) + 5)
+    assert net.state("a", "c") is MemberState.LEFT
+    assert net.state("b", "c") is MemberState.LEFT
+
+
+def test_a_restarted_node_keeps_its_id_and_outbids_its_old_incarnation() -> None:
+    net = Net("a", "b", "c")
+    net.join_all()
+    del net.nodes["c"]
+    net.advance(CONFIG.detection_bound(3))
+    assert net.state("a", "c") is MemberState.DEAD
+    dead_at = net.nodes["a"].member(net.ids["c"].node_id).incarnation
+    # Restart from scratch: incarnation 0, record seq 1 again.
+    reborn = net.start("c", incarnation=0, body=b"second life")
+    reborn.join(["tcp://a"], net.now)
+    net.deliver()
+    net.advance(3.0)
+    assert reborn.incarnation > dead_at
+    for observer in "ab":
+        view = net.nodes[observer].member(reborn.node_id)
+        assert view.state is MemberState.ALIVE
+        assert view.record.body == b"second life"
+
+
+def test_a_partition_heals_back_to_full_membership() -> None:
+    net = Net("a", "b", "c", "d", "e", "f")
+    net.join_all()
+    left, right = {"a", "b", "c"}, {"d", "e", "f"}
+    net.keep = lambda s: (net.name_of(s.addr) in left) == (net.name_of(s.envelope.addr) in left)
+    net.advance(CONFIG.detection_bound(6))
+    for observer in left:
+        for subject in right:
+            assert net.state(observer, subject) is MemberState.DEAD
+    net.keep = lambda send: True
+    net.advance(CONFIG.reconnect_interval * 3 + CONFIG.push_pull_interval)
+    for observer in "abcdef":
+        for subject in "abcdef":
+            assert net.state(observer, subject) is MemberState.ALIVE, (observer, subject)
+
+
+def test_probes_for_another_node_at_our_address_are_not_answered() -> None:
+    net = Net("a", "b")
+    b = net.nodes["b"]
+    b.receive(Envelope(net.ids["a"].node_id, "tcp://a", Ping(5, b"\x01" * 32)), 0.0)
+    assert b.drops["wrong_target"] == 1
+    assert b.take_sends() == []
+
+
+def test_an_unanswered_relayed_probe_returns_a_nack() -> None:
+    net = Net("a", "b")
+    b = net.nodes["b"]
+    b.take_sends()
+    b.receive(Envelope(net.ids["a"].node_id, "tcp://a", PingReq(9, b"\x02" * 32, "tcp://x")), 0.0)
+    (ping,) = b.take_sends()
+    assert ping.addr == "tcp://x" and isinstance(ping.envelope.message, Ping)
+    b.tick(CONFIG.probe_timeout)
+    nacks = [s for s in b.take_sends() if s.addr == "tcp://a"]
+    assert [type(s.envelope.message).__name__ for s in nacks] == ["Nack"]
+    assert nacks[0].envelope.message.seq == 9
+
+
+def test_a_relayed_ack_reaches_the_requester() -> None:
+    net = Net("a", "b", "c")
+    b = net.nodes["b"]
+    b.take_sends()
+    c_id = net.ids["c"].node_id
+    b.receive(Envelope(net.ids["a"].node_id, "tcp://a", PingReq(3, c_id, "tcp://c")), 0.0)
+    (ping,) = b.take_sends()
+    b.receive(Envelope(c_id, "tcp://c", Ack(ping.envelope.message.seq)), 0.01)
+    (forwarded,) = b.take_sends()
+    assert forwarded.addr == "tcp://a" and forwarded.envelope.message == Ack(3)
+
+
+def test_lifeguard_slows_probing_when_our_own_probes_fail_without_nacks() -> None:
+    net = Net("a", "b", "c", "d")
+    net.join_all()
+    a = net.nodes["a"]
+    assert a.health == 0
+    # a's outbound messages vanish: its own link is the problem.
+    net.keep = lambda send: send.envelope.sender != a.node_id
+    net.advance(5 * CONFIG.probe_interval)
+    assert a.health > 0
+    # Nobody else was declared dead on a's word, because a's accusations
+    # never left it either, and other members still see each other alive.
+    for observer in "bcd":
+        for subject in "bcd":
+            assert net.state(observer, subject) is MemberState.ALIVE
+
+
+def test_an_accusation_about_an_unknown_node_changes_nothing() -> None:
+    net = Net("a")
+    a = net.nodes["a"]
+    stranger = identity("stranger").node_id
+    a.receive(Envelope(stranger, "tcp://s", Gossip((Dead(stranger, 3, stranger, b"x" * 64),))), 0)
+    assert a.member(stranger) is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    loss=st.floats(0.0, 0.1),
+    size=st.integers(3, 7),
+)
+def test_random_loss_without_crashes_never_kills_anyone(seed: int, loss: float, size: int) -> None:
+    """Property: however messages are lost (up to 10%, the target's loss
+    rate), with no crash and no partition, nobody is ever declared dead."""
+    names = [f"n{i}" for i in range(size)]
+    net = Net(*names, seed=seed)
+    net.join_all()
+    rng = random.Random(seed)
+    net.keep = lambda send: rng.random() >= loss
+    for _ in range(60):
+        net.advance(0.5)
+        for node in net.nodes.values():
+            for event in node.take_events():
+                assert event.kind != "dead", "a live node was declared dead"
+    net.keep = lambda send: True
+    net.advance(5.0)
+    for observer in names:
+        for subject in names:
+            assert net.state(observer, subject) is MemberState.ALIVE
+
+
+@pytest.mark.parametrize("profile", ["lan", "wan", "local"])
+def test_profiles_document_consistent_timings(profile: str) -> None:
+    config = MembershipConfig.profile(profile)
+    assert config.probe_timeout < config.probe_interval
+    assert config.suspicion_min_timeout(1000) < config.suspicion_max_timeout(1000)
+    assert config.detection_bound(5) > config.suspicion_max_timeout(5)
+    assert config.retransmit_limit(1000) == config.retransmit_mult * 4  # ceil(log10 1001)
+    assert config.retransmit_limit(999) == config.retransmit_mult * 3
+    with pytest.raises(ValueError, match="unknown profile"):
+        MembershipConfig.profile("moon")
