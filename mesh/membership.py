@@ -39,10 +39,17 @@ import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 
 from mesh.config import MembershipConfig
 from mesh.identity import Signer, Verifier
+from mesh.member_table import (
+    LIVE_STATES,
+    MemberEntry,
+    MemberState,
+    MemberTable,
+    ProbeOrder,
+    StartingView,
+)
 from mesh.messages import (
     Ack,
     Alive,
@@ -79,13 +86,6 @@ _SIZE_ACCUSATION = 160
 _SIZE_RECORD = 130
 
 
-class MemberState(StrEnum):
-    ALIVE = "alive"
-    SUSPECT = "suspect"
-    DEAD = "dead"
-    LEFT = "left"
-
-
 @dataclass(frozen=True, slots=True)
 class Send:
     """Send `envelope` to the node listening at `addr`."""
@@ -115,29 +115,6 @@ class MemberView:
     state_since: float
     last_seen: float | None
     record: Record | None
-
-
-class _Member:
-    __slots__ = (
-        "accusation",
-        "addr",
-        "alive",
-        "incarnation",
-        "last_seen",
-        "node",
-        "state",
-        "state_since",
-    )
-
-    def __init__(self, alive: Alive, now: float) -> None:
-        self.node = alive.node
-        self.addr = alive.addr
-        self.incarnation = alive.incarnation
-        self.alive = alive
-        self.accusation: Suspect | Dead | None = None
-        self.state = MemberState.ALIVE
-        self.state_since = now
-        self.last_seen: float | None = None
 
 
 class _Suspicion:
@@ -218,6 +195,7 @@ class Membership:
         record_body: bytes | None = None,
         record_seq: int = 0,
         validate_record_body: Callable[[bytes], str | None] | None = None,
+        starting_view: StartingView | None = None,
     ) -> None:
         self.node_id: bytes = signer.node_id
         self.addr = addr
@@ -228,13 +206,8 @@ class Membership:
         self._rng = rng
         self._validate_body = validate_record_body
 
-        self._members: dict[bytes, _Member] = {}
-        self._records: dict[bytes, Record] = {}
-        self._probe_order: list[bytes] = []
-        self._probe_index = 0
-        self._peers: list[bytes] = []  # every member but us, for random picks
-        self._peer_index: dict[bytes, int] = {}
-        self._live_count = 1  # alive or suspect, us included
+        self._table = MemberTable(self.node_id, starting_view)
+        self._probe_order = ProbeOrder(self._table, rng)
 
         self._broadcasts: dict[tuple[str, bytes], _Broadcast] = {}
         self._broadcast_order = 0
@@ -256,11 +229,15 @@ class Membership:
         self._next_push_pull = now + config.push_pull_interval * (0.5 + jitter)
         self._next_reconnect = now + config.reconnect_interval * (0.5 + jitter)
         self._next_join = math.inf
+        self._next_introduction = now
 
-        me = self._sign_alive(min(incarnation, MAX_COUNTER))
-        self._members[self.node_id] = _Member(me, now)
-        self._members[self.node_id].last_seen = now
-        self._queue(me)
+        me = MemberEntry(self._sign_alive(min(incarnation, MAX_COUNTER)), now)
+        me.last_seen = now
+        in_view = self._table.get(self.node_id) is not None
+        self._table.add(me)
+        self._me = me
+        self._live_count = self._table.initial_live_count() + (0 if in_view else 1)
+        self._queue(me.alive)
         self._record_seq = record_seq
         if record_body is not None:
             self.publish_record(record_body, now)
@@ -269,7 +246,7 @@ class Membership:
 
     @property
     def incarnation(self) -> int:
-        return self._members[self.node_id].incarnation
+        return self._me.incarnation
 
     @property
     def health(self) -> int:
@@ -289,7 +266,7 @@ class Membership:
         if self._leaving:
             return
         self._leaving = True
-        me = self._members[self.node_id]
+        me = self._me
         farewell = Dead(
             self.node_id,
             me.incarnation,
@@ -302,7 +279,7 @@ class Membership:
         # Send it now to more members than one gossip round would reach: the
         # process is about to exit and may not get another round.
         for node in self._random_peers(2 * self.config.gossip_fanout, now):
-            self._send(self._members[node].addr, Gossip((farewell,)))
+            self._send(self._table.get(node).addr, Gossip((farewell,)))
 
     def publish_record(self, body: bytes, now: float) -> Record:
         """Sign `body` as our new node record (seq + 1) and disseminate it."""
@@ -313,13 +290,15 @@ class Membership:
             body,
             self._signer.sign(record_signing_bytes(self.node_id, self._record_seq, body)),
         )
-        self._records[self.node_id] = record
+        self._table.set_record(record)
         self._events.append(MemberEvent("record", self.node_id, record.seq, now))
         self._queue(record)
         return record
 
     def receive(self, envelope: Envelope, now: float) -> None:
         message = envelope.message
+        if self._table.get(envelope.sender) is None and now >= self._next_introduction:
+            self._ask_stranger(envelope.addr, now)
         match message:
             case Ping():
                 self._on_ping(envelope, message, now)
@@ -388,14 +367,14 @@ class Membership:
         return events
 
     def members(self) -> list[MemberView]:
-        return [self._view(m) for m in self._members.values()]
+        return [self._view(m) for m in self._table]
 
     def member(self, node: bytes) -> MemberView | None:
-        m = self._members.get(node)
+        m = self._table.get(node)
         return None if m is None else self._view(m)
 
     def record(self, node: bytes) -> Record | None:
-        return self._records.get(node)
+        return self._table.record(node)
 
     def live_members(self) -> int:
         """Members alive or suspect, us included: the N in every log(N)."""
@@ -410,24 +389,16 @@ class Membership:
         top = self.config.awareness_max_multiplier - 1
         self._awareness = max(0, min(top, self._awareness + delta))
 
-    def _next_probe_target(self) -> _Member | None:
-        """Next member in our shuffled round-robin, skipping dead and departed."""
-        for _ in range(len(self._probe_order) + 1):
-            if self._probe_index >= len(self._probe_order):
-                self._probe_order = [n for n in self._peers if self._is_probeable(n)]
-                self._rng.shuffle(self._probe_order)
-                self._probe_index = 0
-                if not self._probe_order:
-                    return None
-            node = self._probe_order[self._probe_index]
-            self._probe_index += 1
-            if self._is_probeable(node):
-                return self._members[node]
+    def _next_probe_target(self) -> MemberEntry | None:
+        """Next member in our round-robin, skipping dead and departed ones."""
+        for _ in range(self._probe_order.cycle_length() + 1):
+            node = self._probe_order.next_candidate()
+            if node is None:
+                continue
+            member = self._table.get(node)
+            if member is not None and member.state in LIVE_STATES:
+                return member
         return None
-
-    def _is_probeable(self, node: bytes) -> bool:
-        member = self._members.get(node)
-        return member is not None and member.state in (MemberState.ALIVE, MemberState.SUSPECT)
 
     def _start_probe(self, now: float) -> None:
         self._next_probe = now + self._scaled(self.config.probe_interval)
@@ -450,7 +421,7 @@ class Membership:
 
     def _send_indirect_probes(self, probe: _Probe, now: float) -> None:
         probe.direct_deadline = math.inf
-        target = self._members.get(probe.target)
+        target = self._table.get(probe.target)
         if target is None:
             return
         candidates = self._random_peers(self.config.indirect_checks + 1, now, live_only=True)
@@ -458,7 +429,7 @@ class Membership:
         probe.helpers = len(helpers)
         for node in helpers:
             self._send(
-                self._members[node].addr,
+                self._table.get(node).addr,
                 PingReq(probe.seq, probe.target, target.addr, self._piggyback(now)),
             )
 
@@ -472,8 +443,8 @@ class Membership:
             self._adjust_awareness(probe.helpers - probe.nacks)
         else:
             self._adjust_awareness(1)
-        target = self._members.get(probe.target)
-        if target is None or target.state not in (MemberState.ALIVE, MemberState.SUSPECT):
+        target = self._table.get(probe.target)
+        if target is None or target.state not in LIVE_STATES:
             return
         self._accuse(target, now)
 
@@ -489,7 +460,7 @@ class Membership:
         if probe is not None and probe.seq == ack.seq and not probe.acked:
             probe.acked = True
             self._adjust_awareness(-1)
-            target = self._members.get(probe.target)
+            target = self._table.writable(probe.target)
             if target is not None:
                 target.last_seen = now
             return
@@ -497,7 +468,7 @@ class Membership:
         if relay is not None:
             self._send(relay[0], Ack(relay[1]))
             return
-        sender = self._members.get(envelope.sender)
+        sender = self._table.get(envelope.sender)
         if sender is not None and sender.state is MemberState.DEAD:
             # A reconnect ping came back: the "dead" member is reachable again
             # (typically a healed partition). Merge our full states.
@@ -511,7 +482,7 @@ class Membership:
 
     # --- suspicion -------------------------------------------------------------------
 
-    def _accuse(self, target: _Member, now: float) -> None:
+    def _accuse(self, target: MemberEntry, now: float) -> None:
         """Our own probe failed: suspect the target (or confirm its suspicion)."""
         incarnation = target.incarnation
         accusation = Suspect(
@@ -524,7 +495,7 @@ class Membership:
 
     def _suspicion_expired(self, node: bytes, now: float) -> None:
         self._suspicions.pop(node, None)
-        member = self._members.get(node)
+        member = self._table.get(node)
         if member is None or member.state is not MemberState.SUSPECT:
             return
         verdict = Dead(
@@ -541,13 +512,13 @@ class Membership:
         The accuser also gets the refutation directly: it is the member most
         likely to declare us dead, and gossip alone may take a few rounds.
         """
-        me = self._members[self.node_id]
+        me = self._me
         me.incarnation = min(max(me.incarnation, incarnation) + 1, MAX_COUNTER)
         me.alive = self._sign_alive(me.incarnation)
         me.accusation = None
         self._queue(me.alive)
         self._adjust_awareness(1)
-        accuser_member = self._members.get(accuser) if accuser is not None else None
+        accuser_member = self._table.get(accuser) if accuser is not None else None
         if accuser_member is not None and accuser != self.node_id:
             self._send(accuser_member.addr, Gossip((me.alive,)))
 
@@ -575,7 +546,7 @@ class Membership:
         return False
 
     def _apply_alive(self, alive: Alive, now: float, relay: bool = True) -> None:
-        member = self._members.get(alive.node)
+        member = self._table.get(alive.node)
         if alive.node == self.node_id:
             stale_self = alive.incarnation > member.incarnation and not self._leaving
             if stale_self and self._authentic(alive):
@@ -584,9 +555,8 @@ class Membership:
         if member is None:
             if not self._authentic(alive):
                 return
-            member = _Member(alive, now)
-            self._members[alive.node] = member
-            self._add_peer(alive.node)
+            self._table.add(MemberEntry(alive, now))
+            self._probe_order.joined(alive.node)
             self._live_count += 1
             self._events.append(MemberEvent("joined", alive.node, alive.incarnation, now))
             if relay:
@@ -596,6 +566,7 @@ class Membership:
             return
         if not self._authentic(alive):
             return
+        member = self._table.writable(alive.node)
         was = member.state
         member.incarnation = alive.incarnation
         member.addr = alive.addr
@@ -611,7 +582,7 @@ class Membership:
     def _apply_suspect(
         self, suspect: Suspect, now: float, *, verified: bool = False, relay: bool = True
     ) -> None:
-        member = self._members.get(suspect.node)
+        member = self._table.get(suspect.node)
         if member is None or suspect.incarnation < member.incarnation:
             return
         if member.state in (MemberState.DEAD, MemberState.LEFT):
@@ -632,6 +603,7 @@ class Membership:
             return
         if not (verified or self._authentic(suspect)):
             return
+        member = self._table.writable(suspect.node)
         member.incarnation = suspect.incarnation
         member.accusation = suspect
         self._set_state(member, MemberState.SUSPECT, now)
@@ -650,7 +622,7 @@ class Membership:
     def _apply_dead(
         self, dead: Dead, now: float, *, verified: bool = False, relay: bool = True
     ) -> None:
-        member = self._members.get(dead.node)
+        member = self._table.get(dead.node)
         if member is None or dead.incarnation < member.incarnation:
             return
         if member.state in (MemberState.DEAD, MemberState.LEFT):
@@ -662,6 +634,7 @@ class Membership:
         if not (verified or self._authentic(dead)):
             return
         departed = dead.accuser == dead.node
+        member = self._table.writable(dead.node)
         member.incarnation = dead.incarnation
         member.accusation = dead
         self._suspicions.pop(dead.node, None)
@@ -672,7 +645,7 @@ class Membership:
             self._queue(dead)
 
     def _apply_record(self, record: Record, now: float, relay: bool = True) -> None:
-        known = self._records.get(record.node)
+        known = self._table.record(record.node)
         if record.node == self.node_id:
             # A record of ours we do not remember: our previous life published
             # it. Outbid it so the swarm takes our current record.
@@ -694,14 +667,14 @@ class Membership:
                 return
         if not self._authentic(record):
             return
-        self._records[record.node] = record
+        self._table.set_record(record)
         self._events.append(MemberEvent("record", record.node, record.seq, now))
         if relay:
             self._queue(record)
 
-    def _set_state(self, member: _Member, state: MemberState, now: float) -> None:
-        live_before = member.state in (MemberState.ALIVE, MemberState.SUSPECT)
-        live_after = state in (MemberState.ALIVE, MemberState.SUSPECT)
+    def _set_state(self, member: MemberEntry, state: MemberState, now: float) -> None:
+        live_before = member.state in LIVE_STATES
+        live_after = state in LIVE_STATES
         self._live_count += int(live_after) - int(live_before)
         member.state = state
         member.state_since = now
@@ -746,7 +719,7 @@ class Membership:
             updates = self._piggyback(now)
             if not updates:
                 return
-            self._send(self._members[node].addr, Gossip(updates))
+            self._send(self._table.get(node).addr, Gossip(updates))
 
     def _random_peers(self, count: int, now: float, *, live_only: bool = False) -> list[bytes]:
         """Up to `count` distinct random peers we may send to.
@@ -754,15 +727,12 @@ class Membership:
         Rejection sampling over the peer list keeps this O(count) per round,
         which matters when 10,000 simulated nodes gossip five times a second.
         """
-        peers = self._peers
-        if not peers:
-            return []
         chosen: list[bytes] = []
         for _ in range(4 * count + 4):
-            node = peers[self._rng.randrange(len(peers))]
-            if node in chosen:
+            node = self._table.random_peer(self._rng)
+            if node is None or node in chosen:
                 continue
-            member = self._members[node]
+            member = self._table.get(node)
             state = member.state
             if live_only and state is not MemberState.ALIVE:
                 continue
@@ -776,36 +746,35 @@ class Membership:
                 break
         return chosen
 
-    def _add_peer(self, node: bytes) -> None:
-        self._peer_index[node] = len(self._peers)
-        self._peers.append(node)
-        # A newcomer joins our probe order at a random place (as memberlist
-        # does), so it is probed within one cycle rather than after a reshuffle.
-        position = self._rng.randint(self._probe_index, len(self._probe_order))
-        self._probe_order.insert(position, node)
-
-    def _remove_peer(self, node: bytes) -> None:
-        index = self._peer_index.pop(node)
-        last = self._peers.pop()
-        if last != node:
-            self._peers[index] = last
-            self._peer_index[last] = index
-
     # --- full-state sync, join and reconnect -------------------------------------------
 
     def _full_state(self, *, join: bool, reply: bool) -> PushPull:
         states: list[Alive | Suspect | Dead] = []
-        for member in self._members.values():
+        for member in self._table:
             states.append(member.alive)
             if member.accusation is not None:
                 states.append(member.accusation)
-        return PushPull(join, reply, tuple(states), tuple(self._records.values()))
+        return PushPull(join, reply, tuple(states), tuple(self._table.records()))
 
     def _send_join(self, now: float) -> None:
         self._next_join = now + self.config.join_retry_interval
         state = self._full_state(join=True, reply=False)
         for addr in self._join_seeds:
             self._send(addr, state)
+
+    def _ask_stranger(self, addr: str, now: float) -> None:
+        """A node we do not know talked to us: ask for its full state.
+
+        Gossip is probabilistic and can miss a member that joined at the same
+        moment as we did; a stranger probing us is proof of such a gap. We
+        send only our own entry and let it answer with everything, so a
+        forged sender address cannot turn us into an amplifier against a
+        third party. At most one such request per gossip interval.
+        """
+        self._next_introduction = now + self.config.gossip_interval
+        record = self._table.record(self.node_id)
+        records = () if record is None else (record,)
+        self._send(addr, PushPull(True, False, (self._me.alive,), records))
 
     def _on_push_pull(self, envelope: Envelope, message: PushPull, now: float) -> None:
         """Merge another node's full state, then answer with ours.
@@ -838,7 +807,7 @@ class Membership:
         timeout to refute, rather than dying on one member's word carried by
         a sync that may be minutes old.
         """
-        member = self._members.get(dead.node)
+        member = self._table.get(dead.node)
         if dead.node == self.node_id:
             self._apply_dead(dead, now)
             return
@@ -855,17 +824,15 @@ class Membership:
         self._forget_old_members(now)
         peers = self._random_peers(1, now, live_only=True)
         if peers:
-            self._send(self._members[peers[0]].addr, self._full_state(join=False, reply=False))
+            self._send(self._table.get(peers[0]).addr, self._full_state(join=False, reply=False))
 
     def _reconnect(self, now: float) -> None:
         """Ping one random dead member; its ack triggers a full-state merge."""
         self._next_reconnect = now + self.config.reconnect_interval
         for _ in range(8):
-            if not self._peers:
-                return
-            node = self._peers[self._rng.randrange(len(self._peers))]
-            member = self._members[node]
-            if member.state is MemberState.DEAD:
+            node = self._table.random_peer(self._rng)
+            member = None if node is None else self._table.get(node)
+            if member is not None and member.state is MemberState.DEAD:
                 self._seq += 1
                 self._send(member.addr, Ping(self._seq, node, ()))
                 return
@@ -874,13 +841,11 @@ class Membership:
         horizon = now - self.config.reconnect_timeout
         stale = [
             m.node
-            for m in self._members.values()
+            for m in self._table
             if m.state in (MemberState.DEAD, MemberState.LEFT) and m.state_since < horizon
         ]
         for node in stale:
-            del self._members[node]
-            self._records.pop(node, None)
-            self._remove_peer(node)
+            self._table.forget(node)
 
     # --- helpers -------------------------------------------------------------------
 
@@ -895,7 +860,7 @@ class Membership:
     def _send(self, addr: str, message: Message) -> None:
         self._sends.append(Send(addr, Envelope(self.node_id, self.addr, message)))
 
-    def _view(self, member: _Member) -> MemberView:
+    def _view(self, member: MemberEntry) -> MemberView:
         return MemberView(
             member.node,
             member.addr,
@@ -903,5 +868,5 @@ class Membership:
             member.state,
             member.state_since,
             member.last_seen,
-            self._records.get(member.node),
+            self._table.record(member.node),
         )

@@ -26,6 +26,7 @@ from mesh.messages import (
     Gossip,
     Ping,
     PingReq,
+    PushPull,
     Record,
     Suspect,
     alive_signing_bytes,
@@ -280,18 +281,33 @@ def test_a_partition_heals_back_to_full_membership() -> None:
             assert net.state(observer, subject) is MemberState.ALIVE, (observer, subject)
 
 
+def test_a_stranger_that_probes_us_is_asked_for_its_state() -> None:
+    net = Net("a", "b")
+    a, b = net.nodes["a"], net.nodes["b"]
+    b.receive(Envelope(a.node_id, "tcp://a", Ping(1, b.node_id)), 0.0)
+    sends = b.take_sends()
+    asks = [s for s in sends if isinstance(s.envelope.message, PushPull)]
+    assert [s.addr for s in asks] == ["tcp://a"]
+    # The request carries only b's own entry, so it cannot amplify.
+    assert [u.node for u in asks[0].envelope.message.states] == [b.node_id]
+    net.inflight.extend(sends)
+    net.deliver()
+    assert net.state("b", "a") is MemberState.ALIVE
+
+
 def test_probes_for_another_node_at_our_address_are_not_answered() -> None:
     net = Net("a", "b")
+    net.join_all()
     b = net.nodes["b"]
-    b.receive(Envelope(net.ids["a"].node_id, "tcp://a", Ping(5, b"\x01" * 32)), 0.0)
+    b.receive(Envelope(net.ids["a"].node_id, "tcp://a", Ping(5, b"\x01" * 32)), net.now)
     assert b.drops["wrong_target"] == 1
     assert b.take_sends() == []
 
 
 def test_an_unanswered_relayed_probe_returns_a_nack() -> None:
     net = Net("a", "b")
+    net.join_all()
     b = net.nodes["b"]
-    b.take_sends()
     b.receive(Envelope(net.ids["a"].node_id, "tcp://a", PingReq(9, b"\x02" * 32, "tcp://x")), 0.0)
     (ping,) = b.take_sends()
     assert ping.addr == "tcp://x" and isinstance(ping.envelope.message, Ping)
@@ -303,8 +319,8 @@ def test_an_unanswered_relayed_probe_returns_a_nack() -> None:
 
 def test_a_relayed_ack_reaches_the_requester() -> None:
     net = Net("a", "b", "c")
+    net.join_all()
     b = net.nodes["b"]
-    b.take_sends()
     c_id = net.ids["c"].node_id
     b.receive(Envelope(net.ids["a"].node_id, "tcp://a", PingReq(3, c_id, "tcp://c")), 0.0)
     (ping,) = b.take_sends()

@@ -1,0 +1,247 @@
+"""The membership core's storage: who we know, their records, and whom to
+probe next.
+
+A table may start from a `StartingView`: a read-only swarm state shared by
+many tables, copied entry by entry only when an entry changes. A real node
+starts empty and fills its table from a join; the simulator starts 10,000
+cores from one shared view, which would otherwise take 10,000 x 10,000
+entries (tens of GB) before the first message is sent.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import random
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from mesh.identity import Verifier
+from mesh.messages import Alive, Dead, Record, Suspect, signer_of, signing_bytes
+
+
+class MemberState(StrEnum):
+    ALIVE = "alive"
+    SUSPECT = "suspect"
+    DEAD = "dead"
+    LEFT = "left"
+
+
+LIVE_STATES = (MemberState.ALIVE, MemberState.SUSPECT)
+
+
+class MemberEntry:
+    """Everything one node believes about one member (mutable, owned by one table)."""
+
+    __slots__ = (
+        "accusation",
+        "addr",
+        "alive",
+        "incarnation",
+        "last_seen",
+        "node",
+        "state",
+        "state_since",
+    )
+
+    def __init__(self, alive: Alive, now: float) -> None:
+        self.node = alive.node
+        self.addr = alive.addr
+        self.incarnation = alive.incarnation
+        self.alive = alive
+        self.accusation: Suspect | Dead | None = None
+        self.state = MemberState.ALIVE
+        self.state_since = now
+        self.last_seen: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StartingView:
+    """A swarm state that many membership cores can start from, unchanged."""
+
+    members: Mapping[bytes, MemberEntry]
+    nodes: Sequence[bytes]
+    records: Mapping[bytes, Record]
+
+    @classmethod
+    def build(
+        cls,
+        alives: Iterable[Alive],
+        records: Iterable[Record],
+        now: float,
+        verifier: Verifier,
+    ) -> StartingView:
+        """Check every signature once, for all the cores that will share it."""
+        members: dict[bytes, MemberEntry] = {}
+        for alive in alives:
+            if verifier(signer_of(alive), signing_bytes(alive), alive.signature):
+                members[alive.node] = MemberEntry(alive, now)
+        kept = {
+            r.node: r
+            for r in records
+            if r.node in members and verifier(r.node, signing_bytes(r), r.signature)
+        }
+        return cls(members, tuple(members), kept)
+
+
+_EMPTY_VIEW = StartingView({}, (), {})
+
+
+class MemberTable:
+    """Members and records by node id; our own entries over a shared base."""
+
+    def __init__(self, self_id: bytes, start: StartingView | None = None) -> None:
+        self.self_id = self_id
+        base = start or _EMPTY_VIEW
+        self._base = base.members
+        self._base_nodes = base.nodes
+        self._base_records = base.records
+        self._own: dict[bytes, MemberEntry] = {}
+        self._own_records: dict[bytes, Record] = {}
+        self._extra_nodes: list[bytes] = []  # members not in the base, in join order
+        self._extra_index: dict[bytes, int] = {}
+        self._forgotten: set[bytes] = set()
+
+    # --- members ------------------------------------------------------------
+
+    def get(self, node: bytes) -> MemberEntry | None:
+        entry = self._own.get(node)
+        if entry is not None or node in self._forgotten:
+            return entry
+        return self._base.get(node)
+
+    def writable(self, node: bytes) -> MemberEntry | None:
+        """The entry for `node`, copied out of the shared base if need be."""
+        entry = self._own.get(node)
+        if entry is None:
+            shared = self.get(node)
+            if shared is None:
+                return None
+            entry = copy.copy(shared)
+            self._own[node] = entry
+        return entry
+
+    def add(self, entry: MemberEntry) -> None:
+        node = entry.node
+        self._own[node] = entry
+        if node in self._forgotten:
+            self._forgotten.discard(node)
+        elif node not in self._base and node not in self._extra_index:
+            self._extra_index[node] = len(self._extra_nodes)
+            self._extra_nodes.append(node)
+
+    def forget(self, node: bytes) -> None:
+        self._own.pop(node, None)
+        self._own_records.pop(node, None)
+        if node in self._base:
+            self._forgotten.add(node)
+            return
+        index = self._extra_index.pop(node, None)
+        if index is None:
+            return
+        last = self._extra_nodes.pop()
+        if last != node:
+            self._extra_nodes[index] = last
+            self._extra_index[last] = index
+
+    def __iter__(self) -> Iterator[MemberEntry]:
+        yield from self._own.values()
+        for node, entry in self._base.items():
+            if node not in self._own and node not in self._forgotten:
+                yield entry
+
+    def initial_live_count(self) -> int:
+        """Members alive at the start (all of a starting view's are)."""
+        return len(self._base)
+
+    # --- records ------------------------------------------------------------
+
+    def record(self, node: bytes) -> Record | None:
+        record = self._own_records.get(node)
+        if record is not None or node in self._forgotten:
+            return record
+        return self._base_records.get(node)
+
+    def set_record(self, record: Record) -> None:
+        self._own_records[record.node] = record
+
+    def records(self) -> Iterator[Record]:
+        yield from self._own_records.values()
+        for node, record in self._base_records.items():
+            if node not in self._own_records and node not in self._forgotten:
+                yield record
+
+    # --- random choice ------------------------------------------------------
+
+    @property
+    def slots(self) -> int:
+        """Positions `node_at` accepts; some hold us or forgotten members."""
+        return len(self._base_nodes) + len(self._extra_nodes)
+
+    def node_at(self, position: int) -> bytes | None:
+        """The peer at `position`, or None where that slot is us or forgotten."""
+        base = len(self._base_nodes)
+        node = self._base_nodes[position] if position < base else self._extra_nodes[position - base]
+        if node == self.self_id or node in self._forgotten:
+            return None
+        return node
+
+    def random_peer(self, rng: random.Random) -> bytes | None:
+        slots = self.slots
+        return self.node_at(rng.randrange(slots)) if slots else None
+
+
+class ProbeOrder:
+    """Round-robin over all peers in a fresh random order each cycle.
+
+    Round-robin bounds the time until any member is probed (two cycles at
+    worst), which pure random choice does not. The order is an affine
+    permutation of table positions, (a * k + b) mod n with a random `a`
+    coprime to n, so a cycle costs O(1) memory however large the swarm.
+    Members that join mid-cycle wait in `newcomers` and are drawn at random
+    points of the rest of the cycle, as if inserted at a random position.
+    """
+
+    def __init__(self, table: MemberTable, rng: random.Random) -> None:
+        self._table = table
+        self._rng = rng
+        self._size = 0
+        self._step = 1
+        self._offset = 0
+        self._next = 0
+        self._newcomers: list[bytes] = []
+
+    def _new_cycle(self) -> None:
+        self._size = self._table.slots
+        self._next = 0
+        self._newcomers.clear()
+        if self._size == 0:
+            return
+        self._offset = self._rng.randrange(self._size)
+        step = self._rng.randrange(1, self._size + 1)
+        while math.gcd(step, self._size) != 1:
+            step = step % self._size + 1
+        self._step = step
+
+    def joined(self, node: bytes) -> None:
+        """`node` is new to the table: give it a place in this cycle."""
+        self._newcomers.append(node)
+
+    def next_candidate(self) -> bytes | None:
+        """The next peer to consider probing, or None if a cycle's slot is empty."""
+        remaining = self._size - self._next
+        if remaining <= 0 and not self._newcomers:
+            self._new_cycle()
+            remaining = self._size
+            if remaining == 0:
+                return None
+        pending = len(self._newcomers)
+        if pending and self._rng.randrange(remaining + pending) < pending:
+            return self._newcomers.pop(self._rng.randrange(pending))
+        position = (self._step * self._next + self._offset) % self._size
+        self._next += 1
+        return self._table.node_at(position)
+
+    def cycle_length(self) -> int:
+        return self._size + len(self._newcomers)

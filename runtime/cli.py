@@ -1,0 +1,204 @@
+"""The `shardmesh` command line.
+
+Only commands that really work are listed: `node`, `status` and `demo`
+(the rest of DESIGN.md's contract arrives with later issues, and a command
+that exists but does nothing is worse than a clear "invalid choice").
+Usage errors exit 2 with the usage line, as argparse does; runtime errors
+(state dir in use, port taken, node unreachable) exit 1 with one line on
+stderr saying what went wrong.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from runtime.endpoints import EndpointError, HostPort, api_url, parse_hostport
+
+PROG = "shardmesh"
+
+
+def _hostport(text: str) -> HostPort:  # argparse `type=`: a bad value becomes a usage error
+    try:
+        return parse_hostport(text)
+    except EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _dialable(text: str) -> HostPort:
+    try:
+        return parse_hostport(text, allow_zero_port=False)
+    except EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _url(text: str) -> str:
+    try:
+        return api_url(text)
+    except EndpointError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="A peer-to-peer swarm that serves large language models.",
+    )
+    commands = parser.add_subparsers(dest="command", title="commands", required=True)
+
+    node = commands.add_parser(
+        "node",
+        help="run a node: join the swarm and serve the HTTP API",
+        description="Run a node until SIGTERM/SIGINT, then leave the swarm gracefully.",
+    )
+    node.add_argument(
+        "--listen",
+        required=True,
+        type=_hostport,
+        metavar="H:P",
+        help="control-plane (membership) address; port 0 picks a free port",
+    )
+    node.add_argument(
+        "--join",
+        action="append",
+        default=[],
+        type=_dialable,
+        metavar="H:P",
+        help="control address of any node already in the swarm (repeatable)",
+    )
+    node.add_argument(
+        "--api",
+        type=_hostport,
+        default=parse_hostport("127.0.0.1:0"),
+        metavar="H:P",
+        help="HTTP API address (default 127.0.0.1:0, a free port; see the log line)",
+    )
+    node.add_argument(
+        "--data-listen",
+        type=_hostport,
+        default=None,
+        metavar="H:P",
+        help="data-plane (activations) address (default: the --listen host, a free port)",
+    )
+    node.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST",
+        help="host peers should dial, required when --listen is a wildcard like 0.0.0.0",
+    )
+    node.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="identity key and incarnation (default: the platform's user state dir)",
+    )
+    node.add_argument(
+        "--profile",
+        choices=("lan", "wan", "local"),
+        default="lan",
+        help="membership timing profile (default lan; local is for one machine)",
+    )
+    node.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
+
+    status = commands.add_parser(
+        "status",
+        help="show a node's view of the swarm",
+        description="Fetch GET /v1/network/status from a node and print it.",
+    )
+    status.add_argument(
+        "--api",
+        required=True,
+        type=_url,
+        metavar="URL",
+        help="the node's API, http://H:P or H:P",
+    )
+    status.add_argument("--json", action="store_true", help="print the raw JSON document")
+    status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
+
+    demo = commands.add_parser(
+        "demo",
+        help="start a local swarm on loopback and show it working",
+        description=(
+            "Start nodes on 127.0.0.1 as subprocesses, show them converge, SIGKILL one, "
+            "show every survivor declare it dead, then stop the rest gracefully."
+        ),
+    )
+    demo.add_argument("--nodes", type=int, default=5, help="how many nodes (default 5)")
+    demo.add_argument(
+        "--profile",
+        choices=("lan", "wan", "local"),
+        default="local",
+        help="membership profile of the nodes (default local)",
+    )
+    demo.add_argument("--keep", action="store_true", help="keep the state dirs and logs")
+    return parser
+
+
+def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    import trio
+
+    from mesh.identity import IdentityError
+    from runtime.node import NodeOptions, NodeStartupError, serve_node
+    from runtime.statedir import StateDirError, default_state_dir
+
+    logging.basicConfig(
+        level=args.log_level,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        options = NodeOptions(
+            listen=args.listen,
+            api=args.api,
+            state_dir=args.state_dir or default_state_dir(),
+            joins=tuple(args.join),
+            profile=args.profile,
+            data_listen=args.data_listen,
+            advertise=args.advertise,
+        )
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        trio.run(serve_node, options)
+    except (StateDirError, IdentityError, NodeStartupError) as exc:
+        print(f"{PROG} node: error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _run_status(args: argparse.Namespace) -> int:
+    from runtime.status import StatusError, fetch_status, render
+
+    try:
+        status = fetch_status(args.api, timeout=args.timeout)
+    except StatusError as exc:
+        print(f"{PROG} status: error: {exc}", file=sys.stderr)
+        return 1
+    print(render(status, as_json=args.json))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the `shardmesh` console script; returns the exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command == "node":
+        return _run_node(args, parser)
+    if args.command == "status":
+        return _run_status(args)
+    if args.command == "demo":
+        from runtime.demo import run_demo
+
+        if args.nodes < 2:
+            parser.error("demo needs at least 2 nodes (one is killed)")
+        return run_demo(nodes=args.nodes, profile=args.profile, keep=args.keep)
+    parser.error(f"unknown command {args.command!r}")
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""Run real `shardmesh node` processes on loopback: the demo's and the
+tests' harness.
+
+Each node is a subprocess started on port 0 everywhere (no port races: the
+OS picks, and the node writes what it got to `node.json` in its state dir),
+with its output captured to a log file so a failure can show what the node
+said. `LocalSwarm` is an async context manager whose exit kills every child
+it started, whatever happened - no test or demo run leaves processes behind.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import trio
+
+from runtime.statedir import read_ready
+from runtime.status import STATUS_PATH
+
+POLL_S = 0.1
+
+
+class SwarmError(Exception):
+    """A node failed to start, exited unexpectedly, or a wait timed out."""
+
+
+class LocalNode:
+    """One `shardmesh node` subprocess and what it reported when ready."""
+
+    def __init__(self, name: str, state_dir: Path, log_path: Path) -> None:
+        self.name = name
+        self.state_dir = state_dir
+        self.log_path = log_path
+        self.process: trio.Process | None = None
+        self.info: dict[str, Any] = {}
+
+    @property
+    def node_id(self) -> str:
+        return str(self.info["node_id"])
+
+    @property
+    def control(self) -> str:
+        """The control address as `H:P` (what `--join` takes)."""
+        return str(self.info["control"]).removeprefix("tcp://")
+
+    @property
+    def api(self) -> str:
+        return str(self.info["api"])
+
+    @property
+    def running(self) -> bool:
+        return self.process is not None and self.process.returncode is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])
+
+    def signal(self, signum: int) -> None:
+        if self.running:
+            assert self.process is not None
+            self.process.send_signal(signum)
+
+    def kill(self) -> None:
+        """SIGKILL: a crash, as far as the swarm can tell."""
+        self.signal(signal.SIGKILL)
+
+    async def wait_exit(self, timeout: float) -> int:
+        """Wait for the process to end; SwarmError after `timeout` seconds."""
+        assert self.process is not None
+        with trio.move_on_after(timeout):
+            return await self.process.wait()
+        raise SwarmError(f"{self.name} did not exit within {timeout}s\n{self.log_tail()}")
+
+
+class LocalSwarm:
+    """Start, watch and stop nodes under one root directory."""
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        profile: str = "local",
+        python: str = sys.executable,
+        extra_env: dict[str, str] | None = None,
+    ) -> None:
+        self.root = root
+        self.profile = profile
+        self.python = python
+        self.extra_env = extra_env or {}
+        self.nodes: list[LocalNode] = []
+        self._client: httpx.AsyncClient | None = None
+        self._logs: list[Any] = []
+
+    async def __aenter__(self) -> LocalSwarm:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._client = httpx.AsyncClient(timeout=2.0)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        # Synchronous first: this must work even when the caller was cancelled.
+        self.kill_all()
+        for node in self.nodes:
+            if node.process is not None:
+                with trio.CancelScope(shield=True), trio.move_on_after(5):
+                    await node.process.wait()
+        for handle in self._logs:
+            handle.close()
+        if self._client is not None:
+            with trio.CancelScope(shield=True):
+                await self._client.aclose()
+
+    def kill_all(self) -> None:
+        for node in self.nodes:
+            node.kill()
+
+    # --- starting ------------------------------------------------------------
+
+    def new_node(self, name: str | None = None) -> LocalNode:
+        """A node slot with its own state dir (not started yet)."""
+        name = name or f"node{len(self.nodes)}"
+        node = LocalNode(name, self.root / name, self.root / f"{name}.log")
+        self.nodes.append(node)
+        return node
+
+    def command(self, node: LocalNode, joins: Sequence[str]) -> list[str]:
+        cmd = [
+            self.python,
+            "-m",
+            "runtime.cli",
+            "node",
+            "--listen",
+            "127.0.0.1:0",
+            "--api",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(node.state_dir),
+            "--profile",
+            self.profile,
+        ]
+        for seed in joins:
+            cmd += ["--join", seed]
+        return cmd
+
+    async def start(self, node: LocalNode, joins: Sequence[str] = ()) -> None:
+        """Start (or restart) `node`'s process; does not wait for it."""
+        if node.running:
+            raise SwarmError(f"{node.name} is already running")
+        node.info = {}
+        handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in __aexit__
+        self._logs.append(handle)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+        node.process = await trio.lowlevel.open_process(
+            self.command(node, joins),
+            stdin=subprocess.DEVNULL,
+            stdout=handle,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+
+    async def wait_ready(self, node: LocalNode, timeout: float = 20.0) -> dict[str, Any]:
+        """Wait until `node` wrote its ready file and its API answers."""
+        assert node.process is not None
+        with trio.move_on_after(timeout):
+            while True:
+                if not node.running:
+                    raise SwarmError(
+                        f"{node.name} exited with {node.process.returncode} before it was "
+                        f"ready\n{node.log_tail()}"
+                    )
+                info = read_ready(node.state_dir, node.process.pid)
+                if info is not None:
+                    node.info = info
+                    if await self.status(node) is not None:
+                        return info
+                await trio.sleep(POLL_S)
+        raise SwarmError(f"{node.name} was not ready within {timeout}s\n{node.log_tail()}")
+
+    async def start_ready(
+        self, node: LocalNode, joins: Sequence[str] = (), timeout: float = 20.0
+    ) -> dict[str, Any]:
+        await self.start(node, joins)
+        return await self.wait_ready(node, timeout)
+
+    async def start_many(
+        self, nodes: Sequence[LocalNode], joins: Sequence[str], timeout: float = 30.0
+    ) -> None:
+        """Start several nodes at once (process start-up dominates, so the
+        processes boot in parallel) and wait until all are ready."""
+        for node in nodes:
+            await self.start(node, joins)
+        deadline = trio.current_time() + timeout
+        for node in nodes:
+            await self.wait_ready(node, max(0.1, deadline - trio.current_time()))
+
+    # --- watching ------------------------------------------------------------
+
+    async def status(self, node: LocalNode) -> dict[str, Any] | None:
+        """The node's status document, or None when it does not answer."""
+        if not node.info or self._client is None:
+            return None
+        try:
+            response = await self._client.get(node.api + STATUS_PATH)
+        except httpx.HTTPError:
+            return None
+        return response.json() if response.status_code == 200 else None
+
+    async def views(self, nodes: Iterable[LocalNode]) -> dict[str, dict[str, Any] | None]:
+        """Every listed node's status, fetched concurrently, by node name."""
+        results: dict[str, dict[str, Any] | None] = {}
+
+        async def one(node: LocalNode) -> None:
+            results[node.name] = await self.status(node)
+
+        async with trio.open_nursery() as nursery:
+            for node in nodes:
+                nursery.start_soon(one, node)
+        return results
+
+    async def stop(self, node: LocalNode, timeout: float = 10.0) -> int:
+        """SIGTERM (graceful leave) and wait for the exit code."""
+        node.signal(signal.SIGTERM)
+        return await node.wait_exit(timeout)
+
+
+def member_states(status: dict[str, Any] | None) -> dict[str, str]:
+    """node_id -> state in one node's view."""
+    if status is None:
+        return {}
+    return {m["node_id"]: m["state"] for m in status.get("members", [])}
+
+
+Views = dict[str, dict[str, Any] | None]
+"""Status documents by node name (None: the node did not answer)."""
+
+
+def all_see(
+    observers: Sequence[LocalNode], subjects: Sequence[LocalNode], state: str
+) -> Callable[[Views], bool]:
+    """A check on views: every observer answers and sees every subject other
+    than itself in `state`."""
+
+    def check(views: Views) -> bool:
+        for observer in observers:
+            states = member_states(views.get(observer.name))
+            if not states:
+                return False
+            for subject in subjects:
+                if subject is not observer and states.get(subject.node_id) != state:
+                    return False
+        return True
+
+    return check
+
+
+def member_field(status: dict[str, Any] | None, node_id: str, name: str) -> Any:
+    for member in (status or {}).get("members", []):
+        if member["node_id"] == node_id:
+            return member.get(name)
+    return None
+
+
+def state_matrix(nodes: Sequence[LocalNode], views: dict[str, dict[str, Any] | None]) -> str:
+    """One row per observer, one column per subject: what each node thinks
+    of each other node (A alive, S suspect, D dead, L left, . unknown or
+    not started, ? observer not answering, - the observer itself); observers
+    not started yet get no row, stopped ones say so."""
+    letters = {"alive": "A", "suspect": "S", "dead": "D", "left": "L"}
+    width = max(len(n.name) for n in nodes)
+    header = " " * (width + 2) + " ".join(f"n{i}".rjust(3) for i in range(len(nodes)))
+    lines = [header]
+    for observer in nodes:
+        if not observer.info:
+            continue  # not started yet
+        if not observer.running:
+            lines.append(observer.name.ljust(width + 2) + "  (not running)")
+            continue
+        view = views.get(observer.name)
+        states = member_states(view)
+        cells = []
+        for subject in nodes:
+            if view is None:
+                cells.append("?")
+            elif subject is observer:
+                cells.append("-")
+            elif not subject.info:
+                cells.append(".")
+            else:
+                cells.append(letters.get(states.get(subject.node_id, ""), "."))
+        lines.append(observer.name.ljust(width + 2) + " ".join(c.rjust(3) for c in cells))
+    return "\n".join(lines)
+
+
+def dead_bound(profile: str, nodes: int) -> float:
+    """The profile's documented worst case for "crash -> dead at every node"
+    with `nodes` members (from `mesh.config`)."""
+    from runtime.node import membership_config
+
+    config = membership_config(profile)
+    bound = config.detection_bound(nodes)
+    if not math.isfinite(bound) or bound <= 0:
+        raise SwarmError(f"profile {profile} documents no finite detection bound")
+    return float(bound)

@@ -1,0 +1,539 @@
+"""The node daemon: the trio driver around the sans-IO membership core.
+
+The membership core (`mesh.membership.Membership`) decides everything and
+does no I/O; this module feeds it. One nursery holds every task of a node:
+
+* the control receive loop: decode each message (a bad one is counted by
+  its reason and dropped, never raised), hand it to the core, send what the
+  core wants sent, wake the timer;
+* the timer loop: sleep until the core's next deadline (or until a message
+  changed it), tick, send;
+* the data-plane drain (activations arrive there in later issues; for now
+  anything that arrives is counted and dropped so the socket never backs up);
+* the HTTP API (hypercorn's trio worker serving `runtime.api`).
+
+All protocol time is `trio.current_time()`, a monotonic clock; wall-clock
+time appears only in human-facing fields (`started_at`). SIGTERM or SIGINT
+makes the node leave gracefully: the core announces the leave, the node keeps
+its loops running for a short bounded grace so the announcement goes out,
+then everything is cancelled and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import os
+import random
+import signal
+import time
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import trio
+import zmq
+
+from mesh import records
+from mesh.config import MembershipConfig
+from mesh.coverage import build_coverage, coverage_to_json, excluded_to_json
+from mesh.identity import Identity, node_id_text, verify
+from mesh.membership import Membership
+from mesh.transport import Plane, open_planes
+from mesh.wire import (
+    MAX_CONTROL_MESSAGE_BYTES,
+    DecodeError,
+    EncodeError,
+    decode_envelope,
+    encode_envelope,
+)
+from runtime.endpoints import HostPort, parse_hostport
+from runtime.statedir import StateDir
+
+log = logging.getLogger("shardmesh.node")
+
+PROFILES = ("lan", "wan", "local")
+
+# How long a leaving node keeps gossiping its leave before it exits, at most.
+LEAVE_GRACE_MAX_S = 2.0
+LEAVE_GRACE_MIN_S = 0.3
+
+# libzmq refuses a frame over the transport's limit by dropping the whole
+# connection, before anything is read: nothing can count it. Setting that
+# limit a little above the wire's decode cap means a frame just over the cap
+# is read and refused by `mesh.wire` as `oversized` (counted, visible in the
+# status API), while a grossly oversized one is still cut off by libzmq
+# without ever being buffered. Memory per message stays bounded either way.
+CONTROL_FRAME_HEADROOM = 64 * 1024
+CONTROL_FRAME_LIMIT = MAX_CONTROL_MESSAGE_BYTES + CONTROL_FRAME_HEADROOM
+
+# How many recent membership events the status API shows.
+RECENT_EVENTS = 64
+
+
+class NodeStartupError(Exception):
+    """The node could not start (an address in use, a bad bind address)."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """Everything `shardmesh node` was asked to do."""
+
+    listen: HostPort
+    api: HostPort
+    state_dir: Path
+    joins: tuple[HostPort, ...] = ()
+    profile: str = "lan"
+    data_listen: HostPort | None = None
+    advertise: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; use one of {', '.join(PROFILES)}")
+        if self.listen.is_wildcard and not self.advertise:
+            raise ValueError(
+                f"--listen {self.listen.text()} listens on every interface; peers need one "
+                "address to reach this node: give --advertise HOST"
+            )
+
+
+def membership_config(profile: str) -> MembershipConfig:
+    """The `MembershipConfig` for a profile name."""
+    return MembershipConfig.profile(profile)
+
+
+def _advertised(address: str, advertise: str | None) -> str:
+    """The address peers should use: the bound one, with the host replaced
+    when the node listens on a wildcard."""
+    if not advertise:
+        return address
+    bound = parse_hostport(address)
+    return HostPort(advertise, bound.port).zmq()
+
+
+@dataclass
+class _Wake:
+    """A re-armable wake-up for the timer loop."""
+
+    event: trio.Event = field(default_factory=trio.Event)
+
+    def set(self) -> None:
+        self.event.set()
+
+    async def wait_until(self, deadline: float) -> None:
+        with trio.move_on_at(deadline):
+            await self.event.wait()
+        self.event = trio.Event()
+
+
+class Node:
+    """One running node: identity, membership core, sockets and counters.
+
+    Build it inside `trio.run` (`serve_node` does); `run()` then serves
+    until SIGTERM/SIGINT arrives (or the caller cancels it).
+    """
+
+    def __init__(
+        self,
+        options: NodeOptions,
+        state: StateDir,
+        identity: Identity,
+        incarnation: int,
+    ) -> None:
+        self.options = options
+        self.state = state
+        self.identity = identity
+        self.node_id: bytes = identity.node_id
+        self.config = membership_config(options.profile)
+        self.start_incarnation = incarnation
+        self.started_at = time.time()  # wall clock: shown to humans only
+        self.started_mono = trio.current_time()
+        self.transport_drops: Counter[str] = Counter()
+        self.wire_drops: Counter[str] = Counter()
+        self.local_drops: Counter[str] = Counter()
+        self.recent_events: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=RECENT_EVENTS
+        )
+        self.addresses: dict[str, str] = {}
+        # Set in run() once the planes are bound; nothing reads them before.
+        self.membership: Membership
+        self._control: Plane
+        self._data: Plane
+        self.leaving = False
+        self._wake = _Wake()
+        self._http_shutdown = trio.Event()
+        self._record_cache: dict[bytes, tuple[int, Any]] = {}
+
+    # --- the core's I/O -------------------------------------------------------
+
+    def _now(self) -> float:
+        return trio.current_time()
+
+    def _flush(self) -> None:
+        """Persist, send, record events, wake the timer - after every step.
+
+        Persist first: a raised incarnation (a refutation) or a new record
+        seq is written to the state dir before any message carrying it
+        leaves, so a crash right after can never make the next run reuse a
+        number peers have seen. Then send what the core queued, log its
+        events, and wake the timer loop, since the step may have moved the
+        next deadline.
+        """
+        events = self.membership.take_events()
+        for event in events:
+            if event.kind == "record" and event.node == self.node_id:
+                self.state.store_record_seq(event.incarnation)
+        self.state.store_incarnation(self.membership.incarnation)
+        encoded: dict[int, bytes] = {}
+        for send in self.membership.take_sends():
+            key = id(send.envelope)
+            payload = encoded.get(key)
+            if payload is None:
+                try:
+                    payload = encoded[key] = encode_envelope(send.envelope)
+                except EncodeError as exc:
+                    log.error("not sending a %s: %s", type(send.envelope.message).__name__, exc)
+                    self.local_drops[f"encode_{exc.reason}"] += 1
+                    continue
+            self._control.send(send.addr, [payload])
+        for event in events:
+            entry = {
+                "kind": str(event.kind),
+                "node_id": node_id_text(event.node),
+                "incarnation": event.incarnation,
+                "at": event.at,
+            }
+            self.recent_events.append(entry)
+            if event.kind != "record":
+                log.info(
+                    "member %s %s (incarnation %d)",
+                    entry["node_id"][:12],
+                    entry["kind"],
+                    event.incarnation,
+                )
+        self._wake.set()
+
+    def handle_payload(self, payload: bytes) -> None:
+        """One control-plane message: decode strictly, step the core, flush.
+
+        A message that fails to decode is counted under the decoder's reason.
+        An exception from the core itself is a bug, but a peer must not be
+        able to kill the node with it: it is logged with its traceback and
+        counted as `internal_error` (tests assert that counter stays absent).
+        """
+        try:
+            envelope = decode_envelope(payload)
+        except DecodeError as exc:
+            self.wire_drops[exc.reason] += 1
+            return
+        try:
+            self.membership.receive(envelope, self._now())
+        except Exception:
+            log.exception("membership core failed on a message; dropped")
+            self.local_drops["internal_error"] += 1
+        self._flush()
+
+    # --- tasks ----------------------------------------------------------------
+
+    async def _control_loop(self) -> None:
+        while True:
+            frames = await self._control.receive()
+            if len(frames) != 1:
+                self.local_drops["bad_frame_count"] += 1
+                continue
+            self.handle_payload(frames[0])
+
+    async def _data_loop(self) -> None:
+        while True:
+            await self._data.receive()
+            self.local_drops["data_unexpected"] += 1
+
+    async def _timer_loop(self) -> None:
+        while True:
+            deadline = self.membership.next_deadline()
+            if self._now() >= deadline:
+                self.membership.tick(self._now())
+                self._flush()
+                # Let other tasks run even if the core keeps a deadline in the past.
+                await trio.lowlevel.checkpoint()
+                continue
+            await self._wake.wait_until(deadline)
+
+    async def _serve_http(self, *, task_status: trio.TaskStatus[list[str]]) -> None:
+        from hypercorn.config import Config
+        from hypercorn.trio import serve
+
+        from runtime.api import create_app
+
+        config = Config()
+        config.bind = [self.options.api.text()]
+        config.accesslog = None
+        # Through our logging config (one format, one stream), not a second handler.
+        config.errorlog = logging.getLogger("hypercorn.error")
+        config.graceful_timeout = 1.0
+        config.keep_alive_timeout = 5.0
+        await serve(
+            create_app(self),
+            config,
+            shutdown_trigger=self._http_shutdown.wait,
+            task_status=task_status,
+        )
+
+    def leave_grace(self) -> float:
+        """How long to keep gossiping a leave: a few gossip rounds, bounded
+        so SIGTERM always ends the process promptly."""
+        return max(LEAVE_GRACE_MIN_S, min(LEAVE_GRACE_MAX_S, 3 * self.config.gossip_interval))
+
+    # --- life cycle ---------------------------------------------------------
+
+    @asynccontextmanager
+    async def _planes(self) -> AsyncIterator[tuple[Plane, Plane]]:
+        """The control and data planes; a bind failure becomes a
+        NodeStartupError naming the addresses (errors after start-up pass)."""
+        listen = self.options.listen.zmq()
+        data_listen = (self.options.data_listen or HostPort(self.options.listen.host, 0)).zmq()
+        entered = False
+        try:
+            async with open_planes(
+                listen,
+                data_listen,
+                drops=self.transport_drops,
+                control_max_message_bytes=CONTROL_FRAME_LIMIT,
+            ) as planes:
+                entered = True
+                yield planes
+        except zmq.ZMQError as exc:
+            if entered:
+                raise
+            raise NodeStartupError(f"cannot listen on {listen} / {data_listen}: {exc}") from exc
+
+    async def _start_http(self, nursery: trio.Nursery) -> str:
+        """Start the API server in `nursery`; its URL as peers should use it."""
+        try:
+            binds = await nursery.start(self._serve_http)
+        except (OSError, BaseExceptionGroup) as exc:
+            # hypercorn binds inside its own nurseries: the OSError may be grouped.
+            bind_error = exc
+            if isinstance(exc, BaseExceptionGroup):
+                oserrors, rest = exc.split(OSError)
+                if oserrors is None or rest is not None:
+                    raise
+                bind_error = _first_leaf(oserrors)
+            api = self.options.api.text()
+            raise NodeStartupError(f"cannot serve the API on {api}: {bind_error}") from exc
+        bound = parse_hostport(binds[0].split("//", 1)[1]) if binds else self.options.api
+        if self.options.advertise:
+            bound = HostPort(self.options.advertise, bound.port)
+        return bound.http()
+
+    def _new_membership(self, control_addr: str) -> Membership:
+        return Membership(
+            signer=self.identity,
+            verifier=verify,
+            addr=control_addr,
+            config=self.config,
+            rng=random.Random(int.from_bytes(os.urandom(16), "big")),
+            now=self._now(),
+            incarnation=self.start_incarnation,
+            # Continue above the last record seq of any previous run, or peers
+            # would drop our fresh record as a replay of the old one.
+            record_seq=self.state.record_seq(),
+            validate_record_body=records.validate_record_body,
+        )
+
+    async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
+        """Open the sockets, join, serve until SIGTERM/SIGINT, leave, return.
+
+        The signal receiver is installed first, so a SIGTERM that arrives
+        during start-up is not lost: it is handled as soon as the node is up.
+        """
+        options = self.options
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async with self._planes() as (control, data):
+                self._control, self._data = control, data
+                control_addr = _advertised(control.address, options.advertise)
+                data_addr = _advertised(data.address, options.advertise)
+                self.membership = self._new_membership(control_addr)
+                async with trio.open_nursery() as nursery:
+                    api_url = await self._start_http(nursery)
+                    self.addresses = {"control": control_addr, "data": data_addr, "api": api_url}
+                    self.membership.publish_record(self.record_body(), self._now())
+                    if options.joins:
+                        self.membership.join([seed.zmq() for seed in options.joins], self._now())
+                    nursery.start_soon(self._control_loop)
+                    nursery.start_soon(self._data_loop)
+                    nursery.start_soon(self._timer_loop)
+                    self._flush()
+                    self.state.write_ready(
+                        {
+                            "node_id": node_id_text(self.node_id),
+                            "incarnation": self.start_incarnation,
+                            **self.addresses,
+                        }
+                    )
+                    log.info(
+                        "node %s up: control %s data %s api %s (incarnation %d, profile %s)",
+                        node_id_text(self.node_id),
+                        control_addr,
+                        data_addr,
+                        api_url,
+                        self.start_incarnation,
+                        options.profile,
+                    )
+                    task_status.started(self)
+                    async for signum in signals:
+                        log.info("%s: leaving the swarm", signal.Signals(signum).name)
+                        break
+                    await self.leave()
+                    self._http_shutdown.set()
+                    nursery.cancel_scope.cancel()
+        self.state.clear_ready()
+
+    async def leave(self) -> None:
+        """Announce a graceful leave and keep the loops running for a short,
+        bounded grace so the announcement reaches peers before the sockets
+        close (they close with LINGER=0, dropping anything unsent)."""
+        self.leaving = True
+        self.membership.leave(self._now())
+        self._flush()
+        await trio.sleep(self.leave_grace())
+
+    # --- views ----------------------------------------------------------------
+
+    def record_body(self) -> bytes:
+        """This node's signed-record body: where to reach it, and (until later
+        issues fill them) no backend, assignment or capability."""
+        return records.encode_record_body(
+            records.NodeRecord(
+                addresses=records.Addresses(
+                    control=self.addresses["control"],
+                    data=self.addresses["data"],
+                    api=self.addresses["api"],
+                ),
+                started_at=self.started_at,
+            )
+        )
+
+    def drops(self) -> dict[str, int]:
+        """Every drop counter of the node: transport, wire, core and driver."""
+        total: Counter[str] = Counter()
+        total.update(self.transport_drops)
+        total.update(self.wire_drops)
+        total.update(self.membership.drops)
+        total.update(self.local_drops)
+        return {reason: count for reason, count in sorted(total.items()) if count}
+
+    def _decoded_record(self, record: Any) -> Any:
+        """A member's record body decoded (cached per node and seq: the core
+        validated it on arrival, so this only turns bytes into fields)."""
+        if record is None:
+            return None
+        cached = self._record_cache.get(record.node)
+        if cached is not None and cached[0] == record.seq:
+            return cached[1]
+        try:
+            decoded = records.decode_record_body(record.body)
+        except records.RecordError:
+            decoded = None
+        self._record_cache[record.node] = (record.seq, decoded)
+        return decoded
+
+    def status(self) -> dict[str, Any]:
+        """The body of `GET /v1/network/status` (see DESIGN.md, Contracts)."""
+        now = self._now()
+        views = self.membership.members()
+        decoded = {view.node: self._decoded_record(view.record) for view in views}
+        # Forget cached records of members the core has forgotten.
+        for node in self._record_cache.keys() - decoded.keys():
+            del self._record_cache[node]
+        members = []
+        for view in views:
+            record = decoded[view.node]
+            record_json = None
+            if view.record is not None:
+                record_json = {"seq": view.record.seq}
+                if record is None:
+                    record_json["error"] = "undecodable"
+                else:
+                    record_json.update(records.record_to_json(record))
+            members.append(
+                {
+                    "node_id": node_id_text(view.node),
+                    "self": view.node == self.node_id,
+                    "state": str(view.state),
+                    "incarnation": view.incarnation,
+                    "addr": view.addr,
+                    "last_seen": None if view.node == self.node_id else _ago(now, view.last_seen),
+                    "state_for": _ago(now, view.state_since),
+                    "record": record_json,
+                }
+            )
+        members.sort(key=lambda m: (not m["self"], m["node_id"]))
+        # Capability reports carry wall-clock validity (they are compared
+        # across machines), so coverage is judged against wall-clock time.
+        coverage = build_coverage(
+            ((view.node, str(view.state), decoded[view.node]) for view in views), time.time()
+        )
+        return {
+            "node_id": node_id_text(self.node_id),
+            "incarnation": self.membership.incarnation,
+            "profile": self.options.profile,
+            "addresses": dict(self.addresses),
+            "started_at": self.started_at,
+            "uptime_s": round(now - self.started_mono, 3),
+            "leaving": self.leaving,
+            "health": self.membership.health,
+            "members": members,
+            "leader": None,
+            "term": 0,
+            "commit_index": 0,
+            "coverage": coverage_to_json(coverage),
+            "not_serving": excluded_to_json(coverage),
+            "ledger": [],
+            "demand": {},
+            "drops": self.drops(),
+            "sessions": 0,
+            "events": [
+                {
+                    "kind": e["kind"],
+                    "node_id": e["node_id"],
+                    "incarnation": e["incarnation"],
+                    "ago_s": _ago(now, e["at"]),
+                }
+                for e in self.recent_events
+            ],
+        }
+
+
+def _ago(now: float, then: float | None) -> float | None:
+    """Seconds from monotonic `then` to `now`, for humans (None stays None)."""
+    return None if then is None else round(max(0.0, now - then), 3)
+
+
+async def serve_node(options: NodeOptions) -> None:
+    """Run one node until SIGTERM/SIGINT (the body of `shardmesh node`).
+
+    A start-up failure raised inside the node's nursery arrives wrapped in an
+    exception group; it is unwrapped so the CLI can print one clear line.
+    """
+    with StateDir(options.state_dir) as state:
+        identity = Identity.load_or_create(options.state_dir)
+        incarnation = state.next_incarnation()
+        node = Node(options, state, identity, incarnation)
+        try:
+            await node.run()
+        except BaseExceptionGroup as group:
+            startup, rest = group.split(NodeStartupError)
+            if startup is None or rest is not None:
+                raise
+            raise _first_leaf(startup) from None
+
+
+def _first_leaf(group: BaseExceptionGroup) -> BaseException:
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc

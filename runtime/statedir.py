@@ -1,0 +1,164 @@
+"""What a node keeps on disk between runs, and the lock that guards it.
+
+The state directory holds the identity key (see `mesh.identity`), the last
+incarnation the node used, and - while the node runs - a `node.json` that
+says where it listens. Three rules:
+
+* One process per state dir. Two processes with the same key would be one
+  node id at two addresses, refuting each other forever; an exclusive
+  `flock` turns that mistake into a clear start-up error.
+* Incarnations and record seqs only go up. A restarted node starts at the
+  stored incarnation + 1, and every later bump (a refutation, a new record)
+  is stored before the node sends it, so a crash at any moment never makes
+  it reuse a number its peers have already seen: an old incarnation would
+  stay "dead" in their eyes, an old record seq would be dropped as a replay.
+* `node.json` is written atomically once the node is ready, and removed at
+  start-up and clean exit, so a reader never sees a half-written file or a
+  stale one from a previous run (it also carries the pid to make sure).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import platformdirs
+
+INCARNATION_FILE = "incarnation"
+RECORD_SEQ_FILE = "record_seq"
+READY_FILE = "node.json"
+LOCK_FILE = "lock"
+
+
+class StateDirError(Exception):
+    """The state dir is in use by another process or holds unreadable state."""
+
+
+def default_state_dir() -> Path:
+    """Where a node keeps its key when `--state-dir` is not given."""
+    return platformdirs.user_state_path("shardmesh") / "node"
+
+
+def _write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Write via a temporary file, fsync, rename, fsync the directory: after a
+    crash the file holds either the old or the new content, never a mix."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        os.write(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class StateDir:
+    """An open, locked state directory. Close it (or use `with`) to unlock."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        path.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lock_fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            raise StateDirError(
+                f"state dir {path} is in use by another shardmesh node; "
+                "give each node its own --state-dir"
+            ) from None
+        os.ftruncate(self._lock_fd, 0)
+        os.write(self._lock_fd, f"{os.getpid()}\n".encode())
+        self._stored: dict[str, int] = {}
+        self.clear_ready()
+
+    def close(self) -> None:
+        self.clear_ready()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)  # closing drops the flock
+            self._lock_fd = -1
+
+    def __enter__(self) -> StateDir:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- counters ------------------------------------------------------------
+
+    def stored_counter(self, name: str) -> int | None:
+        """The last stored value of counter `name`, or None if never stored."""
+        path = self.path / name
+        try:
+            text = path.read_text().strip()
+        except FileNotFoundError:
+            return None
+        if not text.isdigit():
+            raise StateDirError(f"{path} is corrupt: {text[:40]!r} is not a counter")
+        return int(text)
+
+    def store_counter(self, name: str, value: int) -> None:
+        """Persist `value` for counter `name` if it is higher than what is
+        stored (counters never go down)."""
+        known = self._stored.get(name)
+        if known is None:
+            known = self.stored_counter(name)
+        if known is not None and value <= known:
+            self._stored[name] = known
+            return
+        _write_atomically(self.path / name, f"{value}\n".encode())
+        self._stored[name] = value
+
+    def next_incarnation(self) -> int:
+        """The incarnation to start this run with (stored + 1, or 0 the first
+        time), stored before it is returned."""
+        stored = self.stored_counter(INCARNATION_FILE)
+        incarnation = 0 if stored is None else stored + 1
+        self.store_counter(INCARNATION_FILE, incarnation)
+        return incarnation
+
+    def store_incarnation(self, incarnation: int) -> None:
+        self.store_counter(INCARNATION_FILE, incarnation)
+
+    def record_seq(self) -> int:
+        """The last node-record seq this node published (0 if none): the next
+        run continues above it, or peers would drop its fresh record as a
+        replay of an older one."""
+        return self.stored_counter(RECORD_SEQ_FILE) or 0
+
+    def store_record_seq(self, seq: int) -> None:
+        self.store_counter(RECORD_SEQ_FILE, seq)
+
+    # --- ready file ----------------------------------------------------------
+
+    def write_ready(self, info: dict[str, Any]) -> None:
+        """Say where the running node listens (read by the demo and tests,
+        which start nodes on port 0 to avoid port races)."""
+        body = dict(info, pid=os.getpid())
+        _write_atomically(self.path / READY_FILE, json.dumps(body).encode(), 0o644)
+
+    def clear_ready(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.path / READY_FILE).unlink()
+
+
+def read_ready(path: Path, pid: int | None = None) -> dict[str, Any] | None:
+    """The ready file of the node using state dir `path`, or None while it is
+    not (yet) ready. With `pid`, a file left by another process counts as
+    not ready."""
+    try:
+        info = json.loads((path / READY_FILE).read_text())
+    except (FileNotFoundError, json.JSONDecodeError):
+        return None
+    if pid is not None and info.get("pid") != pid:
+        return None
+    return info

@@ -1,0 +1,112 @@
+"""`shardmesh status`: fetch a node's `/v1/network/status` and show it.
+
+The table is for people (short ids, states, how long since each member was
+last heard from, the drop counters); `--json` prints the raw document for
+scripts. The formatting functions take the JSON document, so the demo prints
+exactly what `shardmesh status` would.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from typing import Any
+
+import httpx
+
+SHORT_ID = 12
+STATUS_PATH = "/v1/network/status"
+
+
+class StatusError(Exception):
+    """The node could not be reached or did not answer with a status."""
+
+
+def fetch_status(base_url: str, *, timeout: float = 5.0) -> dict[str, Any]:
+    """GET the status document from the node at `base_url`."""
+    url = base_url.rstrip("/") + STATUS_PATH
+    try:
+        response = httpx.get(url, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise StatusError(f"cannot reach {url}: {exc}") from exc
+    if response.status_code != 200:
+        raise StatusError(f"{url} answered {response.status_code}: {response.text[:300]}")
+    try:
+        body = response.json()
+    except json.JSONDecodeError as exc:
+        raise StatusError(f"{url} did not answer JSON: {exc}") from exc
+    if not isinstance(body, dict) or "members" not in body:
+        raise StatusError(f"{url} did not answer a network status document")
+    return body
+
+
+def short(node_id: str | None) -> str:
+    return "-" if not node_id else node_id[:SHORT_ID]
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 10:
+        return f"{seconds:.1f}s ago"
+    if seconds < 120:
+        return f"{seconds:.0f}s ago"
+    return f"{seconds / 60:.0f}m ago"
+
+
+def format_members(status: dict[str, Any]) -> list[str]:
+    """The member table, one line per member, self marked with `*`."""
+    rows = [("NODE", "STATE", "INC", "ADDR", "LAST SEEN")]
+    for member in status.get("members", []):
+        mark = "*" if member.get("self") else " "
+        rows.append(
+            (
+                short(member.get("node_id")) + mark,
+                str(member.get("state", "?")),
+                str(member.get("incarnation", "?")),
+                str(member.get("addr", "-")),
+                "self" if member.get("self") else _ago(member.get("last_seen")),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    lines = []
+    for row in rows:
+        cells = [
+            cell.rjust(width) if i == 2 else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines
+
+
+def format_drops(drops: dict[str, int]) -> str:
+    if not drops:
+        return "drops: none"
+    return "drops: " + ", ".join(f"{reason}={count}" for reason, count in sorted(drops.items()))
+
+
+def summary_line(status: dict[str, Any]) -> str:
+    states = Counter(str(m.get("state")) for m in status.get("members", []))
+    counts = ", ".join(f"{n} {state}" for state, n in sorted(states.items())) or "none"
+    return (
+        f"node {short(status.get('node_id'))} (incarnation {status.get('incarnation')}, "
+        f"profile {status.get('profile', '?')}): {len(status.get('members', []))} members: "
+        f"{counts}"
+    )
+
+
+def format_status(status: dict[str, Any]) -> str:
+    """The whole human-readable report."""
+    leader = status.get("leader")
+    lines = [summary_line(status), "", *format_members(status), ""]
+    lines.append(
+        f"leader: {short(leader) if leader else 'none'} "
+        f"(term {status.get('term', 0)}, commit index {status.get('commit_index', 0)})"
+    )
+    lines.append(f"sessions: {status.get('sessions', 0)}")
+    lines.append(format_drops(status.get("drops", {})))
+    return "\n".join(lines)
+
+
+def render(status: dict[str, Any], *, as_json: bool) -> str:
+    return json.dumps(status, indent=2, sort_keys=True) if as_json else format_status(status)

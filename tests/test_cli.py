@@ -1,0 +1,144 @@
+"""The `shardmesh` command line: usage errors, `status`, start-up errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import trio
+
+from runtime.cli import main
+from runtime.endpoints import EndpointError, api_url, parse_hostport
+from runtime.localswarm import LocalSwarm
+
+CLI_TIMEOUT_S = 30.0
+
+
+def shardmesh_command() -> list[str]:
+    """The installed console script when there is one (what users run),
+    else the module (same code)."""
+    script = Path(sys.executable).with_name("shardmesh")
+    return [str(script)] if script.exists() else [sys.executable, "-m", "runtime.cli"]
+
+
+async def run_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
+    with trio.fail_after(CLI_TIMEOUT_S):
+        return await trio.run_process(
+            [*shardmesh_command(), *args],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+
+
+# --- usage errors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+        (["node"], "--listen"),
+        (["node", "--listen", "nonsense"], "is not HOST:PORT"),
+        (["node", "--listen", "127.0.0.1:99999"], "out of range"),
+        (["node", "--listen", "127.0.0.1:0", "--join", "127.0.0.1:0"], "out of range"),
+        (["node", "--listen", "127.0.0.1:0", "--profile", "fast"], "invalid choice: 'fast'"),
+        (["node", "--listen", "0.0.0.0:7000"], "--advertise"),
+        (["status"], "--api"),
+        (["status", "--api", "localhost"], "is not HOST:PORT"),
+        (["demo", "--nodes", "1"], "at least 2 nodes"),
+    ],
+)
+def test_bad_arguments_exit_2_with_usage(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(argv)
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "usage: shardmesh" in err
+    assert message in err
+
+
+async def test_console_script_usage_error() -> None:
+    result = await run_cli()
+    assert result.returncode == 2
+    assert b"usage: shardmesh" in result.stderr
+    assert b"{node,status,demo}" in result.stderr
+
+
+def test_endpoint_spellings() -> None:
+    assert parse_hostport("tcp://127.0.0.1:7000").zmq() == "tcp://127.0.0.1:7000"
+    assert parse_hostport("[::1]:7000").zmq() == "tcp://[::1]:7000"
+    assert api_url("127.0.0.1:8080") == "http://127.0.0.1:8080"
+    assert api_url("http://node.example:8080/") == "http://node.example:8080"
+    for bad in ("::1:7000", "host:", ":7000", "[::1]7000", "[nothex]:1"):
+        with pytest.raises(EndpointError):
+            parse_hostport(bad)
+
+
+# --- status -----------------------------------------------------------------------
+
+
+async def test_status_json_and_table_against_a_running_node(swarm: LocalSwarm) -> None:
+    node = swarm.new_node()
+    await swarm.start_ready(node)
+
+    result = await run_cli("status", "--api", node.api, "--json")
+    assert result.returncode == 0, result.stderr
+    doc = json.loads(result.stdout)
+    assert doc["node_id"] == node.node_id
+    for key in ("members", "leader", "term", "commit_index", "coverage", "ledger", "drops"):
+        assert key in doc
+    (me,) = doc["members"]
+    assert me["node_id"] == node.node_id and me["state"] == "alive" and me["self"]
+
+    # Without a scheme, and human-readable.
+    result = await run_cli("status", "--api", node.api.removeprefix("http://"))
+    assert result.returncode == 0, result.stderr
+    text = result.stdout.decode()
+    assert f"{node.node_id[:12]}*" in text
+    assert "alive" in text
+    assert node.info["control"] in text
+    assert "leader: none" in text
+    assert "drops: none" in text
+
+
+async def test_status_of_an_unreachable_node_exits_1(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as sock:  # a port that is certainly closed: bound, never listening
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+        result = await run_cli("status", "--api", f"127.0.0.1:{port}", "--timeout", "2")
+    assert result.returncode == 1
+    assert b"cannot reach" in result.stderr
+
+
+# --- node start-up errors ------------------------------------------------------
+
+
+async def test_second_node_on_one_state_dir_or_port_exits_1(swarm: LocalSwarm) -> None:
+    node = swarm.new_node()
+    await swarm.start_ready(node)
+
+    same_dir = await run_cli("node", "--listen", "127.0.0.1:0", "--state-dir", str(node.state_dir))
+    assert same_dir.returncode == 1
+    assert b"is in use by another shardmesh node" in same_dir.stderr
+
+    other_dir = str(swarm.root / "other")
+    same_port = await run_cli("node", "--listen", node.control, "--state-dir", other_dir)
+    assert same_port.returncode == 1
+    assert b"cannot listen on" in same_port.stderr
+
+    api = node.api.removeprefix("http://")
+    same_api = await run_cli(
+        "node", "--listen", "127.0.0.1:0", "--api", api, "--state-dir", other_dir
+    )
+    assert same_api.returncode == 1
+    assert b"cannot serve the API" in same_api.stderr
+    assert node.running

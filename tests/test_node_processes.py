@@ -1,0 +1,249 @@
+"""Real `shardmesh node` processes on 127.0.0.1 (issue 2's acceptance).
+
+Every node is a subprocess speaking ZeroMQ to the others; the tests only
+watch them through `GET /v1/network/status`, as an operator would. Waits are
+bounded by `trio.fail_after`; the `swarm` fixture kills whatever is left.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import cbor2
+import pytest
+import trio
+import zmq
+
+from mesh.config import MembershipConfig
+from mesh.identity import Identity
+from mesh.messages import Envelope, Gossip, Ping, Record, record_signing_bytes
+from mesh.records import Addresses, NodeRecord, encode_record_body
+from mesh.wire import (
+    MAX_CONTROL_MESSAGE_BYTES,
+    MAX_DEPTH,
+    DecodeError,
+    decode_envelope,
+    encode_envelope,
+)
+from runtime.localswarm import (
+    LocalNode,
+    LocalSwarm,
+    Views,
+    all_see,
+    member_field,
+    member_states,
+)
+
+POLL_S = 0.05
+# A detection is observed by polling every node's API, so it is seen up to
+# one poll round (sleep + concurrent HTTP fetches) after it happened.
+OBSERVATION_SLACK_S = 0.5
+START_TIMEOUT_S = 30.0
+CONVERGE_TIMEOUT_S = 15.0
+
+
+async def wait_for(
+    swarm: LocalSwarm,
+    observers: Sequence[LocalNode],
+    check: Callable[[Views], bool],
+    timeout: float,
+    what: str,
+) -> float:
+    """Poll the observers' status until `check(views)`; seconds it took."""
+    start = trio.current_time()
+    views: Views = {}
+    try:
+        with trio.fail_after(timeout):
+            while True:
+                views = await swarm.views(observers)
+                if check(views):
+                    return trio.current_time() - start
+                await trio.sleep(POLL_S)
+    except trio.TooSlowError:
+        summary = {
+            name: (member_states(view), (view or {}).get("drops")) for name, view in views.items()
+        }
+        pytest.fail(f"{what}: not reached within {timeout}s; last views: {summary}")
+
+
+async def start_swarm(swarm: LocalSwarm, n: int) -> list[LocalNode]:
+    nodes = [swarm.new_node() for _ in range(n)]
+    await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
+    await swarm.start_many(nodes[1:], [nodes[0].control], timeout=START_TIMEOUT_S)
+    await wait_for(
+        swarm, nodes, all_see(nodes, nodes, "alive"), CONVERGE_TIMEOUT_S, "full membership"
+    )
+    return nodes
+
+
+async def assert_no_internal_errors(swarm: LocalSwarm, nodes: Sequence[LocalNode]) -> None:
+    for name, view in (await swarm.views(nodes)).items():
+        assert view is not None, f"{name} stopped answering"
+        assert "internal_error" not in view["drops"], (name, view["drops"])
+
+
+@pytest.mark.slow
+async def test_five_nodes_converge_detect_a_crash_and_take_back_a_restart(
+    swarm: LocalSwarm,
+) -> None:
+    nodes = await start_swarm(swarm, 5)
+    victim, survivors = nodes[-1], nodes[:-1]
+    before = await swarm.status(victim)
+    assert before is not None
+    old_incarnation = before["incarnation"]
+
+    # Crash: SIGKILL, so no leave is announced.
+    bound = MembershipConfig.local().detection_bound(len(nodes))
+    t0 = trio.current_time()
+    victim.kill()
+    assert await victim.wait_exit(5) == -signal.SIGKILL
+    await wait_for(
+        swarm,
+        survivors,
+        all_see(survivors, [victim], "dead"),
+        bound + OBSERVATION_SLACK_S + 5.0,  # fail late enough to report the time
+        "every survivor marks the crashed node dead",
+    )
+    took = trio.current_time() - t0
+    assert took <= bound + OBSERVATION_SLACK_S, (
+        f"detection took {took:.2f}s, over the local profile's bound {bound:.2f}s"
+    )
+
+    # Restart with the same state dir, joining through another node this time.
+    info = await swarm.start_ready(victim, [survivors[1].control], timeout=START_TIMEOUT_S)
+    assert info["node_id"] == before["node_id"]
+    assert info["incarnation"] > old_incarnation
+
+    def back_alive(views: Views) -> bool:
+        for observer in survivors:
+            view = views.get(observer.name)
+            incarnation = member_field(view, victim.node_id, "incarnation")
+            if member_states(view).get(victim.node_id) != "alive":
+                return False
+            if incarnation is None or incarnation < info["incarnation"]:
+                return False
+        return True
+
+    await wait_for(swarm, survivors, back_alive, CONVERGE_TIMEOUT_S, "survivors take it back")
+    await wait_for(
+        swarm, [victim], all_see([victim], survivors, "alive"), CONVERGE_TIMEOUT_S, "it sees all"
+    )
+    # Its new record (new addresses) replaced the one from its previous life.
+    for view in (await swarm.views(survivors)).values():
+        record = member_field(view, victim.node_id, "record")
+        assert record is not None
+        assert record["addresses"]["api"] == victim.api
+    await assert_no_internal_errors(swarm, nodes)
+
+
+@pytest.mark.slow
+async def test_sigterm_leaves_gracefully_and_exits_zero(swarm: LocalSwarm) -> None:
+    nodes = await start_swarm(swarm, 3)
+    leaver, rest = nodes[0], nodes[1:]
+    leaver.signal(signal.SIGTERM)
+    assert await leaver.wait_exit(10) == 0
+    # A leave is announced, not detected: it arrives long before any timeout.
+    took = await wait_for(swarm, rest, all_see(rest, [leaver], "left"), 5.0, "leave seen")
+    assert took < MembershipConfig.local().suspicion_min_timeout(3)
+    codes = [await swarm.stop(node) for node in rest]
+    assert codes == [0, 0]
+
+
+# --- bad input ----------------------------------------------------------------
+
+FAKE_ADDR = "tcp://127.0.0.1:9"  # nothing answers there; no valid message here asks for a reply
+
+
+def _record(subject: Identity, seq: int, signer: Identity | None = None) -> Record:
+    body = encode_record_body(
+        NodeRecord(addresses=Addresses(control=FAKE_ADDR, data=FAKE_ADDR), started_at=0.0)
+    )
+    signature = (signer or subject).sign(record_signing_bytes(subject.node_id, seq, body))
+    return Record(subject.node_id, seq, body, signature)
+
+
+def _gossip(sender: Identity, *updates: Record) -> bytes:
+    return encode_envelope(Envelope(sender.node_id, FAKE_ADDR, Gossip(tuple(updates))))
+
+
+def _mutated(payload: bytes, mutate: Callable[[dict[int, Any]], None]) -> bytes:
+    """A valid envelope re-encoded after `mutate` edits its raw CBOR map."""
+    raw = cbor2.loads(payload)
+    mutate(raw)
+    return cbor2.dumps(raw)
+
+
+def bad_inputs() -> list[tuple[str, list[bytes]]]:
+    """(expected drop reason, payloads sent in order) for every kind of bad input."""
+    me, someone, forger = Identity.generate(), Identity.generate(), Identity.generate()
+    ping = encode_envelope(Envelope(me.node_id, FAKE_ADDR, Ping(1, someone.node_id)))
+
+    def unknown_type(raw: dict[int, Any]) -> None:
+        raw[1] = 99
+
+    def wrong_field_type(raw: dict[int, Any]) -> None:
+        raw[4][0] = "one"  # Ping's seq must be an unsigned integer
+
+    return [
+        ("malformed_cbor", [b"\xa5\x00\x01\x01"]),  # a 5-entry map cut short
+        ("oversized", [b"\x00" * (MAX_CONTROL_MESSAGE_BYTES + 1)]),
+        ("too_deep", [b"\x81" * (MAX_DEPTH + 4) + b"\x00"]),
+        ("unknown_type", [_mutated(ping, unknown_type)]),
+        ("bad_field", [_mutated(ping, wrong_field_type)]),
+        # A record about `someone`, signed by `forger`.
+        ("bad_signature", [_gossip(me, _record(someone, 1, signer=forger))]),
+        # `me`'s record seq 5, then an older seq 3 replayed.
+        ("stale_record", [_gossip(me, _record(me, 5)), _gossip(me, _record(me, 3))]),
+    ]
+
+
+def test_bad_inputs_are_what_the_decoder_says() -> None:
+    """The crafted bytes fail where the test means them to (pure, fast)."""
+    for reason, payloads in bad_inputs():
+        if reason in ("bad_signature", "stale_record"):
+            for payload in payloads:
+                decode_envelope(payload)  # well-formed; the core refuses them
+            continue
+        with pytest.raises(DecodeError) as caught:
+            decode_envelope(payloads[0])
+        assert caught.value.reason == reason
+
+
+async def test_bad_input_is_dropped_counted_and_survived(swarm: LocalSwarm) -> None:
+    nodes = await start_swarm(swarm, 2)
+    target = nodes[0]
+    cases = bad_inputs()
+    expected = {reason for reason, _ in cases}
+    context = zmq.Context()
+    sockets = []
+    try:
+        # One connection per case, as from distinct hostile peers: whatever
+        # one case does to its connection cannot hide the next case.
+        for _, payloads in cases:
+            sock = context.socket(zmq.DEALER)
+            sockets.append(sock)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.connect(target.info["control"])
+            for payload in payloads:
+                sock.send(payload, flags=zmq.NOBLOCK)
+
+        def counted(views: Views) -> bool:
+            view = views.get(target.name)
+            return view is not None and expected <= set(view["drops"])
+
+        await wait_for(swarm, [target], counted, 10.0, f"drops counted for {sorted(expected)}")
+    finally:
+        for sock in sockets:
+            sock.close(0)
+        context.term()
+
+    view = await swarm.status(target)
+    assert view is not None
+    for reason in expected:
+        assert view["drops"][reason] >= 1, (reason, view["drops"])
+    # Still running and still a member of the swarm, in both directions.
+    assert target.running
+    await wait_for(swarm, nodes, all_see(nodes, nodes, "alive"), 5.0, "membership intact")
+    await assert_no_internal_errors(swarm, nodes)
