@@ -86,8 +86,13 @@ class MembershipConfig:
     forgotten. Departed (left) members are forgotten after the same time."""
 
     packet_budget: int
-    """Bytes of piggybacked updates per message (estimated). Keeps probes
-    small and a gossip packet near one MTU on LAN."""
+    """Bytes of piggybacked updates per message (estimated).
+
+    memberlist keeps packets under one 1,400-byte UDP datagram; our control
+    plane is ZeroMQ over TCP, so there is no fragmentation to avoid. A budget
+    several records wide keeps a 1 KiB node record from starving behind a
+    stream of small suspicion/refutation updates under loss; total bytes do
+    not grow, since each update is still sent the same number of times."""
 
     join_retry_interval: float
     """Seconds between join attempts while no seed has answered."""
@@ -126,7 +131,7 @@ class MembershipConfig:
             gossip_to_dead_time=30.0,
             reconnect_interval=10.0,
             reconnect_timeout=24 * 3600.0,
-            packet_budget=1400,
+            packet_budget=8 * 1024,
             join_retry_interval=1.0,
         )
 
@@ -151,7 +156,7 @@ class MembershipConfig:
             gossip_to_dead_time=60.0,
             reconnect_interval=30.0,
             reconnect_timeout=24 * 3600.0,
-            packet_budget=1400,
+            packet_budget=8 * 1024,
             join_retry_interval=2.0,
         )
 

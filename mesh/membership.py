@@ -427,6 +427,11 @@ class Membership:
         candidates = self._random_peers(self.config.indirect_checks + 1, now, live_only=True)
         helpers = [n for n in candidates if n != probe.target][: self.config.indirect_checks]
         probe.helpers = len(helpers)
+        # A second direct ping beside the indirect ones (memberlist sends a
+        # TCP ping here): under 10% loss it alone turns most would-be
+        # suspicions into acks, and every suspicion avoided is a refutation
+        # the whole swarm does not have to gossip.
+        self._send(target.addr, Ping(probe.seq, probe.target, self._piggyback(now)))
         for node in helpers:
             self._send(
                 self._table.get(node).addr,
