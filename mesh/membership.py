@@ -34,12 +34,14 @@ Protocol summary (SWIM, arXiv cs/0204058, with Lifeguard, arXiv 1707.00788):
 
 from __future__ import annotations
 
+import heapq
 import math
 import random
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from mesh.broadcasts import BroadcastQueue
 from mesh.config import MembershipConfig
 from mesh.identity import Signer, Verifier
 from mesh.member_table import (
@@ -120,27 +122,32 @@ class MemberView:
 class _Suspicion:
     """Lifeguard's shrinking suspicion timer for one member."""
 
-    __slots__ = ("accusers", "deadline", "k", "max_timeout", "min_timeout", "start")
+    __slots__ = ("accusers", "deadline", "k", "last_look", "max_timeout", "min_timeout", "start")
 
     def __init__(self, start: float, accuser: bytes, k: int, lo: float, hi: float) -> None:
         self.start = start
+        self.last_look = False
         self.accusers = {accuser}
         self.k = k
         self.min_timeout = lo
         self.max_timeout = hi
         self.deadline = start + (lo if k == 0 else hi)
 
-    def confirm(self, accuser: bytes) -> bool:
-        """Count an independent accuser; True if it was new."""
-        if accuser in self.accusers:
-            return False
+    @property
+    def settled(self) -> bool:
+        """At its minimum timeout: further confirmations change nothing, so
+        they are neither counted nor gossiped (in a 50/50 partition that is
+        the difference between k and n/2 accusations per suspect)."""
+        return len(self.accusers) > self.k
+
+    def confirm(self, accuser: bytes) -> None:
+        """Count one more independent accuser and shorten the timeout."""
         self.accusers.add(accuser)
         confirmations = len(self.accusers) - 1
         if self.k > 0:
             fraction = math.log(confirmations + 1) / math.log(self.k + 1)
             timeout = self.max_timeout - fraction * (self.max_timeout - self.min_timeout)
             self.deadline = self.start + max(self.min_timeout, timeout)
-        return True
 
 
 class _Probe:
@@ -154,16 +161,6 @@ class _Probe:
         self.acked = False
         self.helpers = 0
         self.nacks = 0
-
-
-class _Broadcast:
-    __slots__ = ("order", "size", "transmits", "update")
-
-    def __init__(self, update: Update, order: int, size: int) -> None:
-        self.update = update
-        self.order = order
-        self.size = size
-        self.transmits = 0
 
 
 def _update_size(update: Update) -> int:
@@ -209,8 +206,7 @@ class Membership:
         self._table = MemberTable(self.node_id, starting_view)
         self._probe_order = ProbeOrder(self._table, rng)
 
-        self._broadcasts: dict[tuple[str, bytes], _Broadcast] = {}
-        self._broadcast_order = 0
+        self._broadcasts = BroadcastQueue()
         self._sends: list[Send] = []
         self._events: list[MemberEvent] = []
 
@@ -218,6 +214,9 @@ class Membership:
         self._probe: _Probe | None = None
         self._relays: dict[int, tuple[str, int, float]] = {}
         self._suspicions: dict[bytes, _Suspicion] = {}
+        # (deadline, node) for every armed suspicion timer; entries whose
+        # suspicion is gone or was re-armed are skipped when they surface.
+        self._suspicion_timers: list[tuple[float, bytes]] = []
         self._awareness = 0
         self._leaving = False
         self._join_seeds: tuple[str, ...] = ()
@@ -330,8 +329,12 @@ class Membership:
             self._finish_probe(probe, now)
         if now >= self._next_probe:
             self._start_probe(now)
-        for node in [n for n, s in self._suspicions.items() if now >= s.deadline]:
-            self._suspicion_expired(node, now)
+        timers = self._suspicion_timers
+        while timers and timers[0][0] <= now:
+            deadline, node = heapq.heappop(timers)
+            suspicion = self._suspicions.get(node)
+            if suspicion is not None and suspicion.deadline == deadline:
+                self._suspicion_expired(node, now)
         for seq in [s for s, relay in self._relays.items() if now >= relay[2]]:
             requester_addr, requester_seq, _ = self._relays.pop(seq)
             self._send(requester_addr, Nack(requester_seq))
@@ -343,7 +346,11 @@ class Membership:
             self._reconnect(now)
 
     def next_deadline(self) -> float:
-        deadline = min(self._next_gossip, self._next_join)
+        # Gossip rounds only matter while there is something to gossip; an
+        # idle swarm then wakes once per probe, not five times a second.
+        deadline = self._next_join
+        if self._broadcasts:
+            deadline = min(deadline, self._next_gossip)
         if self._leaving:
             return deadline
         deadline = min(deadline, self._next_probe, self._next_push_pull, self._next_reconnect)
@@ -352,8 +359,14 @@ class Membership:
             deadline = min(deadline, probe.end)
             if not probe.acked:
                 deadline = min(deadline, probe.direct_deadline)
-        for suspicion in self._suspicions.values():
-            deadline = min(deadline, suspicion.deadline)
+        timers = self._suspicion_timers
+        while timers:
+            due, node = timers[0]
+            suspicion = self._suspicions.get(node)
+            if suspicion is not None and suspicion.deadline == due:
+                deadline = min(deadline, due)
+                break
+            heapq.heappop(timers)  # stale: refuted, decided or re-armed
         for _, _, nack_at in self._relays.values():
             deadline = min(deadline, nack_at)
         return deadline
@@ -417,7 +430,7 @@ class Membership:
         first: tuple[Update, ...] = ()
         if target.state is MemberState.SUSPECT and isinstance(target.accusation, Suspect):
             first = (target.accusation,)
-        self._send(target.addr, Ping(self._seq, target.node, first + self._piggyback(now)))
+        self._send(target.addr, Ping(self._seq, target.node, first + self._piggyback()))
 
     def _send_indirect_probes(self, probe: _Probe, now: float) -> None:
         probe.direct_deadline = math.inf
@@ -431,11 +444,11 @@ class Membership:
         # TCP ping here): under 10% loss it alone turns most would-be
         # suspicions into acks, and every suspicion avoided is a refutation
         # the whole swarm does not have to gossip.
-        self._send(target.addr, Ping(probe.seq, probe.target, self._piggyback(now)))
+        self._send(target.addr, Ping(probe.seq, probe.target, self._piggyback()))
         for node in helpers:
             self._send(
                 self._table.get(node).addr,
-                PingReq(probe.seq, probe.target, target.addr, self._piggyback(now)),
+                PingReq(probe.seq, probe.target, target.addr, self._piggyback()),
             )
 
     def _finish_probe(self, probe: _Probe, now: float) -> None:
@@ -458,7 +471,19 @@ class Membership:
             self.drops["wrong_target"] += 1
             return
         self._apply_all(ping.updates, now)
-        self._send(envelope.addr, Ack(ping.seq, self._piggyback(now)))
+        updates = self._piggyback()
+        if any(self._is_stale_accusation_of_us(u) for u in ping.updates):
+            # The prober still suspects an older life of ours: our refutation
+            # missed it, so it rides on this ack whatever the queue holds.
+            updates = (self._me.alive, *updates)
+        self._send(envelope.addr, Ack(ping.seq, updates))
+
+    def _is_stale_accusation_of_us(self, update: Update) -> bool:
+        return (
+            isinstance(update, Suspect | Dead)
+            and update.node == self.node_id
+            and update.incarnation < self._me.incarnation
+        )
 
     def _on_ack(self, envelope: Envelope, ack: Ack, now: float) -> None:
         probe = self._probe
@@ -483,7 +508,7 @@ class Membership:
         self._seq += 1
         nack_at = now + self.config.probe_timeout * RELAY_NACK_FRACTION
         self._relays[self._seq] = (envelope.addr, req.seq, nack_at)
-        self._send(req.target_addr, Ping(self._seq, req.target, self._piggyback(now)))
+        self._send(req.target_addr, Ping(self._seq, req.target, self._piggyback()))
 
     # --- suspicion -------------------------------------------------------------------
 
@@ -499,10 +524,25 @@ class Membership:
         self._apply_suspect(accusation, now, verified=True)
 
     def _suspicion_expired(self, node: bytes, now: float) -> None:
-        self._suspicions.pop(node, None)
         member = self._table.get(node)
         if member is None or member.state is not MemberState.SUSPECT:
+            self._suspicions.pop(node, None)
             return
+        suspicion = self._suspicions[node]
+        if len(suspicion.accusers) == 1 and suspicion.k > 0 and not suspicion.last_look:
+            # Nobody confirmed this suspicion in its whole (maximal) timeout.
+            # Either the suspect is truly gone and only we noticed, or its
+            # refutation missed us while everyone else got it. Before a
+            # verdict, look once more ourselves: the ping carries the stale
+            # accusation, and a live suspect answers with its current Alive.
+            suspicion.last_look = True
+            suspicion.deadline = now + 2 * self._scaled(self.config.probe_timeout)
+            heapq.heappush(self._suspicion_timers, (suspicion.deadline, node))
+            self._seq += 1
+            accusation = (member.accusation,) if member.accusation is not None else ()
+            self._send(member.addr, Ping(self._seq, node, accusation))
+            return
+        del self._suspicions[node]
         verdict = Dead(
             node,
             member.incarnation,
@@ -598,11 +638,12 @@ class Membership:
             return
         if member.state is MemberState.SUSPECT and suspect.incarnation == member.incarnation:
             suspicion = self._suspicions.get(suspect.node)
-            if suspicion is None or suspect.accuser in suspicion.accusers:
+            if suspicion is None or suspicion.settled or suspect.accuser in suspicion.accusers:
                 return
             if not (verified or self._authentic(suspect)):
                 return
             suspicion.confirm(suspect.accuser)
+            heapq.heappush(self._suspicion_timers, (suspicion.deadline, suspect.node))
             if relay:
                 self._queue(suspect, key=("s", suspect.node + suspect.accuser))
             return
@@ -613,13 +654,15 @@ class Membership:
         member.accusation = suspect
         self._set_state(member, MemberState.SUSPECT, now)
         n = self._live_count
-        self._suspicions[suspect.node] = _Suspicion(
+        suspicion = _Suspicion(
             now,
             suspect.accuser,
             self.config.suspicion_confirmations(n),
             self.config.suspicion_min_timeout(n),
             self.config.suspicion_max_timeout(n),
         )
+        self._suspicions[suspect.node] = suspicion
+        heapq.heappush(self._suspicion_timers, (suspicion.deadline, suspect.node))
         self._events.append(MemberEvent("suspect", suspect.node, suspect.incarnation, now))
         if relay:
             self._queue(suspect)
@@ -688,40 +731,21 @@ class Membership:
 
     def _queue(self, update: Update, key: tuple[str, bytes] | None = None) -> None:
         """Queue `update` for piggybacking, replacing older news of the same node."""
-        self._broadcast_order += 1
-        self._broadcasts[key or _broadcast_key(update)] = _Broadcast(
-            update, self._broadcast_order, _update_size(update)
-        )
+        self._broadcasts.put(key or _broadcast_key(update), update, _update_size(update))
 
-    def _piggyback(self, now: float) -> tuple[Update, ...]:
+    def _piggyback(self) -> tuple[Update, ...]:
         """Take the least-sent updates that fit the packet budget."""
         if not self._broadcasts:
             return ()
         limit = self.config.retransmit_limit(self._live_count)
-        budget = self.config.packet_budget
-        chosen: list[Update] = []
-        spent: list[tuple[str, bytes]] = []
-        ranked = sorted(self._broadcasts.items(), key=lambda kv: (kv[1].transmits, -kv[1].order))
-        for key, item in ranked:
-            if item.size > budget and chosen:
-                continue
-            chosen.append(item.update)
-            budget -= item.size
-            item.transmits += 1
-            if item.transmits >= limit:
-                spent.append(key)
-            if budget <= 0:
-                break
-        for key in spent:
-            del self._broadcasts[key]
-        return tuple(chosen)
+        return self._broadcasts.take(self.config.packet_budget, limit)
 
     def _gossip(self, now: float) -> None:
         self._next_gossip = now + self.config.gossip_interval
         if not self._broadcasts:
             return
         for node in self._random_peers(self.config.gossip_fanout, now):
-            updates = self._piggyback(now)
+            updates = self._piggyback()
             if not updates:
                 return
             self._send(self._table.get(node).addr, Gossip(updates))

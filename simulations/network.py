@@ -1,0 +1,362 @@
+"""Simulated links between simulated nodes.
+
+Every message a node sends goes through ``Network.send``; what the network
+does to it is what the real network and the real receiving process would do,
+scaled to what matters for protocols that run over UDP-like datagrams:
+
+- one-way latency ``base + jitter`` per message, jitter uniform (LAN) or
+  lognormal (WAN, with its long tail); messages reorder whenever jitter makes
+  a later one overtake an earlier one, as datagrams do;
+- independent loss and duplication per message (a duplicate gets its own
+  latency draw, so it may arrive first);
+- partitions: sets of groups with a start and a heal time; a message between
+  nodes in different groups of any active partition is dropped, both when it
+  is sent and, if it was already in flight when the partition started, when
+  it arrives;
+- a bounded inbound queue per node, served at a fixed rate: a node takes
+  ``service_time`` of virtual time per inbound message, arrivals while it is
+  busy wait in the queue, and arrivals to a full queue are dropped and
+  counted (ZeroMQ's ROUTER drops the same way at its high-water mark);
+- a paused node keeps queueing (up to the bound) and works the queue off at
+  its service rate once resumed; a crashed node drops everything.
+
+Nodes are small integers; the cluster maps addresses to them. The network
+never looks inside a message except through the optional ``size_of``, which
+is how byte counts are taken (off by default: encoding every message costs
+more than simulating it).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter, deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from simulations.loop import EventLoop
+
+Deliver = Callable[[int, Any], None]
+"""deliver(destination index, message): hands one message to its node."""
+
+SizeOf = Callable[[Any], int]
+"""size_of(message) -> bytes on the wire."""
+
+# LAN defaults: a switched datacentre or home LAN has one-way delays of a few
+# hundred microseconds to a couple of milliseconds under load.
+LAN_BASE_LATENCY = 0.0005
+LAN_JITTER = 0.0015
+
+# WAN defaults: volunteers spread over a continent. 10 ms of propagation at
+# minimum, plus a lognormal tail with a 30 ms median (sigma 0.6 puts the
+# 99th percentile near 120 ms), which is what cross-ISP paths look like.
+WAN_BASE_LATENCY = 0.010
+WAN_JITTER_MEDIAN = 0.030
+WAN_JITTER_SIGMA = 0.6
+
+DEFAULT_QUEUE_CAPACITY = 1000
+"""Inbound messages a node holds before dropping: ZeroMQ's default HWM."""
+
+DEFAULT_SERVICE_TIME = 0.0001
+"""Virtual seconds a node spends on one inbound control message (10k msg/s).
+
+About what one Python process decoding CBOR and running the membership core
+manages. Steady SWIM traffic is tens of messages per second per node, so the
+queue only matters under bursts, pauses and overload, which is the point.
+"""
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """How simulated links behave. All times are seconds of virtual time."""
+
+    base_latency: float = LAN_BASE_LATENCY
+    jitter: float = LAN_JITTER
+    """Uniform: the width of the jitter interval. Lognormal: its median."""
+    jitter_kind: Literal["uniform", "lognormal"] = "uniform"
+    jitter_sigma: float = WAN_JITTER_SIGMA
+    """Shape of the lognormal jitter; unused for uniform jitter."""
+    loss: float = 0.0
+    duplicate: float = 0.0
+    queue_capacity: int = DEFAULT_QUEUE_CAPACITY
+    service_time: float = DEFAULT_SERVICE_TIME
+    count_bytes: bool = False
+    """Measure every message's encoded size (costs an encode per message)."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.loss <= 1.0 or not 0.0 <= self.duplicate <= 1.0:
+            raise ValueError("loss and duplicate are probabilities in [0, 1]")
+        if self.base_latency < 0 or self.jitter < 0 or self.service_time < 0:
+            raise ValueError("latencies and service time must be non-negative")
+        if self.queue_capacity < 1:
+            raise ValueError("queue_capacity must be at least 1")
+        if self.jitter_kind not in ("uniform", "lognormal"):
+            raise ValueError(f"unknown jitter_kind {self.jitter_kind!r}")
+
+    @classmethod
+    def lan(cls, **overrides: Any) -> NetworkConfig:
+        """0.5-2 ms one-way, uniform jitter; override any field by keyword."""
+        return replace(cls(), **overrides)
+
+    @classmethod
+    def wan(cls, **overrides: Any) -> NetworkConfig:
+        """10 ms + lognormal(median 30 ms) one-way; override any field."""
+        base = cls(
+            base_latency=WAN_BASE_LATENCY,
+            jitter=WAN_JITTER_MEDIAN,
+            jitter_kind="lognormal",
+            jitter_sigma=WAN_JITTER_SIGMA,
+        )
+        return replace(base, **overrides)
+
+    @classmethod
+    def profile(cls, name: str, **overrides: Any) -> NetworkConfig:
+        """``lan`` or ``wan`` by name (scenario files name their profile)."""
+        if name == "lan":
+            return cls.lan(**overrides)
+        if name == "wan":
+            return cls.wan(**overrides)
+        raise ValueError(f"unknown network profile {name!r} (lan, wan)")
+
+
+@dataclass
+class Partition:
+    """One scheduled partition; ``active`` between ``start`` and ``heal``."""
+
+    groups: tuple[tuple[int, ...], ...]
+    start: float
+    heal: float
+    active: bool = False
+
+
+@dataclass
+class _Inbox:
+    """A node's inbound side: its queue and service state."""
+
+    queue: deque[Any] = field(default_factory=deque)
+    busy_until: float = -math.inf
+    draining: bool = False
+    """A drain event is on the heap (so at most one is)."""
+    paused: bool = False
+    crashed: bool = False
+
+
+class Network:
+    """Links, partitions and inbound queues for ``n`` nodes (see module doc)."""
+
+    def __init__(
+        self,
+        loop: EventLoop,
+        config: NetworkConfig,
+        rng: random.Random,
+        deliver: Deliver,
+        n: int = 0,
+        size_of: SizeOf | None = None,
+    ) -> None:
+        self.loop = loop
+        self.config = config
+        self._rng = rng
+        self._deliver = deliver
+        if config.count_bytes and size_of is None:
+            size_of = wire_size
+        self._size_of = size_of if config.count_bytes else None
+        self.sent_messages: list[int] = []
+        self.sent_bytes: list[int] = []
+        self.received_messages: list[int] = []
+        self.drops: Counter[str] = Counter()
+        self.duplicated = 0
+        """Extra copies the network made (not drops, so counted apart)."""
+        self.partitions: list[Partition] = []
+        self._inboxes: list[_Inbox] = []
+        self._group_key: list[int] | None = None
+        """Per node, a key equal for two nodes iff no active partition splits
+        them; None while no partition is active (the common, fast case)."""
+        self._latency = self._make_latency(config, rng)
+        for _ in range(n):
+            self.add_node()
+
+    @staticmethod
+    def _make_latency(config: NetworkConfig, rng: random.Random) -> Callable[[], float]:
+        base, jitter = config.base_latency, config.jitter
+        if config.jitter_kind == "uniform":
+            uniform = rng.random
+            return lambda: base + jitter * uniform()
+        if jitter == 0:
+            return lambda: base
+        mu, sigma = math.log(jitter), config.jitter_sigma
+        lognormal = rng.lognormvariate
+        return lambda: base + lognormal(mu, sigma)
+
+    def add_node(self) -> int:
+        """Add a node; returns its index."""
+        self.sent_messages.append(0)
+        self.sent_bytes.append(0)
+        self.received_messages.append(0)
+        self._inboxes.append(_Inbox())
+        if self._group_key is not None:
+            self._recompute_groups()
+        return len(self._inboxes) - 1
+
+    @property
+    def size(self) -> int:
+        return len(self._inboxes)
+
+    # --- sending ----------------------------------------------------------
+
+    def send(self, src: int, dst: int, message: Any) -> None:
+        """Put ``message`` on the link from ``src`` to ``dst``."""
+        self.sent_messages[src] += 1
+        if self._size_of is not None:
+            self.sent_bytes[src] += self._size_of(message)
+        config = self.config
+        random_ = self._rng.random
+        if config.loss and random_() < config.loss:
+            self.drops["loss"] += 1
+            return
+        keys = self._group_key
+        if keys is not None and keys[src] != keys[dst]:
+            self.drops["partition"] += 1
+            return
+        post = self.loop.post
+        now = self.loop.now
+        item = (src, dst, message)
+        post(now + self._latency(), self._arrive, item)
+        if config.duplicate and random_() < config.duplicate:
+            self.duplicated += 1
+            post(now + self._latency(), self._arrive, item)
+
+    # --- receiving --------------------------------------------------------
+
+    def _arrive(self, item: tuple[int, int, Any]) -> None:
+        src, dst, message = item
+        keys = self._group_key
+        if keys is not None and keys[src] != keys[dst]:
+            self.drops["partition"] += 1
+            return
+        inbox = self._inboxes[dst]
+        if inbox.crashed:
+            self.drops["crashed"] += 1
+            return
+        now = self.loop.now
+        if inbox.paused or inbox.queue or inbox.busy_until > now:
+            if len(inbox.queue) >= self.config.queue_capacity:
+                self.drops["queue_full"] += 1
+                return
+            inbox.queue.append(message)
+            if not inbox.paused and not inbox.draining:
+                inbox.draining = True
+                self.loop.post(inbox.busy_until, self._drain, dst)
+            return
+        inbox.busy_until = now + self.config.service_time
+        self.received_messages[dst] += 1
+        self._deliver(dst, message)
+
+    def _drain(self, dst: int) -> None:
+        inbox = self._inboxes[dst]
+        if inbox.paused or inbox.crashed or not inbox.queue:
+            inbox.draining = False
+            return
+        message = inbox.queue.popleft()
+        inbox.busy_until = self.loop.now + self.config.service_time
+        if inbox.queue:
+            self.loop.post(inbox.busy_until, self._drain, dst)
+        else:
+            inbox.draining = False
+        self.received_messages[dst] += 1
+        self._deliver(dst, message)
+
+    def queued(self, node: int) -> int:
+        """Messages waiting in ``node``'s inbound queue."""
+        return len(self._inboxes[node].queue)
+
+    # --- node lifecycle ---------------------------------------------------
+
+    def crash(self, node: int) -> None:
+        """Drop the node's queue and everything that arrives from now on."""
+        inbox = self._inboxes[node]
+        inbox.crashed = True
+        if inbox.queue:
+            self.drops["crashed"] += len(inbox.queue)
+            inbox.queue.clear()
+
+    def revive(self, node: int) -> None:
+        """A restarted process: empty queue, accepting messages again."""
+        self._inboxes[node] = _Inbox(busy_until=self.loop.now)
+
+    def is_crashed(self, node: int) -> bool:
+        return self._inboxes[node].crashed
+
+    def pause(self, node: int) -> None:
+        """Stop serving the queue; arrivals keep queueing up to the bound."""
+        self._inboxes[node].paused = True
+
+    def resume(self, node: int) -> None:
+        """Serve the queue again, at the service rate, from now."""
+        inbox = self._inboxes[node]
+        inbox.paused = False
+        if inbox.queue and not inbox.draining and not inbox.crashed:
+            inbox.draining = True
+            self.loop.post(max(inbox.busy_until, self.loop.now), self._drain, node)
+
+    def is_paused(self, node: int) -> bool:
+        return self._inboxes[node].paused
+
+    # --- partitions -------------------------------------------------------
+
+    def schedule_partition(
+        self, groups: Iterable[Iterable[int]], start: float, heal: float = math.inf
+    ) -> Partition:
+        """Split the nodes into ``groups`` from ``start`` until ``heal``.
+
+        Nodes in no group form one more group together. Partitions may
+        overlap in time; two nodes can talk only if every active partition
+        has them in the same group.
+        """
+        frozen = tuple(tuple(sorted(set(group))) for group in groups)
+        if heal <= start:
+            raise ValueError("a partition must heal after it starts")
+        partition = Partition(frozen, start, heal)
+        self.partitions.append(partition)
+        self.loop.call_at(start, lambda: self._set_active(partition, True))
+        if heal != math.inf:
+            self.loop.call_at(heal, lambda: self._set_active(partition, False))
+        return partition
+
+    def _set_active(self, partition: Partition, active: bool) -> None:
+        partition.active = active
+        self._recompute_groups()
+
+    def _recompute_groups(self) -> None:
+        active = [p for p in self.partitions if p.active]
+        if not active:
+            self._group_key = None
+            return
+        lookups = []
+        for partition in active:
+            lookup = dict.fromkeys(range(self.size), len(partition.groups))
+            for number, group in enumerate(partition.groups):
+                for node in group:
+                    lookup[node] = number
+            lookups.append(lookup)
+        interned: dict[tuple[int, ...], int] = {}
+        self._group_key = [
+            interned.setdefault(tuple(lookup[node] for lookup in lookups), len(interned))
+            for node in range(self.size)
+        ]
+
+    def can_reach(self, src: int, dst: int) -> bool:
+        """True when no active partition separates ``src`` from ``dst``."""
+        keys = self._group_key
+        return keys is None or keys[src] == keys[dst]
+
+
+def wire_size(message: Any) -> int:
+    """Encoded size of an envelope on the real wire (``mesh.wire``).
+
+    Imported lazily so the simulator does not depend on the wire codec when
+    byte counting is off.
+    """
+    from mesh.wire import encode_envelope
+
+    return len(encode_envelope(message))
