@@ -59,6 +59,8 @@ class BroadcastQueue:
         chosen: list[tuple[int, Hashable, _Entry]] = []
         skipped = 0
         for level, bucket in enumerate(self._levels):
+            if not bucket:
+                continue
             for key in reversed(bucket):
                 entry = bucket[key]
                 if entry.size > budget and chosen:

@@ -10,7 +10,6 @@ entries (tens of GB) before the first message is sent.
 
 from __future__ import annotations
 
-import copy
 import math
 import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -54,6 +53,12 @@ class MemberEntry:
         self.state = MemberState.ALIVE
         self.state_since = now
         self.last_seen: float | None = None
+
+    def clone(self) -> MemberEntry:
+        twin = MemberEntry.__new__(MemberEntry)
+        for name in MemberEntry.__slots__:
+            setattr(twin, name, getattr(self, name))
+        return twin
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +123,7 @@ class MemberTable:
             shared = self.get(node)
             if shared is None:
                 return None
-            entry = copy.copy(shared)
+            entry = shared.clone()
             self._own[node] = entry
         return entry
 

@@ -323,6 +323,14 @@ class Network:
             self.loop.call_at(heal, lambda: self._set_active(partition, False))
         return partition
 
+    def heal_all(self) -> None:
+        """End every partition in force now; ones scheduled later still start."""
+        for partition in self.partitions:
+            if partition.active:
+                partition.heal = self.loop.now
+                partition.active = False
+        self._recompute_groups()
+
     def _set_active(self, partition: Partition, active: bool) -> None:
         partition.active = active
         self._recompute_groups()
