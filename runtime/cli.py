@@ -1,7 +1,7 @@
 """The `shardmesh` command line.
 
-Only commands that really work are listed: `node`, `status` and `demo`
-(the rest of DESIGN.md's contract arrives with later issues, and a command
+Only commands that really work are listed: `node`, `status`, `demo` and
+`simulate` (the rest of DESIGN.md's contract arrives with later issues, and a command
 that exists but does nothing is worse than a clear "invalid choice").
 Usage errors exit 2 with the usage line, as argparse does; runtime errors
 (state dir in use, port taken, node unreachable) exit 1 with one line on
@@ -135,6 +135,22 @@ def build_parser() -> argparse.ArgumentParser:
         help="membership profile of the nodes (default local)",
     )
     demo.add_argument("--keep", action="store_true", help="keep the state dirs and logs")
+
+    simulate = commands.add_parser(
+        "simulate",
+        help="run a scenario in the deterministic simulator",
+        description=(
+            "Run the real membership core on simulated nodes, links and faults described "
+            "by a TOML scenario (examples: simulations/scenarios/). Same seed, same results "
+            "and trace digest."
+        ),
+    )
+    simulate.add_argument("scenario", type=Path, metavar="SCENARIO.toml")
+    simulate.add_argument("--seed", type=int, default=1, help="run seed (default 1)")
+    simulate.add_argument(
+        "--out", type=Path, metavar="DIR", help="also write metrics.json into DIR"
+    )
+    simulate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     return parser
 
 
@@ -182,6 +198,29 @@ def _run_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_simulate(args: argparse.Namespace) -> int:
+    import json
+
+    from simulations.scenario import ScenarioError, run_scenario
+
+    if not args.scenario.is_file():
+        print(f"{PROG} simulate: error: no scenario file at {args.scenario}", file=sys.stderr)
+        return 1
+    if not args.json:
+        print(f"simulating {args.scenario} with seed {args.seed} ...", file=sys.stderr)
+    try:
+        result = run_scenario(args.scenario, args.seed)
+    except ScenarioError as exc:
+        print(f"{PROG} simulate: error: {args.scenario}: {exc}", file=sys.stderr)
+        return 1
+    document = json.dumps(result, indent=None if args.json else 2)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "metrics.json").write_text(document + "\n")
+    print(document)
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardmesh` console script; returns the exit code."""
     parser = build_parser()
@@ -190,6 +229,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_node(args, parser)
     if args.command == "status":
         return _run_status(args)
+    if args.command == "simulate":
+        return _run_simulate(args)
     if args.command == "demo":
         from runtime.demo import run_demo
 

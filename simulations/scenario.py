@@ -84,7 +84,7 @@ def load_scenario(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
         with path.open("rb") as handle:
             return tomllib.load(handle)
     except tomllib.TOMLDecodeError as exc:
-        raise ScenarioError(f"{path}: {exc}") from None
+        raise ScenarioError(f"invalid TOML: {exc}") from None
 
 
 def quantile(values: Sequence[float], q: float) -> float | None:
