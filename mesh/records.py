@@ -21,7 +21,6 @@ cannot publish a record its peers would drop without finding out locally.
 
 from __future__ import annotations
 
-import io
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ import cbor2
 
 from mesh.identity import Signer, Verifier, node_id_text
 from mesh.messages import Record, record_signing_bytes
+from mesh.wire import REASON_BAD_FIELD, REASON_OVERSIZED, DecodeError, decode_strict_cbor
 
 # --- limits -----------------------------------------------------------------
 
@@ -424,21 +424,6 @@ def encode_record_body(record: NodeRecord) -> bytes:
     return body
 
 
-# Tags cbor2 decodes on its own (datetimes, bignums, decimals, sets, shared and
-# string references, ...). Each is overridden to fail; `tag_hook` fails every
-# other tag. The schema has no tagged value, so any tag is malformed input.
-_BUILTIN_TAGS = (
-    0, 1, 2, 3, 4, 5, 25, 28, 29, 30, 35, 36, 37, 52, 54, 100, 256, 258, 260, 261,
-    1004, 43000, 55799,
-)  # fmt: skip
-
-
-def _refuse_tag(*_args: object) -> Any:
-    raise ValueError("CBOR tags are not allowed in a node record")
-
-
-_NO_TAGS: dict[int, Any] = dict.fromkeys(_BUILTIN_TAGS, _refuse_tag)
-
 _PLAIN_SCALARS = (str, int, float, bool, type(None))
 
 
@@ -459,26 +444,19 @@ def _is_plain(value: object, depth: int = 0) -> bool:
 
 
 def _parse_cbor(body: bytes) -> Any:
+    """The body under the wire's strict CBOR dialect (no tags, no
+    indefinite lengths, no duplicate keys, depth cap, nothing after the
+    item), then the record's own narrower rule on value types."""
     if not isinstance(body, bytes):
         raise RecordError(RECORD_MALFORMED, "body is not bytes")
-    if len(body) > MAX_RECORD_BODY_BYTES:
-        raise RecordError(RECORD_OVERSIZED, f"{len(body)} bytes exceeds {MAX_RECORD_BODY_BYTES}")
-    stream = io.BytesIO(body)
-    decoder = cbor2.CBORDecoder(
-        stream,
-        tag_hook=_refuse_tag,
-        semantic_decoders=_NO_TAGS,
-        max_depth=MAX_CBOR_DEPTH,
-        allow_indefinite=False,
-        allow_duplicate_keys=False,
-        strict_hashable_types=True,
-    )
     try:
-        value = decoder.decode()
-    except (cbor2.CBORError, ValueError, TypeError, EOFError, RecursionError) as exc:
-        raise RecordError(RECORD_MALFORMED, f"not valid CBOR: {exc}") from exc
-    if stream.tell() != len(body):
-        raise RecordError(RECORD_MALFORMED, "trailing bytes after the record")
+        value = decode_strict_cbor(body, max_bytes=MAX_RECORD_BODY_BYTES, allow_floats=True)
+    except DecodeError as exc:
+        if exc.reason == REASON_OVERSIZED:
+            raise RecordError(RECORD_OVERSIZED, f"over {MAX_RECORD_BODY_BYTES} bytes") from None
+        if exc.reason == REASON_BAD_FIELD:  # e.g. a map over the dialect's entry cap
+            raise RecordError(RECORD_BAD_FIELD, f"not a valid record ({exc.detail})") from None
+        raise RecordError(RECORD_MALFORMED, f"not valid CBOR ({exc.reason})") from None
     if not _is_plain(value):
         raise RecordError(RECORD_MALFORMED, "record holds values of types outside the schema")
     return value

@@ -724,18 +724,26 @@ def decode_envelope(data: bytes) -> Envelope:
         raise DecodeError(REASON_BAD_FIELD, f"{UNEXPECTED} {type(exc).__name__}") from None
 
 
-def _decode_envelope(data: bytes) -> Envelope:
-    raw = _loads(data, max_bytes=MAX_CONTROL_MESSAGE_BYTES, allow_floats=False)
+def _check_versioned_map(value: Any, version_key: int, keys: frozenset[int], what: str) -> None:
+    """`value` is a map with exactly `keys` (ints) whose version is ours.
+
+    The version is checked before the key set, so a peer speaking a future
+    version is told "bad_version", not "bad_field"."""
     # Keys must really be ints: False == 0 and hashes alike, so check types first.
-    if type(raw) is not dict or any(type(key) is not int for key in raw):
-        _fail(REASON_BAD_FIELD, "envelope must be a map with integer keys")
-    version = raw.get(_K_VERSION)
+    if type(value) is not dict or any(type(key) is not int for key in value):
+        _fail(REASON_BAD_FIELD, f"{what} must be a map with integer keys")
+    version = value.get(version_key)
     if type(version) is not int:
-        _fail(REASON_BAD_FIELD, "envelope has no version")
+        _fail(REASON_BAD_FIELD, f"{what} has no version")
     if version != PROTOCOL_VERSION:
         _fail(REASON_BAD_VERSION, "unsupported protocol version")
-    if raw.keys() != _ENVELOPE_KEYS:
-        _fail(REASON_BAD_FIELD, "envelope keys are wrong")
+    if value.keys() != keys:
+        _fail(REASON_BAD_FIELD, f"{what} keys are wrong")
+
+
+def _decode_envelope(data: bytes) -> Envelope:
+    raw = _loads(data, max_bytes=MAX_CONTROL_MESSAGE_BYTES, allow_floats=False)
+    _check_versioned_map(raw, _K_VERSION, _ENVELOPE_KEYS, "envelope")
     type_id = raw[_K_TYPE]
     decode_body = _BODY_DECODERS.get(type_id) if type(type_id) is int else None
     if decode_body is None:
@@ -849,15 +857,7 @@ def _decode_tensor(
     if head_view.nbytes > MAX_TENSOR_HEADER_BYTES:
         _fail(REASON_OVERSIZED, "tensor header over the size cap")
     value = _loads(head_view.tobytes(), max_bytes=MAX_TENSOR_HEADER_BYTES, allow_floats=True)
-    if type(value) is not dict or any(type(key) is not int for key in value):
-        _fail(REASON_BAD_FIELD, "tensor header frame must be a map with integer keys")
-    version = value.get(_T_VERSION)
-    if type(version) is not int:
-        _fail(REASON_BAD_FIELD, "tensor header has no version")
-    if version != PROTOCOL_VERSION:
-        _fail(REASON_BAD_VERSION, "unsupported protocol version")
-    if value.keys() != _TENSOR_KEYS:
-        _fail(REASON_BAD_FIELD, "tensor header keys are wrong")
+    _check_versioned_map(value, _T_VERSION, _TENSOR_KEYS, "tensor header")
     raw = _byte_view(raw_frame)
     dtype, dims = _tensor_layout(value[_T_DTYPE], value[_T_SHAPE], raw.nbytes)
     return _header_dict(value[_T_HEADER]), dtype, dims, raw
