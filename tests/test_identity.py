@@ -1,0 +1,61 @@
+"""Node identity: the key file, its permissions, and what a signature proves."""
+
+from __future__ import annotations
+
+import stat
+from pathlib import Path
+
+import pytest
+
+from mesh.identity import (
+    KEY_FILE,
+    Identity,
+    IdentityError,
+    node_id_from_text,
+    node_id_text,
+    verify,
+)
+
+
+def test_a_new_key_is_private_and_the_id_survives_a_restart(tmp_path: Path) -> None:
+    first = Identity.load_or_create(tmp_path / "state")
+    key_file = tmp_path / "state" / KEY_FILE
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    again = Identity.load_or_create(tmp_path / "state")
+    assert again.node_id == first.node_id
+    assert len(first.node_id) == 32
+    assert Identity.load_or_create(tmp_path / "other").node_id != first.node_id
+
+
+def test_a_world_readable_key_is_refused(tmp_path: Path) -> None:
+    Identity.load_or_create(tmp_path)
+    (tmp_path / KEY_FILE).chmod(0o644)
+    with pytest.raises(IdentityError, match="chmod 600"):
+        Identity.load_or_create(tmp_path)
+
+
+def test_a_truncated_key_is_a_clear_error_naming_the_file(tmp_path: Path) -> None:
+    key_file = tmp_path / KEY_FILE
+    key_file.write_bytes(b"short")
+    key_file.chmod(0o600)
+    with pytest.raises(IdentityError, match=str(key_file)):
+        Identity.load_or_create(tmp_path)
+
+
+def test_signatures_verify_only_under_the_signers_id() -> None:
+    alice, bob = Identity.generate(), Identity.generate()
+    signature = alice.sign(b"record")
+    assert verify(alice.node_id, b"record", signature)
+    assert not verify(bob.node_id, b"record", signature)
+    assert not verify(alice.node_id, b"record!", signature)
+    assert not verify(alice.node_id, b"record", signature[:-1] + bytes([signature[-1] ^ 1]))
+    assert not verify(alice.node_id[:31], b"record", signature)
+
+
+def test_node_id_text_round_trips_and_rejects_garbage() -> None:
+    node_id = Identity.from_seed(b"s" * 32).node_id
+    assert node_id_from_text(node_id_text(node_id)) == node_id
+    with pytest.raises(ValueError, match="not hex"):
+        node_id_from_text("zz")
+    with pytest.raises(ValueError, match="32 bytes"):
+        node_id_from_text("ab" * 31)
