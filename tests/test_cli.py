@@ -68,7 +68,7 @@ async def test_console_script_usage_error() -> None:
     result = await run_cli()
     assert result.returncode == 2
     assert b"usage: shardmesh" in result.stderr
-    assert b"{node,status,demo}" in result.stderr
+    assert b"{node,status,demo,simulate}" in result.stderr
 
 
 def test_endpoint_spellings() -> None:
