@@ -1,10 +1,11 @@
 """The node's HTTP API (Starlette, served by hypercorn's trio worker).
 
 Every node answers the same API: a client can point at any node. For now it
-serves `GET /v1/network/status`; chat, models, coverage and assignment
-endpoints arrive with later issues. Errors of every kind, including unknown
-paths and wrong methods, use OpenAI's error shape, because the clients that
-talk to `/v1` are OpenAI clients and they parse that shape for messages.
+serves `GET /v1/network/status` and `GET /v1/network/coverage[?model=M]`;
+chat, models and assignment endpoints arrive with later issues. Errors of
+every kind, including unknown paths and wrong methods, use OpenAI's error
+shape, because the clients that talk to `/v1` are OpenAI clients and they
+parse that shape for messages.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def error_response(
         "param": None,
         "code": code if code is not None else _ERROR_CODES.get(status),
     }
-    body.update(extra)
+    body.update(extra)  # e.g. param="model"
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
@@ -63,6 +64,20 @@ def create_app(node: StatusSource) -> Starlette:
 
     async def network_status(request: Request) -> JSONResponse:
         return JSONResponse(node.status())
+
+    async def network_coverage(request: Request) -> JSONResponse:
+        coverage = node.status()["coverage"]
+        model = request.query_params.get("model")
+        if model is None:
+            return JSONResponse(coverage)
+        if model not in coverage:
+            return error_response(
+                404,
+                f"no node reports an admitted capability for model {model!r}",
+                code="model_not_found",
+                param="model",
+            )
+        return JSONResponse({model: coverage[model]})
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
@@ -79,6 +94,9 @@ def create_app(node: StatusSource) -> Starlette:
         return error_response(500, f"internal error: {type(exc).__name__}")
 
     return Starlette(
-        routes=[Route("/v1/network/status", network_status, methods=["GET"])],
+        routes=[
+            Route("/v1/network/status", network_status, methods=["GET"]),
+            Route("/v1/network/coverage", network_coverage, methods=["GET"]),
+        ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )

@@ -53,6 +53,13 @@ async def test_status_document_and_errors(swarm: LocalSwarm) -> None:
             "api": first.api,
         }
 
+        response = await client.get("/v1/network/coverage")
+        assert response.status_code == 200 and response.json() == {}
+        unknown = await client.get("/v1/network/coverage", params={"model": "qwen3-8l"})
+        assert_openai_error(unknown, 404)
+        assert unknown.json()["error"]["code"] == "model_not_found"
+        assert unknown.json()["error"]["param"] == "model"
+
         assert_openai_error(await client.get("/v1/nope"), 404)
         assert_openai_error(await client.get("/"), 404)
         assert_openai_error(await client.post("/v1/network/status"), 405)
