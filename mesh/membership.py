@@ -296,7 +296,12 @@ class Membership:
 
     def receive(self, envelope: Envelope, now: float) -> None:
         message = envelope.message
-        if self._table.get(envelope.sender) is None and now >= self._next_introduction:
+        if (
+            now >= self._next_introduction
+            and not isinstance(message, PushPull)  # a full state introduces itself
+            and not self._leaving
+            and self._table.get(envelope.sender) is None
+        ):
             self._ask_stranger(envelope.addr, now)
         match message:
             case Ping():
