@@ -295,6 +295,7 @@ class Membership:
         return record
 
     def receive(self, envelope: Envelope, now: float) -> None:
+        """Feed one decoded inbound message; then drain sends and events."""
         message = envelope.message
         if (
             now >= self._next_introduction
@@ -321,6 +322,7 @@ class Membership:
                 self._on_push_pull(envelope, message, now)
 
     def tick(self, now: float) -> None:
+        """Fire every timer due at `now`; call it at `next_deadline()` (or later)."""
         if self._leaving:
             if now >= self._next_gossip:
                 self._gossip(now)
@@ -351,6 +353,8 @@ class Membership:
             self._reconnect(now)
 
     def next_deadline(self) -> float:
+        """When `tick` must next run. Only moves earlier through `receive`,
+        `publish_record` or `leave`, so re-read it after each of those."""
         # Gossip rounds only matter while there is something to gossip; an
         # idle swarm then wakes once per probe, not five times a second.
         deadline = self._next_join
