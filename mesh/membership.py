@@ -353,8 +353,8 @@ class Membership:
             self._reconnect(now)
 
     def next_deadline(self) -> float:
-        """When `tick` must next run. Only moves earlier through `receive`,
-        `publish_record` or `leave`, so re-read it after each of those."""
+        """When `tick` must next run; any call other than a `take_*` may move
+        it, so drivers re-read it after every step."""
         # Gossip rounds only matter while there is something to gossip; an
         # idle swarm then wakes once per probe, not five times a second.
         deadline = self._next_join
