@@ -148,7 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("scenario", type=Path, metavar="SCENARIO.toml")
     simulate.add_argument("--seed", type=int, default=1, help="run seed (default 1)")
     simulate.add_argument(
-        "--out", type=Path, metavar="DIR", help="also write metrics.json into DIR"
+        "--out",
+        type=Path,
+        metavar="DIR",
+        help="also write metrics.json and timeline.txt (the traced events) into DIR",
     )
     simulate.add_argument("--json", action="store_true", help="print the metrics as JSON")
     return parser
@@ -208,8 +211,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
         return 1
     if not args.json:
         print(f"simulating {args.scenario} with seed {args.seed} ...", file=sys.stderr)
+    timeline: list[str] | None = [] if args.out is not None else None
     try:
-        result = run_scenario(args.scenario, args.seed)
+        result = run_scenario(args.scenario, args.seed, timeline)
     except ScenarioError as exc:
         print(f"{PROG} simulate: error: {args.scenario}: {exc}", file=sys.stderr)
         return 1
@@ -217,6 +221,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "metrics.json").write_text(document + "\n")
+        lines = "".join(f"{line}\n" for line in timeline or ())
+        (args.out / "timeline.txt").write_text(lines)
     print(document)
     return 0
 

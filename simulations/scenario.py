@@ -107,7 +107,9 @@ def _table(scenario: Mapping[str, Any], name: str) -> dict[str, Any]:
     return dict(table)
 
 
-def build_cluster(scenario: Mapping[str, Any], seed: int) -> MembershipCluster:
+def build_cluster(
+    scenario: Mapping[str, Any], seed: int, *, keep_trace: bool = False
+) -> MembershipCluster:
     """The cluster a scenario describes, with its fault schedule laid down."""
     nodes = _table(scenario, "nodes")
     count = int(nodes.pop("count", 0))
@@ -126,6 +128,7 @@ def build_cluster(scenario: Mapping[str, Any], seed: int) -> MembershipCluster:
             config,
             net,
             join=nodes.pop("join", "preconverged"),
+            keep_trace=keep_trace,
             **nodes,
         )
     except (TypeError, ValueError) as exc:
@@ -260,18 +263,24 @@ def metrics(cluster: MembershipCluster) -> dict[str, Any]:
     }
 
 
-def run_scenario(source: str | Path | Mapping[str, Any], seed: int) -> dict[str, Any]:
+def run_scenario(
+    source: str | Path | Mapping[str, Any], seed: int, timeline: list[str] | None = None
+) -> dict[str, Any]:
     """Run a scenario (a TOML path or an already-loaded dict) with ``seed``.
 
     Returns the metrics dict (see ``metrics``) plus the scenario's name,
     the seed and the duration. Deterministic: no wall-clock figures in it.
+    Given a ``timeline`` list, appends the run's trace lines to it (what the
+    trace digest is computed over).
     """
     scenario = load_scenario(source)
     duration = float(scenario.get("duration", 60.0))
     if duration <= 0:
         raise ScenarioError("duration must be positive")
-    cluster = build_cluster(scenario, seed)
+    cluster = build_cluster(scenario, seed, keep_trace=timeline is not None)
     cluster.run_until(duration)
+    if timeline is not None and cluster.trace_lines is not None:
+        timeline.extend(cluster.trace_lines)
     return {"scenario": scenario.get("name", ""), "seed": seed, "duration": duration} | metrics(
         cluster
     )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -43,6 +44,10 @@ def test_same_seed_gives_the_same_metrics_and_digest(tmp_path: Path) -> None:
     assert one["trace_digest"] != three["trace_digest"]
     assert one["detections"][0]["detected_fraction"] == 1.0
     assert json.loads((tmp_path / "out" / "metrics.json").read_text()) == one
+    # The timeline is exactly what the trace digest covers.
+    timeline = (tmp_path / "out" / "timeline.txt").read_bytes()
+    assert timeline.count(b"\n") == one["trace_lines"]
+    assert hashlib.sha256(timeline).hexdigest() == one["trace_digest"]
 
 
 def test_a_bad_scenario_is_a_clear_error(tmp_path: Path) -> None:
