@@ -1,0 +1,544 @@
+"""The placement ledger: the replicated state machine behind placement.
+
+Every node applies the same committed Raft entries in the same order, so the
+ledger must be a pure function of that sequence: no clock (each command
+carries the leader's `at`), no randomness, no iteration order that depends
+on the machine, and canonical bytes for its snapshot.
+
+It records, per ADR-0026, who serves what and why:
+
+* an **assignment** per node: model, layer range `[a, b)`, recipe, tier
+  (`operator`, `bootstrap` or `managed`), the `managed` flag, an epoch that
+  only grows per node, and when it was made (the policy's cooldown clock);
+* the **demand table**: raw request counts and first/last times per model
+  (how demand decays is policy, decided later);
+* counts of rejected commands per reason, so a bad proposer is visible.
+
+Rules enforced at apply time (the policy on the leader should never propose
+a command that breaks them; the ledger makes sure it cannot matter if one
+does):
+
+* epochs strictly increase per node, across releases, so a late or
+  duplicated command about an old placement cannot act on a newer one;
+* a live *pinned* (operator or bootstrap) assignment is never retargeted: an
+  Assign to a different model is rejected, and a managed Assign onto a
+  pinned node is rejected because managed placements only go to spare
+  capacity (until multi-shard slots exist, a pinned node has none);
+* Release and MarkAdmissionFailed must name the live assignment's epoch and
+  model.
+
+`apply` never raises on a bad command. A committed entry is committed on
+every replica; if applying it raised, every replica would crash on the same
+entry after every restart and the cluster would be wedged. Instead it is
+recorded as rejected, with a reason, and the state is unchanged.
+
+Commands are CBOR arrays ``[type_id, field, ...]`` (type ids append-only,
+never reused) encoded canonically, so one command has exactly one encoding;
+decoding re-encodes and compares, which refuses every non-canonical form,
+trailing byte and smuggled tag in one check.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields, replace
+from typing import Any, Final, Literal, NoReturn
+
+import cbor2
+
+from mesh.identity import NODE_ID_BYTES
+
+Tier = Literal["operator", "bootstrap", "managed"]
+TIERS: Final = ("operator", "bootstrap", "managed")
+PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
+"""ADR-0026: these are never retargeted by the tracker."""
+RECIPES: Final = ("fp32", "bf16", "fp16", "q8", "q4")
+
+MAX_COMMAND_BYTES: Final = 4096
+"""Largest encoded command. Real ones are ~150 bytes; the cap bounds what a
+buggy proposer can make every replica parse and store forever."""
+MAX_SNAPSHOT_BYTES: Final = 256 * 1024 * 1024
+"""A snapshot holds one row per node and model; 256 MiB is orders beyond a
+10,000-node swarm and still refuses a runaway or hostile blob."""
+MAX_DECODE_DEPTH: Final = 8
+"""Commands are flat arrays (depth 2), snapshots at most 4 deep."""
+MAX_TEXT: Final = 256
+"""Model names, reasons: long enough for a manifest name, short enough to log."""
+MAX_INT: Final = 2**63 - 1
+"""Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
+SNAPSHOT_VERSION: Final = 1
+
+
+class LedgerError(Exception):
+    """A command or snapshot that cannot be decoded or is invalid."""
+
+
+def _fail(msg: str) -> NoReturn:
+    raise LedgerError(msg)
+
+
+def _check_int(name: str, value: object, lo: int = 0) -> int:
+    # bool is an int subclass; a True epoch is a caller bug, not 1.
+    if type(value) is not int or not lo <= value <= MAX_INT:
+        _fail(f"{name} must be an integer in [{lo}, 2**63), got {value!r}")
+    return value
+
+
+def _check_text(name: str, value: object, choices: tuple[str, ...] = ()) -> str:
+    if type(value) is not str or not 0 < len(value) <= MAX_TEXT:
+        _fail(f"{name} must be a non-empty string of at most {MAX_TEXT} chars, got {value!r}")
+    if choices and value not in choices:
+        _fail(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+    return value
+
+
+def _check_node(value: object) -> bytes:
+    if type(value) is not bytes or len(value) != NODE_ID_BYTES:
+        _fail(f"node must be {NODE_ID_BYTES} bytes, got {value!r}")
+    return value
+
+
+def _check_at(value: object) -> float:
+    # NaN != NaN would make two identical ledgers compare unequal; inf has no
+    # meaning as a time. Ints are accepted and normalized so the encoding is unique.
+    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
+        _fail(f"at must be a finite number of seconds, got {value!r}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def _check_layers(value: object) -> tuple[int, int]:
+    if type(value) not in (tuple, list) or len(value) != 2:  # type: ignore[arg-type]
+        _fail(f"layers must be a pair [a, b), got {value!r}")
+    a = _check_int("layers[0]", value[0])  # type: ignore[index]
+    b = _check_int("layers[1]", value[1])  # type: ignore[index]
+    if not a < b:
+        _fail(f"layers must satisfy a < b, got [{a}, {b})")
+    return (a, b)
+
+
+@dataclass(frozen=True, slots=True)
+class Assign:
+    """Give `node` the shard `layers` of `model` with `recipe`, as `tier`, at `epoch`."""
+
+    node: bytes
+    model: str
+    layers: tuple[int, int]
+    recipe: str
+    tier: Tier
+    managed: bool
+    epoch: int
+    at: float
+
+    def __post_init__(self) -> None:
+        _check_node(self.node)
+        _check_text("model", self.model)
+        object.__setattr__(self, "layers", _check_layers(self.layers))
+        _check_text("recipe", self.recipe, RECIPES)
+        _check_text("tier", self.tier, TIERS)
+        if type(self.managed) is not bool:
+            _fail(f"managed must be a bool, got {self.managed!r}")
+        if self.managed != (self.tier == "managed"):
+            _fail(f"managed={self.managed} contradicts tier {self.tier!r}")
+        _check_int("epoch", self.epoch, lo=1)
+        object.__setattr__(self, "at", _check_at(self.at))
+
+
+@dataclass(frozen=True, slots=True)
+class Release:
+    """End `node`'s assignment of `model` at `epoch` (node left, operator reload, retarget)."""
+
+    node: bytes
+    model: str
+    epoch: int
+    reason: str
+    at: float
+
+    def __post_init__(self) -> None:
+        _check_node(self.node)
+        _check_text("model", self.model)
+        _check_int("epoch", self.epoch, lo=1)
+        _check_text("reason", self.reason)
+        object.__setattr__(self, "at", _check_at(self.at))
+
+
+@dataclass(frozen=True, slots=True)
+class RecordDemand:
+    """`count` chat requests for `model` were seen (by `at`)."""
+
+    model: str
+    count: int
+    at: float
+
+    def __post_init__(self) -> None:
+        _check_text("model", self.model)
+        _check_int("count", self.count, lo=1)
+        object.__setattr__(self, "at", _check_at(self.at))
+
+
+@dataclass(frozen=True, slots=True)
+class MarkAdmissionFailed:
+    """`node` failed `doctor` for its assignment at `epoch`: the policy may place elsewhere."""
+
+    node: bytes
+    model: str
+    epoch: int
+    at: float
+
+    def __post_init__(self) -> None:
+        _check_node(self.node)
+        _check_text("model", self.model)
+        _check_int("epoch", self.epoch, lo=1)
+        object.__setattr__(self, "at", _check_at(self.at))
+
+
+Command = Assign | Release | RecordDemand | MarkAdmissionFailed
+
+# Append-only: never renumber or reuse an id; 0 is reserved.
+_TYPE_IDS: Final[Mapping[type, int]] = {
+    Assign: 1,
+    Release: 2,
+    RecordDemand: 3,
+    MarkAdmissionFailed: 4,
+}
+_TYPES_BY_ID: Final = {v: k for k, v in _TYPE_IDS.items()}
+
+
+def encode_command(command: Command) -> bytes:
+    """Canonical CBOR ``[type_id, fields...]``: one command, one byte string."""
+    values: list[Any] = [_TYPE_IDS[type(command)]]
+    for f in fields(command):
+        value = getattr(command, f.name)
+        values.append(list(value) if isinstance(value, tuple) else value)
+    return cbor2.dumps(values, canonical=True)
+
+
+def _refuse_tag(_decoder: object, tag: object) -> NoReturn:
+    _fail(f"CBOR tags are not allowed (tag {getattr(tag, 'tag', tag)!r})")
+
+
+def _loads(data: object, max_bytes: int) -> Any:
+    if type(data) is not bytes:
+        _fail(f"expected bytes, got {type(data).__name__}")
+    if len(data) > max_bytes:
+        _fail(f"{len(data)} bytes is over the {max_bytes}-byte cap")
+    try:
+        return cbor2.loads(
+            data,
+            tag_hook=_refuse_tag,
+            max_depth=MAX_DECODE_DEPTH,
+            allow_indefinite=False,
+            allow_duplicate_keys=False,
+            str_errors="strict",
+        )
+    except LedgerError:
+        raise
+    except Exception as exc:  # cbor2 wraps hook errors; anything else is bad input
+        if isinstance(exc.__cause__, LedgerError):
+            raise exc.__cause__ from None
+        _fail(f"malformed CBOR ({type(exc).__name__})")
+
+
+def decode_command(data: bytes) -> Command:
+    """Strictly decode `encode_command`'s output; anything else raises `LedgerError`."""
+    value = _loads(data, MAX_COMMAND_BYTES)
+    if type(value) is not list or not value:
+        _fail("a command is a non-empty CBOR array")
+    type_id = value[0]
+    cls = _TYPES_BY_ID.get(type_id) if type(type_id) is int else None
+    if cls is None:
+        _fail(f"unknown command type {type_id!r}")
+    names = [f.name for f in fields(cls)]
+    if len(value) != 1 + len(names):
+        _fail(f"{cls.__name__} takes {len(names)} fields, got {len(value) - 1}")
+    try:
+        command = cls(**dict(zip(names, value[1:], strict=True)))
+    except TypeError as exc:  # e.g. an unhashable where a value was expected
+        _fail(f"{cls.__name__}: {exc}")
+    if encode_command(command) != data:
+        _fail(f"{cls.__name__} is not in canonical encoding (or has trailing bytes)")
+    return command
+
+
+@dataclass(frozen=True, slots=True)
+class Assignment:
+    """A node's live assignment as the ledger holds it."""
+
+    node: bytes
+    model: str
+    layers: tuple[int, int]
+    recipe: str
+    tier: str
+    managed: bool
+    epoch: int
+    assigned_at: float
+    admission_failed_at: float | None = None
+
+    @property
+    def pinned(self) -> bool:
+        """Operator and bootstrap assignments are pinned (ADR-0026)."""
+        return self.tier in PINNED_TIERS
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """Raw demand for one model: total requests and when they were first and last seen."""
+
+    count: int
+    first_at: float
+    last_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ApplyResult:
+    """What one committed entry did: `accepted`, or rejected with a `reason` code and `detail`."""
+
+    index: int
+    command: Command | None
+    accepted: bool
+    reason: str = ""
+    detail: str = ""
+
+
+# Rejection reason codes (stable: counted in the state and shown in status).
+REASON_UNDECODABLE: Final = "undecodable"
+REASON_STALE_INDEX: Final = "stale_index"
+REASON_STALE_EPOCH: Final = "stale_epoch"
+REASON_PINNED: Final = "pinned"
+REASON_NO_ASSIGNMENT: Final = "no_assignment"
+REASON_WRONG_EPOCH: Final = "wrong_epoch"
+REASON_WRONG_MODEL: Final = "wrong_model"
+
+
+class _Reject(Exception):
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.reason = reason
+        self.detail = detail
+
+
+class PlacementLedger:
+    """The ledger state; mutate it only through `apply` (or `restore`)."""
+
+    def __init__(self, applied_index: int = 0) -> None:
+        """An empty ledger; `applied_index` is where a restored one resumes."""
+        self.applied_index = applied_index
+        self._assignments: dict[bytes, Assignment] = {}
+        self._epochs: dict[bytes, int] = {}
+        self._demand: dict[str, Demand] = {}
+        self._rejected: dict[str, int] = {}
+
+    def __eq__(self, other: object) -> bool:
+        """Equal when their snapshots are byte-identical (the determinism contract)."""
+        if not isinstance(other, PlacementLedger):
+            return NotImplemented
+        return self.snapshot() == other.snapshot()
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+    # -- applying ------------------------------------------------------------
+
+    def apply(self, index: int, data: bytes) -> ApplyResult:
+        """Apply the committed command at log `index`. Never raises on bad input.
+
+        Indexes must increase (gaps are fine: NOOP and CONFIG entries are not
+        applied here). An index at or below `applied_index` is a replay and
+        changes nothing, so re-feeding entries after a restore is harmless.
+        """
+        if type(index) is not int or index <= self.applied_index:
+            return ApplyResult(
+                index, None, False, REASON_STALE_INDEX, f"already applied {self.applied_index}"
+            )
+        self.applied_index = index
+        try:
+            command = decode_command(data)
+        except LedgerError as exc:
+            return self._rejected_result(index, None, REASON_UNDECODABLE, str(exc))
+        except Exception as exc:  # belt and braces: a committed entry must never wedge us
+            return self._rejected_result(index, None, REASON_UNDECODABLE, repr(exc))
+        try:
+            match command:
+                case Assign():
+                    self._assign(command)
+                case Release():
+                    self._release(command)
+                case RecordDemand():
+                    self._record_demand(command)
+                case MarkAdmissionFailed():
+                    self._mark_failed(command)
+        except _Reject as rej:
+            return self._rejected_result(index, command, rej.reason, rej.detail)
+        return ApplyResult(index, command, True)
+
+    def _rejected_result(
+        self, index: int, command: Command | None, reason: str, detail: str
+    ) -> ApplyResult:
+        self._rejected[reason] = self._rejected.get(reason, 0) + 1
+        return ApplyResult(index, command, False, reason, detail)
+
+    def _assign(self, cmd: Assign) -> None:
+        last_epoch = self._epochs.get(cmd.node, 0)
+        if cmd.epoch <= last_epoch:
+            raise _Reject(REASON_STALE_EPOCH, f"epoch {cmd.epoch} <= node's epoch {last_epoch}")
+        live = self._assignments.get(cmd.node)
+        if live is not None and live.pinned:
+            if cmd.model != live.model:
+                raise _Reject(
+                    REASON_PINNED,
+                    f"node holds a pinned {live.tier} assignment of {live.model!r}; "
+                    "pinned assignments are never retargeted (release it first)",
+                )
+            if cmd.managed:
+                raise _Reject(
+                    REASON_PINNED,
+                    f"node holds a pinned {live.tier} assignment; managed placements "
+                    "go only to spare capacity",
+                )
+        self._epochs[cmd.node] = cmd.epoch
+        self._assignments[cmd.node] = Assignment(
+            node=cmd.node,
+            model=cmd.model,
+            layers=cmd.layers,
+            recipe=cmd.recipe,
+            tier=cmd.tier,
+            managed=cmd.managed,
+            epoch=cmd.epoch,
+            assigned_at=cmd.at,
+        )
+
+    def _live_for(self, node: bytes, model: str, epoch: int) -> Assignment:
+        live = self._assignments.get(node)
+        if live is None:
+            raise _Reject(REASON_NO_ASSIGNMENT, "node has no live assignment")
+        if epoch != live.epoch:
+            raise _Reject(REASON_WRONG_EPOCH, f"epoch {epoch} is not the live epoch {live.epoch}")
+        if model != live.model:
+            raise _Reject(REASON_WRONG_MODEL, f"model {model!r} is not the live {live.model!r}")
+        return live
+
+    def _release(self, cmd: Release) -> None:
+        self._live_for(cmd.node, cmd.model, cmd.epoch)
+        del self._assignments[cmd.node]
+
+    def _mark_failed(self, cmd: MarkAdmissionFailed) -> None:
+        live = self._live_for(cmd.node, cmd.model, cmd.epoch)
+        self._assignments[cmd.node] = replace(live, admission_failed_at=cmd.at)
+
+    def _record_demand(self, cmd: RecordDemand) -> None:
+        old = self._demand.get(cmd.model)
+        if old is None:
+            self._demand[cmd.model] = Demand(cmd.count, cmd.at, cmd.at)
+        else:
+            self._demand[cmd.model] = Demand(
+                min(old.count + cmd.count, MAX_INT),  # saturate: must stay encodable
+                min(old.first_at, cmd.at),
+                max(old.last_at, cmd.at),
+            )
+
+    # -- reading -------------------------------------------------------------
+
+    def assignments(self) -> tuple[Assignment, ...]:
+        """Live assignments, ordered by node id (same order on every replica)."""
+        return tuple(self._assignments[n] for n in sorted(self._assignments))
+
+    def assignment(self, node: bytes) -> Assignment | None:
+        """`node`'s live assignment, if any."""
+        return self._assignments.get(node)
+
+    def epoch(self, node: bytes) -> int:
+        """The highest epoch ever accepted for `node` (0: never); the next must exceed it."""
+        return self._epochs.get(node, 0)
+
+    def demand(self) -> dict[str, Demand]:
+        """Demand per model, ordered by model name."""
+        return {m: self._demand[m] for m in sorted(self._demand)}
+
+    def rejected(self) -> dict[str, int]:
+        """How many committed commands were rejected, per reason code."""
+        return {r: self._rejected[r] for r in sorted(self._rejected)}
+
+    def to_json(self) -> dict[str, Any]:
+        """The `/v1/network/status` fields: "ledger" (a list of assignments) and "demand"."""
+        return {
+            "ledger": [
+                {
+                    "node_id": a.node.hex(),
+                    "model": a.model,
+                    "layers": [a.layers[0], a.layers[1]],
+                    "recipe": a.recipe,
+                    "tier": a.tier,
+                    "managed": a.managed,
+                    "epoch": a.epoch,
+                    "assigned_at": a.assigned_at,
+                    "admission_failed": a.admission_failed_at is not None,
+                }
+                for a in self.assignments()
+            ],
+            "demand": {
+                m: {"count": d.count, "first_at": d.first_at, "last_at": d.last_at}
+                for m, d in self.demand().items()
+            },
+            "ledger_applied_index": self.applied_index,
+            "ledger_rejected": self.rejected(),
+        }
+
+    # -- snapshots -----------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """Canonical CBOR of the whole state: equal ledgers give equal bytes."""
+        state = [
+            SNAPSHOT_VERSION,
+            self.applied_index,
+            [
+                [
+                    a.node,
+                    a.model,
+                    list(a.layers),
+                    a.recipe,
+                    a.tier,
+                    a.managed,
+                    a.epoch,
+                    a.assigned_at,
+                    a.admission_failed_at,
+                ]
+                for a in self.assignments()
+            ],
+            [[n, self._epochs[n]] for n in sorted(self._epochs)],
+            [[m, d.count, d.first_at, d.last_at] for m, d in self.demand().items()],
+            [[r, c] for r, c in self.rejected().items()],
+        ]
+        return cbor2.dumps(state, canonical=True)
+
+    @classmethod
+    def restore(cls, data: bytes) -> PlacementLedger:
+        """Rebuild a ledger from `snapshot()` bytes; `LedgerError` if they are not exactly that."""
+        value = _loads(data, MAX_SNAPSHOT_BYTES)
+        try:
+            version, applied, assignments, epochs, demand, rejected = value
+        except (TypeError, ValueError):
+            _fail("a ledger snapshot is a 6-element array")
+        if version != SNAPSHOT_VERSION:
+            _fail(f"ledger snapshot version {version!r}, this build reads {SNAPSHOT_VERSION}")
+        ledger = cls(applied_index=_check_int("applied_index", applied))
+        try:
+            for node, epoch in epochs:
+                ledger._epochs[_check_node(node)] = _check_int("epoch", epoch, lo=1)
+            for node, model, layers, recipe, tier, managed, epoch, at, failed_at in assignments:
+                cmd = Assign(node, model, layers, recipe, tier, managed, epoch, at)
+                if ledger._epochs.get(cmd.node, 0) < cmd.epoch:
+                    _fail("an assignment's epoch is above its node's epoch")
+                ledger._assignments[cmd.node] = Assignment(
+                    cmd.node, cmd.model, cmd.layers, cmd.recipe, cmd.tier, cmd.managed,
+                    cmd.epoch, cmd.at, None if failed_at is None else _check_at(failed_at),
+                )  # fmt: skip
+            for model, count, first_at, last_at in demand:
+                ledger._demand[_check_text("model", model)] = Demand(
+                    _check_int("count", count, lo=1), _check_at(first_at), _check_at(last_at)
+                )
+            for reason, count in rejected:
+                ledger._rejected[_check_text("reason", reason)] = _check_int("count", count, 1)
+        except (TypeError, ValueError) as exc:
+            _fail(f"malformed ledger snapshot: {exc}")
+        if ledger.snapshot() != data:
+            _fail("ledger snapshot is not in canonical form (duplicates, order or encoding)")
+        return ledger

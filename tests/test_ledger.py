@@ -1,0 +1,360 @@
+"""The placement ledger: strict commands, ADR-0026 rules, and determinism.
+
+The property tests are the contract Raft relies on: the same committed
+commands give the same state on every replica, whether it applied them all
+or restored a snapshot halfway, and no committed bytes can make apply raise.
+"""
+
+from __future__ import annotations
+
+import cbor2
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consensus.ledger import (
+    MAX_COMMAND_BYTES,
+    REASON_NO_ASSIGNMENT,
+    REASON_PINNED,
+    REASON_STALE_EPOCH,
+    REASON_STALE_INDEX,
+    REASON_UNDECODABLE,
+    REASON_WRONG_EPOCH,
+    REASON_WRONG_MODEL,
+    Assign,
+    Command,
+    LedgerError,
+    MarkAdmissionFailed,
+    PlacementLedger,
+    RecordDemand,
+    Release,
+    decode_command,
+    encode_command,
+)
+
+N1, N2, N3 = (bytes([i]) * 32 for i in (1, 2, 3))
+
+
+def assign(node: bytes, model: str, epoch: int, tier: str = "managed", at: float = 1.0) -> Assign:
+    return Assign(node, model, (0, 8), "bf16", tier, tier == "managed", epoch, at)  # type: ignore[arg-type]
+
+
+def run(ledger: PlacementLedger, *commands: Command) -> list[tuple[bool, str]]:
+    start = ledger.applied_index
+    results = [ledger.apply(start + i + 1, encode_command(c)) for i, c in enumerate(commands)]
+    return [(r.accepted, r.reason) for r in results]
+
+
+OK = (True, "")
+
+
+# -- encoding ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        assign(N1, "qwen3", 1, "operator"),
+        Release(N1, "qwen3", 1, "operator reload", 2.5),
+        RecordDemand("qwen3", 3, 7.0),
+        MarkAdmissionFailed(N2, "llama", 4, 1e9),
+    ],
+)
+def test_commands_round_trip_canonically(command: Command) -> None:
+    data = encode_command(command)
+    assert decode_command(data) == command
+    assert encode_command(decode_command(data)) == data
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tier": "managed", "managed": False}, "contradicts"),
+        ({"tier": "operator", "managed": True}, "contradicts"),
+        ({"layers": (4, 4)}, "a < b"),
+        ({"layers": (0, 1, 2)}, "pair"),
+        ({"recipe": "int3"}, "one of"),
+        ({"tier": "sudo"}, "one of"),
+        ({"epoch": 0}, "epoch"),
+        ({"epoch": True}, "epoch"),
+        ({"node": b"short"}, "32 bytes"),
+        ({"model": ""}, "non-empty"),
+        ({"at": float("nan")}, "finite"),
+        ({"managed": 1}, "bool"),
+    ],
+)
+def test_invalid_assign_is_refused(kwargs: dict[str, object], match: str) -> None:
+    base: dict[str, object] = {
+        "node": N1,
+        "model": "m",
+        "layers": (0, 4),
+        "recipe": "q4",
+        "tier": "managed",
+        "managed": True,
+        "epoch": 1,
+        "at": 0.0,
+    }
+    with pytest.raises(LedgerError, match=match):
+        Assign(**(base | kwargs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (cbor2.dumps([99, "x"]), "unknown command type 99"),
+        (cbor2.dumps([True, "m", 1, 1.0]), "unknown command type"),
+        (cbor2.dumps({"type": 3}), "non-empty CBOR array"),
+        (cbor2.dumps([3, "m", 1]), "takes 3 fields"),
+        (cbor2.dumps([3, 7, 1, 1.0]), "model must be"),
+        (cbor2.dumps([3, "m", "1", 1.0]), "count must be"),
+        (cbor2.dumps([3, "m", 1, 1]), "canonical"),  # an int where the float goes
+        (encode_command(RecordDemand("m", 1, 1.0)) + b"\x00", "canonical"),
+        (cbor2.dumps([3, "m", 1, cbor2.CBORTag(40000, 0)]), "tags"),
+        (cbor2.dumps([3, "m", 1, cbor2.CBORTag(1, 0)]), "at must be"),  # cbor2 built a datetime
+        (b"\xff\xfe", "malformed"),
+        (b"", "malformed"),
+        (b"\x80" * (MAX_COMMAND_BYTES + 1), "cap"),
+        (cbor2.dumps([1, [[[[[[[[[[1]]]]]]]]]]]), "malformed"),
+    ],
+)
+def test_decode_is_strict(data: bytes, match: str) -> None:
+    with pytest.raises(LedgerError, match=match):
+        decode_command(data)
+
+
+# -- apply rules ---------------------------------------------------------------
+
+
+def test_assign_release_reassign() -> None:
+    ledger = PlacementLedger()
+    assert (
+        run(
+            ledger,
+            assign(N1, "qwen3", 1),
+            assign(N2, "qwen3", 1, "operator"),
+            Release(N1, "qwen3", 1, "retarget", 2.0),
+            assign(N1, "llama", 2),
+        )
+        == [OK] * 4
+    )
+    assert [(a.node, a.model, a.epoch) for a in ledger.assignments()] == [
+        (N1, "llama", 2),
+        (N2, "qwen3", 1),
+    ]
+    assert ledger.applied_index == 4
+
+
+def test_epochs_only_increase_per_node_even_across_releases() -> None:
+    ledger = PlacementLedger()
+    results = run(
+        ledger,
+        assign(N1, "m", 5),
+        assign(N1, "m", 5),
+        assign(N1, "m", 4),
+        Release(N1, "m", 5, "left", 2.0),
+        assign(N1, "m", 3),
+        assign(N2, "m", 1),  # epochs are per node
+        assign(N1, "m", 6),
+    )
+    stale = (False, REASON_STALE_EPOCH)
+    assert results == [OK, stale, stale, OK, stale, OK, OK]
+    assert ledger.epoch(N1) == 6
+
+
+@pytest.mark.parametrize("tier", ["operator", "bootstrap"])
+def test_pinned_assignment_is_never_retargeted(tier: str) -> None:
+    ledger = PlacementLedger()
+    results = run(
+        ledger,
+        assign(N1, "qwen3", 1, tier),
+        assign(N1, "llama", 2, "managed"),
+        assign(N1, "llama", 3, "operator"),
+        assign(N1, "qwen3", 4, "managed"),  # same model, but managed: not spare capacity
+    )
+    assert results == [OK] + [(False, REASON_PINNED)] * 3
+    assert ledger.assignment(N1) == ledger.assignments()[0]
+    assert (ledger.assignment(N1).model, ledger.assignment(N1).tier) == ("qwen3", tier)  # type: ignore[union-attr]
+    # an operator reload of the same model is not a retarget; a release frees the node
+    assert run(ledger, assign(N1, "qwen3", 5, "operator")) == [OK]
+    assert run(
+        ledger, Release(N1, "qwen3", 5, "operator restart", 3.0), assign(N1, "llama", 6)
+    ) == [
+        OK,
+        OK,
+    ]
+
+
+def test_managed_assignment_may_be_retargeted() -> None:
+    ledger = PlacementLedger()
+    assert run(ledger, assign(N1, "qwen3", 1), assign(N1, "llama", 2)) == [OK, OK]
+    assert ledger.assignment(N1).model == "llama"  # type: ignore[union-attr]
+
+
+def test_release_must_name_the_live_assignment() -> None:
+    ledger = PlacementLedger()
+    results = run(
+        ledger,
+        Release(N1, "m", 1, "x", 0.0),
+        assign(N1, "m", 2),
+        Release(N1, "m", 1, "late duplicate", 0.0),
+        Release(N1, "other", 2, "x", 0.0),
+        MarkAdmissionFailed(N1, "m", 3, 0.0),
+        MarkAdmissionFailed(N1, "m", 2, 9.0),
+        Release(N1, "m", 2, "doctor failed", 10.0),
+        Release(N1, "m", 2, "again", 11.0),
+    )
+    assert results == [
+        (False, REASON_NO_ASSIGNMENT),
+        OK,
+        (False, REASON_WRONG_EPOCH),
+        (False, REASON_WRONG_MODEL),
+        (False, REASON_WRONG_EPOCH),
+        OK,
+        OK,
+        (False, REASON_NO_ASSIGNMENT),
+    ]
+    assert ledger.assignments() == ()
+    assert ledger.rejected() == {
+        REASON_NO_ASSIGNMENT: 2,
+        REASON_WRONG_EPOCH: 2,
+        REASON_WRONG_MODEL: 1,
+    }
+
+
+def test_admission_failure_is_recorded() -> None:
+    ledger = PlacementLedger()
+    run(ledger, assign(N1, "m", 1), MarkAdmissionFailed(N1, "m", 1, 4.0))
+    assert ledger.assignment(N1).admission_failed_at == 4.0  # type: ignore[union-attr]
+    assert ledger.to_json()["ledger"][0]["admission_failed"] is True
+
+
+def test_demand_accumulates_raw_counts_and_times() -> None:
+    ledger = PlacementLedger()
+    run(ledger, RecordDemand("b", 2, 5.0), RecordDemand("a", 1, 3.0), RecordDemand("b", 3, 4.0))
+    assert [(m, d.count, d.first_at, d.last_at) for m, d in ledger.demand().items()] == [
+        ("a", 1, 3.0, 3.0),
+        ("b", 5, 4.0, 5.0),
+    ]
+
+
+def test_replayed_and_garbage_entries_change_nothing() -> None:
+    ledger = PlacementLedger()
+    run(ledger, assign(N1, "m", 1))
+    before = ledger.snapshot()
+    replay = ledger.apply(1, encode_command(assign(N1, "x", 9)))
+    assert (replay.accepted, replay.reason) == (False, REASON_STALE_INDEX)
+    assert ledger.snapshot() == before
+    bad = ledger.apply(5, b"\x00garbage")
+    assert (bad.accepted, bad.reason, bad.command) == (False, REASON_UNDECODABLE, None)
+    assert ledger.applied_index == 5
+    assert ledger.rejected() == {REASON_UNDECODABLE: 1}
+
+
+def test_to_json_shape() -> None:
+    ledger = PlacementLedger()
+    run(ledger, assign(N2, "qwen3", 3, "bootstrap", at=2.0), RecordDemand("qwen3", 4, 2.5))
+    assert ledger.to_json() == {
+        "ledger": [
+            {
+                "node_id": N2.hex(),
+                "model": "qwen3",
+                "layers": [0, 8],
+                "recipe": "bf16",
+                "tier": "bootstrap",
+                "managed": False,
+                "epoch": 3,
+                "assigned_at": 2.0,
+                "admission_failed": False,
+            }
+        ],
+        "demand": {"qwen3": {"count": 4, "first_at": 2.5, "last_at": 2.5}},
+        "ledger_applied_index": 2,
+        "ledger_rejected": {},
+    }
+
+
+# -- snapshots -----------------------------------------------------------------
+
+
+def test_snapshot_restore_round_trip_and_same_future() -> None:
+    ledger = PlacementLedger()
+    run(
+        ledger,
+        assign(N1, "m", 1, "operator"),
+        assign(N2, "m", 2),
+        MarkAdmissionFailed(N2, "m", 2, 3.0),
+        RecordDemand("m", 2, 1.0),
+        Release(N3, "m", 1, "x", 0.0),
+    )
+    restored = PlacementLedger.restore(ledger.snapshot())
+    assert restored == ledger
+    assert restored.snapshot() == ledger.snapshot()
+    future = [assign(N1, "other", 7), assign(N3, "m", 1), Release(N2, "m", 2, "y", 4.0)]
+    assert run(restored, *future) == run(ledger, *future)
+    assert restored.snapshot() == ledger.snapshot()
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"",
+        b"\xa0",
+        cbor2.dumps([2, 0, [], [], [], []]),
+        cbor2.dumps([1, 0, [], [], [["m", 1, 1.0, 1.0], ["m", 1, 1.0, 1.0]], []]),
+        cbor2.dumps([1, 0, [[N1, "m", [0, 1], "q4", "managed", True, 3, 0.0, None]], [], [], []]),
+    ],
+)
+def test_restore_refuses_anything_but_a_snapshot(data: bytes) -> None:
+    with pytest.raises(LedgerError):
+        PlacementLedger.restore(data)
+
+
+# -- properties ----------------------------------------------------------------
+
+nodes = st.sampled_from([N1, N2, N3])
+models = st.sampled_from(["qwen3", "llama"])
+times = st.floats(min_value=0, max_value=1e6, allow_nan=False)
+epochs = st.integers(min_value=1, max_value=6)
+commands = st.one_of(
+    st.builds(
+        lambda n, m, tier, e, at: assign(n, m, e, tier, at),
+        nodes,
+        models,
+        st.sampled_from(["operator", "bootstrap", "managed"]),
+        epochs,
+        times,
+    ),
+    st.builds(Release, nodes, models, epochs, st.just("r"), times),
+    st.builds(RecordDemand, models, st.integers(1, 50), times),
+    st.builds(MarkAdmissionFailed, nodes, models, epochs, times),
+)
+entries = st.lists(
+    st.one_of(commands.map(encode_command), st.binary(max_size=40)),
+    max_size=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(entries, st.data())
+def test_restored_midway_ends_identical(datas: list[bytes], data: st.DataObject) -> None:
+    whole = PlacementLedger()
+    results = [whole.apply(i + 1, d) for i, d in enumerate(datas)]
+    cut = data.draw(st.integers(0, len(datas)))
+    first = PlacementLedger()
+    for i, d in enumerate(datas[:cut]):
+        first.apply(i + 1, d)
+    second = PlacementLedger.restore(first.snapshot())
+    rest = [second.apply(i + 1, d) for i, d in enumerate(datas) if i >= cut]
+    assert rest == results[cut:]
+    assert second.snapshot() == whole.snapshot()
+    assert second.to_json() == whole.to_json()
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.binary(max_size=200))
+def test_garbage_never_raises(data: bytes) -> None:
+    ledger = PlacementLedger()
+    result = ledger.apply(1, data)
+    assert result.index == 1
+    with pytest.raises(LedgerError):
+        PlacementLedger.restore(data)
