@@ -41,19 +41,17 @@ trailing byte and smuggled tag in one check.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Final, Literal, NoReturn
+from typing import Any, Final, NoReturn
 
 import cbor2
 
 from mesh.identity import NODE_ID_BYTES
+from mesh.records import RECIPES, TIERS, Tier
 
-Tier = Literal["operator", "bootstrap", "managed"]
-TIERS: Final = ("operator", "bootstrap", "managed")
 PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
 """ADR-0026: these are never retargeted by the tracker."""
-RECIPES: Final = ("fp32", "bf16", "fp16", "q8", "q4")
 
 MAX_COMMAND_BYTES: Final = 4096
 """Largest encoded command. Real ones are ~150 bytes; the cap bounds what a
@@ -85,11 +83,11 @@ def _check_int(name: str, value: object, lo: int = 0) -> int:
     return value
 
 
-def _check_text(name: str, value: object, choices: tuple[str, ...] = ()) -> str:
+def _check_text(name: str, value: object, choices: Collection[str] = ()) -> str:
     if type(value) is not str or not 0 < len(value) <= MAX_TEXT:
         _fail(f"{name} must be a non-empty string of at most {MAX_TEXT} chars, got {value!r}")
     if choices and value not in choices:
-        _fail(f"{name} must be one of {', '.join(choices)}, got {value!r}")
+        _fail(f"{name} must be one of {', '.join(sorted(choices))}, got {value!r}")
     return value
 
 
