@@ -49,6 +49,7 @@ import cbor2
 
 from mesh.identity import NODE_ID_BYTES
 from mesh.records import RECIPES, TIERS, Tier
+from mesh.wire import DecodeError, decode_strict_cbor
 
 PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
 """ADR-0026: these are never retargeted by the tracker."""
@@ -59,8 +60,6 @@ buggy proposer can make every replica parse and store forever."""
 MAX_SNAPSHOT_BYTES: Final = 256 * 1024 * 1024
 """A snapshot holds one row per node and model; 256 MiB is orders beyond a
 10,000-node swarm and still refuses a runaway or hostile blob."""
-MAX_DECODE_DEPTH: Final = 8
-"""Commands are flat arrays (depth 2), snapshots at most 4 deep."""
 MAX_TEXT: Final = 256
 """Model names, reasons: long enough for a manifest name, short enough to log."""
 MAX_INT: Final = 2**63 - 1
@@ -211,30 +210,18 @@ def encode_command(command: Command) -> bytes:
     return cbor2.dumps(values, canonical=True)
 
 
-def _refuse_tag(_decoder: object, tag: object) -> NoReturn:
-    _fail(f"CBOR tags are not allowed (tag {getattr(tag, 'tag', tag)!r})")
-
-
 def _loads(data: object, max_bytes: int) -> Any:
+    """One item in the wire's strict CBOR dialect (no tags, no indefinite
+    lengths, no duplicate keys, nothing trailing), or a `LedgerError`.
+
+    Every item takes at least one byte, so `max_bytes` also bounds the item
+    count: a big snapshot is limited by its size cap alone."""
     if type(data) is not bytes:
         _fail(f"expected bytes, got {type(data).__name__}")
-    if len(data) > max_bytes:
-        _fail(f"{len(data)} bytes is over the {max_bytes}-byte cap")
     try:
-        return cbor2.loads(
-            data,
-            tag_hook=_refuse_tag,
-            max_depth=MAX_DECODE_DEPTH,
-            allow_indefinite=False,
-            allow_duplicate_keys=False,
-            str_errors="strict",
-        )
-    except LedgerError:
-        raise
-    except Exception as exc:  # cbor2 wraps hook errors; anything else is bad input
-        if isinstance(exc.__cause__, LedgerError):
-            raise exc.__cause__ from None
-        _fail(f"malformed CBOR ({type(exc).__name__})")
+        return decode_strict_cbor(data, max_bytes=max_bytes, allow_floats=True, max_items=max_bytes)
+    except DecodeError as exc:
+        _fail(f"not a valid ledger encoding ({exc.reason}: {exc.detail})")
 
 
 def decode_command(data: bytes) -> Command:

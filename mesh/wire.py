@@ -286,7 +286,7 @@ _HEAD_ARG_BYTES: Final = bytes(entry[1] for entry in _HEADS)
 _MAP_HEADS: Final = range(0xA0, 0xC0)
 
 
-def _scan(data: bytes, *, allow_floats: bool) -> None:
+def _scan(data: bytes, *, allow_floats: bool, max_items: int = MAX_CBOR_ITEMS) -> None:
     """Check that `data` is exactly one CBOR item in our strict dialect.
 
     Walks item heads iteratively (strings are skipped, not read), so its
@@ -337,7 +337,7 @@ def _scan(data: bytes, *, allow_floats: bool) -> None:
             if len(outer_marks) >= MAX_DEPTH:
                 _fail(REASON_TOO_DEEP, "nesting too deep")
             declared += children
-            if declared > MAX_CBOR_ITEMS:
+            if declared > max_items:
                 _fail(REASON_OVERSIZED, "too many CBOR items")
             if children:
                 outer_marks.append(closes_at)
@@ -363,7 +363,9 @@ def _refuse_tag(*_args: object) -> NoReturn:
     raise _Invalid(REASON_FORBIDDEN_TAG, "CBOR tags are not allowed")
 
 
-def _loads(data: object, *, max_bytes: int, allow_floats: bool) -> Any:
+def _loads(
+    data: object, *, max_bytes: int, allow_floats: bool, max_items: int = MAX_CBOR_ITEMS
+) -> Any:
     """Strictly decode one CBOR item; raises `_Invalid` for any input."""
     if not isinstance(data, bytes):
         try:
@@ -375,7 +377,7 @@ def _loads(data: object, *, max_bytes: int, allow_floats: bool) -> Any:
         data = view.tobytes()
     if len(data) > max_bytes:
         _fail(REASON_OVERSIZED, "frame over the size cap")
-    _scan(data, allow_floats=allow_floats)
+    _scan(data, allow_floats=allow_floats, max_items=max_items)
     try:
         return cbor2.loads(
             data,
@@ -393,15 +395,19 @@ def _loads(data: object, *, max_bytes: int, allow_floats: bool) -> Any:
         _fail(REASON_MALFORMED_CBOR, type(exc).__name__)
 
 
-def decode_strict_cbor(data: bytes, *, max_bytes: int, allow_floats: bool = False) -> Any:
+def decode_strict_cbor(
+    data: bytes, *, max_bytes: int, allow_floats: bool = False, max_items: int = MAX_CBOR_ITEMS
+) -> Any:
     """Decode one CBOR item under the control plane's strict rules.
 
     For other modules that carry CBOR inside a message (a node record's
-    body), so that every CBOR we accept obeys one dialect. Raises only
-    `DecodeError`.
+    body) or store it (the placement ledger's snapshot), so that every CBOR
+    we accept obeys one dialect. `max_items` raises the item cap for a large
+    document whose byte size is already capped; the scan stays linear in it.
+    Raises only `DecodeError`.
     """
     try:
-        return _loads(data, max_bytes=max_bytes, allow_floats=allow_floats)
+        return _loads(data, max_bytes=max_bytes, allow_floats=allow_floats, max_items=max_items)
     except _Invalid as exc:
         raise DecodeError(exc.reason, exc.detail) from None
 
