@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import contextlib
 import itertools
-import os
 import sqlite3
 import struct
 import zlib
@@ -46,6 +45,7 @@ from types import TracebackType
 from typing import Final, NoReturn, Self
 
 from consensus.log import Entry, EntryKind, HardState, Snapshot
+from mesh.files import replace_durably
 
 SCHEMA_VERSION: Final = 1
 """Bump on any change to the tables below; an unknown version is refused, not migrated blindly."""
@@ -540,14 +540,4 @@ def _create(path: Path) -> None:
         conn.execute("PRAGMA journal_mode=WAL")
     finally:
         conn.close()  # the last connection checkpoints and removes the -wal file
-    fd = os.open(tmp, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_durably(tmp, path)

@@ -28,6 +28,8 @@ from typing import Any
 
 import platformdirs
 
+from mesh.files import replace_durably
+
 INCARNATION_FILE = "incarnation"
 RECORD_SEQ_FILE = "record_seq"
 READY_FILE = "node.json"
@@ -50,15 +52,9 @@ def _write_atomically(path: Path, data: bytes, mode: int = 0o600) -> None:
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.write(fd, data)
-        os.fsync(fd)
     finally:
         os.close(fd)
-    os.replace(tmp, path)
-    dir_fd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
+    replace_durably(tmp, path)
 
 
 class StateDir:
