@@ -398,10 +398,6 @@ class Membership:
     def record(self, node: bytes) -> Record | None:
         return self._table.record(node)
 
-    def live_members(self) -> int:
-        """Members alive or suspect, us included: the N in every log(N)."""
-        return self._live_count
-
     # --- probing -----------------------------------------------------------------------
 
     def _scaled(self, seconds: float) -> float:
