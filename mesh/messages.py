@@ -130,7 +130,22 @@ class PushPull:
     records: tuple[Record, ...]
 
 
-Message = Ping | PingReq | Ack | Nack | Gossip | PushPull
+@dataclass(frozen=True, slots=True)
+class Consensus:
+    """A consensus-layer message riding the control plane, signed by its sender.
+
+    The mesh does not look inside `payload` (`consensus.codec` bytes); it
+    only carries them. Membership updates sign their *subject's* claims, but
+    a Raft message is a claim by its sender (a vote, an acknowledgement), so
+    the whole payload is signed by the envelope's sender: a forged vote
+    would otherwise be one unauthenticated datagram away.
+    """
+
+    payload: bytes
+    signature: bytes
+
+
+Message = Ping | PingReq | Ack | Nack | Gossip | PushPull | Consensus
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +167,7 @@ _ALIVE_TAG = b"shardmesh/alive/1\x00"
 _SUSPECT_TAG = b"shardmesh/suspect/1\x00"
 _DEAD_TAG = b"shardmesh/dead/1\x00"
 _RECORD_TAG = b"shardmesh/record/1\x00"
+_CONSENSUS_TAG = b"shardmesh/consensus/1\x00"
 
 
 def alive_signing_bytes(node: bytes, incarnation: int, addr: str) -> bytes:
@@ -168,6 +184,12 @@ def dead_signing_bytes(node: bytes, incarnation: int, accuser: bytes) -> bytes:
 
 def record_signing_bytes(node: bytes, seq: int, body: bytes) -> bytes:
     return _RECORD_TAG + node + seq.to_bytes(8, "big") + body
+
+
+def consensus_signing_bytes(sender: bytes, payload: bytes) -> bytes:
+    """What a `Consensus` message's sender signs. The sender is included so
+    a signature can never be re-attributed, whatever the verifier keys on."""
+    return _CONSENSUS_TAG + sender + payload
 
 
 def signing_bytes(update: Update) -> bytes:

@@ -32,7 +32,7 @@ Updates inside bodies are arrays ``[kind, subject, counter, x, signature]``.
 
 Message type ids (append-only: never renumber or reuse an id; a retired
 type keeps its number reserved; 0 is reserved so a zeroed field is never a
-valid type; Raft messages will be appended from 7 on)::
+valid type)::
 
     1 Ping      [seq, target, updates]
     2 PingReq   [seq, target, target_addr, updates]
@@ -40,6 +40,7 @@ valid type; Raft messages will be appended from 7 on)::
     4 Nack      [seq]
     5 Gossip    [updates]
     6 PushPull  [join, reply, states, records]
+    7 Consensus [payload, signature]   (payload: consensus.codec bytes)
 
 Update kinds (append-only, same rules)::
 
@@ -75,6 +76,7 @@ from mesh.identity import NODE_ID_BYTES, SIGNATURE_BYTES
 from mesh.messages import (
     Ack,
     Alive,
+    Consensus,
     Dead,
     Envelope,
     Gossip,
@@ -603,7 +605,7 @@ def _records(value: object) -> tuple[Record, ...]:
 # --- messages ---------------------------------------------------------------
 
 MESSAGE_TYPE_IDS: Final[Mapping[type, int]] = MappingProxyType(
-    {Ping: 1, PingReq: 2, Ack: 3, Nack: 4, Gossip: 5, PushPull: 6}
+    {Ping: 1, PingReq: 2, Ack: 3, Nack: 4, Gossip: 5, PushPull: 6, Consensus: 7}
 )
 
 _U = MAX_UPDATES_PER_MESSAGE
@@ -638,6 +640,8 @@ def _body_value(message: Any) -> list[Any]:
                 _states_value(message.states),
                 _records_value(message.records),
             ]
+        case Consensus():
+            return [_consensus_payload(message.payload), _signature(message.signature)]
     _fail(REASON_UNKNOWN_TYPE, "not a message")
 
 
@@ -676,6 +680,18 @@ def _push_pull(body: object) -> PushPull:
     return PushPull(_bool(join, "join"), _bool(reply, "reply"), _states(states), _records(records))
 
 
+def _consensus_payload(value: object) -> bytes:
+    # The envelope's own cap bounds it; an empty payload is never a message.
+    if type(value) is not bytes or not value:
+        _fail(REASON_BAD_FIELD, "consensus payload must be non-empty bytes")
+    return value
+
+
+def _consensus(body: object) -> Consensus:
+    payload, signature = _array(body, 2, "consensus")
+    return Consensus(_consensus_payload(payload), _signature(signature))
+
+
 _BODY_DECODERS: Final[Mapping[int, Callable[[object], Message]]] = MappingProxyType(
     {
         MESSAGE_TYPE_IDS[Ping]: _ping,
@@ -684,6 +700,7 @@ _BODY_DECODERS: Final[Mapping[int, Callable[[object], Message]]] = MappingProxyT
         MESSAGE_TYPE_IDS[Nack]: _nack,
         MESSAGE_TYPE_IDS[Gossip]: _gossip,
         MESSAGE_TYPE_IDS[PushPull]: _push_pull,
+        MESSAGE_TYPE_IDS[Consensus]: _consensus,
     }
 )
 

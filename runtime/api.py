@@ -1,8 +1,11 @@
 """The node's HTTP API (Starlette, served by hypercorn's trio worker).
 
 Every node answers the same API: a client can point at any node. For now it
-serves `GET /v1/network/status` and `GET /v1/network/coverage[?model=M]`;
-chat, models and assignment endpoints arrive with later issues. Errors of
+serves `GET /v1/network/status`, `GET /v1/network/coverage[?model=M]` and
+`POST /v1/network/demand` (record chat demand in the placement ledger: any
+node accepts it and forwards it to the Raft leader); chat, models and
+assignment endpoints arrive with later issues. With `--fault-injection`,
+`POST /v1/debug/faults` cuts the node off the control plane for tests. Errors of
 every kind, including unknown paths and wrong methods, use OpenAI's error
 shape, because the clients that talk to `/v1` are OpenAI clients and they
 parse that shape for messages.
@@ -10,22 +13,47 @@ parse that shape for messages.
 
 from __future__ import annotations
 
+import json
 import logging
-from typing import Any, Protocol
+import time
+from typing import Any, Final, Protocol
 
+import httpx
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
+from consensus.ledger import MAX_TEXT, Command, RecordDemand
+from mesh.identity import node_id_text
+from runtime.raft_driver import NotLeader, ProposalFailed, RaftDriver
+
 log = logging.getLogger("shardmesh.api")
 
+FORWARDED_HEADER: Final = "x-shardmesh-forwarded-by"
+"""Set on a request one node forwards to the leader. A forwarded request is
+never forwarded again: if leadership moved meanwhile, the caller gets a 503
+and retries, instead of the request bouncing between nodes."""
+FORWARD_TIMEOUT_S: Final = 10.0
+"""A forwarded proposal waits for its commit on the leader; this covers the
+leader's own proposal timeout plus a round trip."""
+MAX_DEMAND_COUNT: Final = 1_000_000
+"""One report's count; larger is a client bug, not demand."""
+MAX_BODY_BYTES: Final = 64 * 1024
+"""Control-plane request bodies are tiny; refuse megabytes before parsing."""
 
-class StatusSource(Protocol):
+
+class NodeAPI(Protocol):
     """What the API needs from a node (`runtime.node.Node` is the real one)."""
 
+    raft: RaftDriver
+    fault_injection: bool
+    isolated: bool
+
     def status(self) -> dict[str, Any]: ...
+
+    def member_api(self, node: bytes) -> str | None: ...
 
 
 _ERROR_TYPES = {
@@ -59,8 +87,114 @@ def error_response(
     return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
-def create_app(node: StatusSource) -> Starlette:
+class BadRequest(Exception):
+    """A request body we refuse; becomes a 400 naming `param`."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or BadRequest saying what is wrong."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest("the body must be a JSON object")
+    return value
+
+
+def _demand_command(body: dict[str, Any]) -> RecordDemand:
+    model = body.get("model")
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_TEXT:
+        raise BadRequest(f"model must be a non-empty string of <= {MAX_TEXT} chars", "model")
+    count = body.get("count", 1)
+    if type(count) is not int or not 1 <= count <= MAX_DEMAND_COUNT:
+        raise BadRequest(f"count must be an integer in [1, {MAX_DEMAND_COUNT}]", "count")
+    return RecordDemand(model=model, count=count, at=time.time())
+
+
+def create_app(node: NodeAPI) -> Starlette:
     """The ASGI app for one node."""
+
+    async def commit(request: Request, command: Command) -> JSONResponse:
+        """Propose `command` here if we lead, else forward the request to
+        the leader once; answer with where it committed."""
+        try:
+            committed = await node.raft.propose(command)
+        except NotLeader as exc:
+            return await forward_to_leader(request, exc)
+        except ProposalFailed as exc:
+            return error_response(
+                503, str(exc), code="proposal_failed", headers={"Retry-After": "1"}
+            )
+        return JSONResponse(
+            {
+                "index": committed.index,
+                "term": committed.term,
+                "accepted": committed.accepted,
+                "reason": committed.reason or None,
+                "detail": committed.detail or None,
+                "leader": node_id_text(node.raft.node_id),
+            }
+        )
+
+    async def forward_to_leader(request: Request, exc: NotLeader) -> JSONResponse:
+        leader = exc.leader
+        url = node.member_api(leader) if leader is not None else None
+        if url is None or request.headers.get(FORWARDED_HEADER):
+            return error_response(
+                503,
+                str(exc),
+                code="no_leader" if leader is None else "not_leader",
+                headers={"Retry-After": "1"},
+                leader=node_id_text(leader) if leader else None,
+            )
+        try:
+            async with httpx.AsyncClient(timeout=FORWARD_TIMEOUT_S) as client:
+                reply = await client.post(
+                    url + request.url.path,
+                    content=await request.body(),
+                    headers={
+                        "content-type": "application/json",
+                        FORWARDED_HEADER: node_id_text(node.raft.node_id),
+                    },
+                )
+            body = reply.json()
+        except (httpx.HTTPError, ValueError) as err:
+            return error_response(
+                503,
+                f"the leader {node_id_text(leader)} did not answer: {err}",
+                code="leader_unreachable",
+                headers={"Retry-After": "1"},
+            )
+        return JSONResponse(body, status_code=reply.status_code)
+
+    async def network_demand(request: Request) -> JSONResponse:
+        try:
+            command = _demand_command(await json_object(request))
+        except BadRequest as exc:
+            return error_response(400, str(exc), param=exc.param)
+        return await commit(request, command)
+
+    async def debug_faults(request: Request) -> JSONResponse:
+        if not node.fault_injection:
+            return error_response(404, "fault injection is off (start with --fault-injection)")
+        try:
+            body = await json_object(request)
+            isolate = body.get("isolate")
+            if type(isolate) is not bool:
+                raise BadRequest("isolate must be true or false", "isolate")
+        except BadRequest as exc:
+            return error_response(400, str(exc), param=exc.param)
+        node.isolated = isolate
+        log.warning("fault injection: control plane %s", "cut" if isolate else "restored")
+        return JSONResponse({"isolated": node.isolated})
 
     async def network_status(request: Request) -> JSONResponse:
         return JSONResponse(node.status())
@@ -97,6 +231,8 @@ def create_app(node: StatusSource) -> Starlette:
         routes=[
             Route("/v1/network/status", network_status, methods=["GET"]),
             Route("/v1/network/coverage", network_coverage, methods=["GET"]),
+            Route("/v1/network/demand", network_demand, methods=["POST"]),
+            Route("/v1/debug/faults", debug_faults, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )

@@ -100,7 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         choices=("lan", "wan", "local"),
         default="lan",
-        help="membership timing profile (default lan; local is for one machine)",
+        help="membership and consensus timing profile (default lan; local is for one machine)",
+    )
+    node.add_argument(
+        "--fault-injection",
+        action="store_true",
+        help="serve POST /v1/debug/faults, which can cut this node off (tests only)",
     )
     node.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
 
@@ -178,6 +183,7 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             profile=args.profile,
             data_listen=args.data_listen,
             advertise=args.advertise,
+            fault_injection=args.fault_injection,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -27,6 +27,9 @@ from runtime.status import STATUS_PATH
 
 POLL_S = 0.1
 
+Views = dict[str, dict[str, Any] | None]
+"""Each node's status document by node name (None: it did not answer)."""
+
 
 class SwarmError(Exception):
     """A node failed to start, exited unexpectedly, or a wait timed out."""
@@ -227,6 +230,30 @@ class LocalSwarm:
                 nursery.start_soon(one, node)
         return results
 
+    async def wait_for(
+        self,
+        observers: Sequence[LocalNode],
+        check: Callable[[Views], bool],
+        timeout: float,
+        what: str,
+    ) -> float:
+        """Poll the observers' status until `check(views)`; seconds it took.
+
+        SwarmError after `timeout`, with each observer's last member states
+        and drop counters, which is usually enough to see why."""
+        start = trio.current_time()
+        views: Views = {}
+        with trio.move_on_after(timeout):
+            while True:
+                views = await self.views(observers)
+                if check(views):
+                    return trio.current_time() - start
+                await trio.sleep(POLL_S)
+        summary = {
+            name: (member_states(view), (view or {}).get("drops")) for name, view in views.items()
+        }
+        raise SwarmError(f"{what}: not reached within {timeout}s; last views: {summary}")
+
     async def stop(self, node: LocalNode, timeout: float = 10.0) -> int:
         """SIGTERM (graceful leave) and wait for the exit code."""
         node.signal(signal.SIGTERM)
@@ -238,10 +265,6 @@ def member_states(status: dict[str, Any] | None) -> dict[str, str]:
     if status is None:
         return {}
     return {m["node_id"]: m["state"] for m in status.get("members", [])}
-
-
-Views = dict[str, dict[str, Any] | None]
-"""Status documents by node name (None: the node did not answer)."""
 
 
 def all_see(

@@ -10,6 +10,9 @@ does no I/O; this module feeds it. One nursery holds every task of a node:
   changed it), tick, send;
 * the data-plane drain (activations arrive there in later issues; for now
   anything that arrives is counted and dropped so the socket never backs up);
+* the Raft driver (`runtime.raft_driver`): consensus messages ride the
+  same control plane as membership, each signed by its sender, and the
+  driver persists to `STATE_DIR/raft.sqlite3` before anything it sends;
 * the HTTP API (hypercorn's trio worker serving `runtime.api`).
 
 All protocol time is `trio.current_time()`, a monotonic clock; wall-clock
@@ -37,11 +40,14 @@ from typing import Any
 import trio
 import zmq
 
+from consensus.config import ConsensusConfig
+from consensus.storage import RaftStorage, StorageError
 from mesh import records
 from mesh.config import MembershipConfig
 from mesh.coverage import build_coverage, coverage_to_json, excluded_to_json
 from mesh.identity import Identity, node_id_text, verify
 from mesh.membership import Membership
+from mesh.messages import Consensus, Envelope, consensus_signing_bytes
 from mesh.transport import Plane, open_planes
 from mesh.wire import (
     MAX_CONTROL_MESSAGE_BYTES,
@@ -51,6 +57,7 @@ from mesh.wire import (
     encode_envelope,
 )
 from runtime.endpoints import HostPort, parse_hostport
+from runtime.raft_driver import RaftDriver
 from runtime.statedir import StateDir
 
 log = logging.getLogger("shardmesh.node")
@@ -73,6 +80,8 @@ CONTROL_FRAME_LIMIT = MAX_CONTROL_MESSAGE_BYTES + CONTROL_FRAME_HEADROOM
 # How many recent membership events the status API shows.
 RECENT_EVENTS = 64
 
+RAFT_STORE = "raft.sqlite3"
+
 
 class NodeStartupError(Exception):
     """The node could not start (an address in use, a bad bind address)."""
@@ -89,6 +98,10 @@ class NodeOptions:
     profile: str = "lan"
     data_listen: HostPort | None = None
     advertise: str | None = None
+    fault_injection: bool = False
+    """Serve `POST /v1/debug/faults` (tests cut a node off the control
+    plane with it). Off by default: it lets anyone who reaches the API
+    partition the node."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -142,12 +155,15 @@ class Node:
         state: StateDir,
         identity: Identity,
         incarnation: int,
+        raft_storage: RaftStorage,
     ) -> None:
         self.options = options
         self.state = state
         self.identity = identity
         self.node_id: bytes = identity.node_id
         self.config = membership_config(options.profile)
+        self.consensus_config = ConsensusConfig.profile(options.profile)
+        self.raft_storage = raft_storage
         self.start_incarnation = incarnation
         self.started_at = time.time()  # wall clock: shown to humans only
         self.started_mono = trio.current_time()
@@ -160,9 +176,11 @@ class Node:
         self.addresses: dict[str, str] = {}
         # Set in run() once the planes are bound; nothing reads them before.
         self.membership: Membership
+        self.raft: RaftDriver
         self._control: Plane
         self._data: Plane
         self.leaving = False
+        self.isolated = False  # fault injection: drop all control traffic
         self._wake = _Wake()
         self._http_shutdown = trio.Event()
         self._record_cache: dict[bytes, tuple[int, Any]] = {}
@@ -198,7 +216,7 @@ class Node:
                     log.error("not sending a %s: %s", type(send.envelope.message).__name__, exc)
                     self.local_drops[f"encode_{exc.reason}"] += 1
                     continue
-            self._control.send(send.addr, [payload])
+            self._send_control(send.addr, payload)
         for event in events:
             entry = {
                 "kind": str(event.kind),
@@ -216,6 +234,45 @@ class Node:
                 )
         self._wake.set()
 
+    def _send_control(self, addr: str, payload: bytes) -> None:
+        if self.isolated:
+            self.local_drops["fault_isolated_out"] += 1
+            return
+        self._control.send(addr, [payload])
+
+    def _send_consensus(self, to: bytes, payload: bytes) -> None:
+        """Sign a Raft payload and send it to `to`'s control address (as
+        membership knows it; a node membership has never heard of is
+        unreachable for now, and Raft retries)."""
+        view = self.membership.member(to)
+        if view is None:
+            self.local_drops["raft_no_address"] += 1
+            return
+        signature = self.identity.sign(consensus_signing_bytes(self.node_id, payload))
+        envelope = Envelope(self.node_id, self.addresses["control"], Consensus(payload, signature))
+        try:
+            data = encode_envelope(envelope)
+        except EncodeError as exc:
+            self.local_drops[f"encode_{exc.reason}"] += 1
+            return
+        self._send_control(view.addr, data)
+
+    def _receive_consensus(self, envelope: Envelope) -> None:
+        message = envelope.message
+        assert isinstance(message, Consensus)
+        signed = consensus_signing_bytes(envelope.sender, message.payload)
+        if not verify(envelope.sender, signed, message.signature):
+            self.local_drops["raft_bad_signature"] += 1
+            return
+        self.raft.deliver(envelope.sender, message.payload)
+
+    def _raft_members(self) -> list[tuple[bytes, Any, float]]:
+        return [
+            (view.node, str(view.state), view.state_since)
+            for view in self.membership.members()
+            if view.node != self.node_id
+        ]
+
     def handle_payload(self, payload: bytes) -> None:
         """One control-plane message: decode strictly, step the core, flush.
 
@@ -224,10 +281,16 @@ class Node:
         able to kill the node with it: it is logged with its traceback and
         counted as `internal_error` (tests assert that counter stays absent).
         """
+        if self.isolated:
+            self.local_drops["fault_isolated_in"] += 1
+            return
         try:
             envelope = decode_envelope(payload)
         except DecodeError as exc:
             self.wire_drops[exc.reason] += 1
+            return
+        if isinstance(envelope.message, Consensus):
+            self._receive_consensus(envelope)
             return
         try:
             self.membership.receive(envelope, self._now())
@@ -357,6 +420,15 @@ class Node:
                 control_addr = _advertised(control.address, options.advertise)
                 data_addr = _advertised(data.address, options.advertise)
                 self.membership = self._new_membership(control_addr)
+                self.raft = RaftDriver(
+                    node_id=self.node_id,
+                    storage=self.raft_storage,
+                    config=self.consensus_config,
+                    bootstrap=not options.joins,
+                    send=self._send_consensus,
+                    members=self._raft_members,
+                    rng=random.Random(int.from_bytes(os.urandom(16), "big")),
+                )
                 async with trio.open_nursery() as nursery:
                     api_url = await self._start_http(nursery)
                     self.addresses = {"control": control_addr, "data": data_addr, "api": api_url}
@@ -366,6 +438,7 @@ class Node:
                     nursery.start_soon(self._control_loop)
                     nursery.start_soon(self._data_loop)
                     nursery.start_soon(self._timer_loop)
+                    nursery.start_soon(self.raft.run)
                     self._flush()
                     self.state.write_ready(
                         {
@@ -417,12 +490,22 @@ class Node:
             )
         )
 
+    @property
+    def fault_injection(self) -> bool:
+        return self.options.fault_injection
+
+    def member_api(self, node: bytes) -> str | None:
+        """The HTTP API address `node` advertises in its record, if known."""
+        record = self._decoded_record(self.membership.record(node))
+        return None if record is None else record.addresses.api
+
     def drops(self) -> dict[str, int]:
         """Every drop counter of the node: transport, wire, core and driver."""
         total: Counter[str] = Counter()
         total.update(self.transport_drops)
         total.update(self.wire_drops)
         total.update(self.membership.drops)
+        total.update(self.raft.drops)
         total.update(self.local_drops)
         return {reason: count for reason, count in sorted(total.items()) if count}
 
@@ -487,13 +570,9 @@ class Node:
             "leaving": self.leaving,
             "health": self.membership.health,
             "members": members,
-            "leader": None,
-            "term": 0,
-            "commit_index": 0,
+            **self.raft.status(),
             "coverage": coverage_to_json(coverage),
             "not_serving": excluded_to_json(coverage),
-            "ledger": [],
-            "demand": {},
             "drops": self.drops(),
             "sessions": 0,
             "events": [
@@ -522,14 +601,19 @@ async def serve_node(options: NodeOptions) -> None:
     with StateDir(options.state_dir) as state:
         identity = Identity.load_or_create(options.state_dir)
         incarnation = state.next_incarnation()
-        node = Node(options, state, identity, incarnation)
         try:
-            await node.run()
-        except BaseExceptionGroup as group:
-            startup, rest = group.split(NodeStartupError)
-            if startup is None or rest is not None:
-                raise
-            raise _first_leaf(startup) from None
+            raft_storage = RaftStorage.open(options.state_dir / RAFT_STORE)
+        except StorageError as exc:
+            raise NodeStartupError(str(exc)) from None
+        with raft_storage:
+            node = Node(options, state, identity, incarnation, raft_storage)
+            try:
+                await node.run()
+            except BaseExceptionGroup as group:
+                startup, rest = group.split(NodeStartupError)
+                if startup is None or rest is not None:
+                    raise
+                raise _first_leaf(startup) from None
 
 
 def _first_leaf(group: BaseExceptionGroup) -> BaseException:

@@ -88,6 +88,10 @@ async def test_status_json_and_table_against_a_running_node(swarm: LocalSwarm) -
     node = swarm.new_node()
     await swarm.start_ready(node)
 
+    # Alone, the node founds a one-voter Raft cluster and leads it at once.
+    await swarm.wait_for(
+        [node], lambda views: (views[node.name] or {}).get("leader") == node.node_id, 5.0, "leader"
+    )
     result = await run_cli("status", "--api", node.api, "--json")
     assert result.returncode == 0, result.stderr
     doc = json.loads(result.stdout)
@@ -104,7 +108,7 @@ async def test_status_json_and_table_against_a_running_node(swarm: LocalSwarm) -
     assert f"{node.node_id[:12]}*" in text
     assert "alive" in text
     assert node.info["control"] in text
-    assert "leader: none" in text
+    assert f"leader: {node.node_id[:12]} (term 1" in text
     assert "drops: none" in text
 
 

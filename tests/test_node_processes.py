@@ -30,6 +30,7 @@ from mesh.wire import (
 from runtime.localswarm import (
     LocalNode,
     LocalSwarm,
+    SwarmError,
     Views,
     all_see,
     member_field,
@@ -52,20 +53,10 @@ async def wait_for(
     what: str,
 ) -> float:
     """Poll the observers' status until `check(views)`; seconds it took."""
-    start = trio.current_time()
-    views: Views = {}
     try:
-        with trio.fail_after(timeout):
-            while True:
-                views = await swarm.views(observers)
-                if check(views):
-                    return trio.current_time() - start
-                await trio.sleep(POLL_S)
-    except trio.TooSlowError:
-        summary = {
-            name: (member_states(view), (view or {}).get("drops")) for name, view in views.items()
-        }
-        pytest.fail(f"{what}: not reached within {timeout}s; last views: {summary}")
+        return await swarm.wait_for(observers, check, timeout, what)
+    except SwarmError as exc:
+        pytest.fail(str(exc))
 
 
 async def start_swarm(swarm: LocalSwarm, n: int) -> list[LocalNode]:

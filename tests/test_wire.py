@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from mesh.messages import (
     Ack,
     Alive,
+    Consensus,
     Dead,
     Envelope,
     Gossip,
@@ -90,6 +91,7 @@ EXAMPLES = [
     Gossip(()),
     PushPull(True, False, (ALIVE, SUSPECT, DEAD), (RECORD,)),
     PushPull(False, True, (), ()),
+    Consensus(b"\x84\x06", SIG),
 ]
 
 GOSSIP = Envelope(NODE, ADDR, Gossip((ALIVE,)))
@@ -121,6 +123,7 @@ messages = st.one_of(
         st.lists(states, max_size=4).map(tuple),
         st.lists(records, max_size=3).map(tuple),
     ),
+    st.builds(Consensus, st.binary(min_size=1, max_size=256), signatures),
 )
 envelopes = st.builds(Envelope, node_ids, addrs, messages)
 
@@ -174,7 +177,9 @@ def test_any_valid_envelope_round_trips(envelope: Envelope) -> None:
 
 
 def test_type_ids_are_the_documented_append_only_table() -> None:
-    assert dict(MESSAGE_TYPE_IDS) == {Ping: 1, PingReq: 2, Ack: 3, Nack: 4, Gossip: 5, PushPull: 6}
+    assert dict(MESSAGE_TYPE_IDS) == {
+        Ping: 1, PingReq: 2, Ack: 3, Nack: 4, Gossip: 5, PushPull: 6, Consensus: 7,
+    }  # fmt: skip
     assert dict(UPDATE_KIND_IDS) == {Alive: 1, Suspect: 2, Dead: 3, Record: 4}
     value = raw(GOSSIP)
     assert value[0] == PROTOCOL_VERSION == 1
@@ -357,7 +362,7 @@ def test_a_future_version_is_bad_version_even_with_an_unknown_layout() -> None:
     assert reason_of(cbor2.dumps({0: 2, 9: "whatever"})) == REASON_BAD_VERSION
 
 
-@pytest.mark.parametrize("type_id", [0, 7, 99, MAX_UINT])
+@pytest.mark.parametrize("type_id", [0, 8, 99, MAX_UINT])
 def test_unknown_message_types_are_refused(type_id: int) -> None:
     value = raw()
     value[1] = type_id
@@ -451,6 +456,8 @@ def test_non_bytes_input_is_a_decode_error() -> None:
         (Envelope(NODE, ADDR, PushPull(1, False, (), ())), REASON_BAD_FIELD),  # type: ignore[arg-type]
         (Envelope(NODE, ADDR, PushPull(True, False, (RECORD,), ())), REASON_BAD_FIELD),  # type: ignore[arg-type]
         (Envelope(NODE, ADDR, PushPull(True, False, (), (ALIVE,))), REASON_BAD_FIELD),  # type: ignore[arg-type]
+        (Envelope(NODE, ADDR, Consensus(b"", SIG)), REASON_BAD_FIELD),
+        (Envelope(NODE, ADDR, Consensus(b"x", SIG[:63])), REASON_BAD_FIELD),
         (Envelope(NODE, ADDR, "hello"), REASON_UNKNOWN_TYPE),  # type: ignore[arg-type]
     ],
 )

@@ -1,0 +1,388 @@
+"""The trio driver around the sans-IO Raft core: clock, disk and control plane.
+
+`consensus.raft.RaftNode` decides everything and touches nothing. This
+driver is its production counterpart of `simulations.raft_cluster`: one task
+(`run`) owns the core and is the only code that calls it, so no lock is
+needed and the core is never touched between a `ready()` and its
+`advance()`. That task loops:
+
+1. wait for the next message or proposal, or for the next tick;
+2. feed everything that has arrived meanwhile into the core (a burst of
+   proposals becomes one Ready: one fsync for all of them, group commit);
+3. tick, if a tick is due (and, on the leader, now and then let the voter
+   policy propose one configuration change);
+4. carry out every Ready in the order the core's contract demands:
+   persist (sqlite, synchronous=FULL, in a worker thread so the node keeps
+   serving while the disk syncs), *then* send, then apply to the ledger,
+   then advance.
+
+A proposal is acknowledged only when its entry is applied, which is after
+it is durable on a quorum: an acknowledged entry survives any crash that
+leaves a quorum's disks.
+
+The driver does not know sockets or signatures: the node hands it verified
+payloads (`deliver`) and gives it a `send` function. It does know time:
+`trio.current_time()` for ticks and voter stability, the wall clock only for
+the `at` that commands carry (they are compared across machines).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+import trio
+
+from consensus.codec import RaftDecodeError, RaftEncodeError, decode_raft, encode_raft
+from consensus.config import ConsensusConfig
+from consensus.ledger import Command, LedgerError, PlacementLedger, encode_command
+from consensus.log import Entry, EntryKind
+from consensus.raft import Message, RaftNode, Ready, Role
+from consensus.storage import RaftStorage, StorageError
+from consensus.voters import MemberInfo, MemberState, next_change
+from mesh.identity import node_id_text
+
+log = logging.getLogger("shardmesh.raft")
+
+INBOX_CAPACITY: Final = 4096
+"""Messages and proposals waiting for the core. Raft tolerates loss, so a
+full inbox drops (counted) rather than blocking the control-plane reader,
+which also carries membership probes that must never wait behind Raft."""
+
+RECENT_DECISIONS: Final = 32
+"""Voter changes the status API shows, newest last."""
+
+MemberSource = Callable[[], Iterable[tuple[bytes, MemberState, float]]]
+"""(node, membership state, state_since) for every member but ourselves."""
+Sender = Callable[[bytes, bytes], None]
+"""send(to, payload): sign and carry an encoded Raft message to a node."""
+
+
+class NotLeader(Exception):
+    """Only the leader accepts proposals; `leader` is who to ask (None: no one known)."""
+
+    def __init__(self, leader: bytes | None) -> None:
+        self.leader = leader
+        where = f"the leader is {node_id_text(leader)}" if leader else "no leader is known"
+        super().__init__(f"this node is not the leader; {where}")
+
+
+class ProposalFailed(Exception):
+    """A proposal that is not known to be committed: its entry was replaced by
+    another leader's (certainly lost), or the wait timed out (it may yet
+    commit; retrying may apply it twice)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Committed:
+    """An acknowledged proposal: durable on a quorum and applied at `index`."""
+
+    index: int
+    term: int
+    accepted: bool
+    reason: str = ""
+    detail: str = ""
+
+
+@dataclass(eq=False)
+class _Proposal:
+    data: bytes
+    done: trio.Event = field(default_factory=trio.Event)
+    index: int = 0
+    term: int = 0
+    result: Committed | None = None
+    error: Exception | None = None
+
+    def finish(self, result: Committed | None = None, error: Exception | None = None) -> None:
+        self.result, self.error = result, error
+        self.done.set()
+
+
+class RaftDriver:
+    """One node's Raft participant, run by `run()` inside the node's nursery."""
+
+    def __init__(
+        self,
+        *,
+        node_id: bytes,
+        storage: RaftStorage,
+        config: ConsensusConfig,
+        bootstrap: bool,
+        send: Sender,
+        members: MemberSource,
+        rng: random.Random,
+    ) -> None:
+        """Start from `storage`'s durable state.
+
+        `bootstrap`: this node was started without anyone to join, so if its
+        store holds no configuration yet it founds a one-voter cluster (and
+        writes that configuration into the log as soon as it leads, so a
+        restart finds it). A joining node starts with no configuration and
+        waits for a leader to add it as a learner.
+        """
+        self.node_id = node_id
+        self.config = config
+        self._storage = storage
+        self._send = send
+        self._members = members
+        loaded = storage.load()
+        has_config = loaded.snapshot is not None or any(
+            e.kind == EntryKind.CONFIG for e in loaded.entries
+        )
+        self._write_bootstrap_config = bootstrap and not has_config
+        try:
+            self.ledger = (
+                PlacementLedger.restore(loaded.snapshot.data)
+                if loaded.snapshot
+                else PlacementLedger()
+            )
+        except LedgerError as exc:
+            raise StorageError(f"{storage.path}: the ledger snapshot is unreadable: {exc}") from exc
+        self.raft = RaftNode(
+            node_id,
+            config.raft,
+            rng,
+            hard_state=loaded.hard_state,
+            entries=loaded.entries,
+            snapshot=loaded.snapshot,
+            voters=frozenset({node_id}) if self._write_bootstrap_config else frozenset(),
+            applied=loaded.snapshot.index if loaded.snapshot else 0,
+        )
+        self.drops: Counter[str] = Counter()
+        self.decisions: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=RECENT_DECISIONS
+        )
+        self._last_contact: dict[bytes, float] = {}
+        self._waiting: dict[int, _Proposal] = {}
+        self._inbox_send, self._inbox = trio.open_memory_channel[Message | _Proposal](
+            INBOX_CAPACITY
+        )
+        self._ticks = 0
+
+    # --- inputs from the node -------------------------------------------------------
+
+    def deliver(self, sender: bytes, payload: bytes) -> None:
+        """A Raft payload whose signature by `sender` the node has verified.
+
+        Decoded strictly here; anything malformed, addressed to someone
+        else, or claiming a different sender than the one who signed it is
+        counted and dropped."""
+        try:
+            message = decode_raft(payload)
+        except RaftDecodeError as exc:
+            self.drops[f"raft_{exc.reason}"] += 1
+            return
+        if message.sender != sender:
+            self.drops["raft_sender_mismatch"] += 1
+            return
+        if message.to != self.node_id:
+            self.drops["raft_misdirected"] += 1
+            return
+        try:
+            self._inbox_send.send_nowait(message)
+        except trio.WouldBlock:
+            self.drops["raft_inbox_full"] += 1
+
+    async def propose(self, command: Command, timeout: float | None = None) -> Committed:
+        """Replicate `command` and wait until it is applied here.
+
+        Raises `NotLeader` (with who leads, if known) on a follower, and
+        `ProposalFailed` if the entry was superseded or did not commit within
+        `timeout` (default: the profile's `proposal_timeout_s`)."""
+        if self.raft.role != Role.LEADER:
+            raise NotLeader(self.raft.leader)
+        proposal = _Proposal(encode_command(command))
+        try:
+            self._inbox_send.send_nowait(proposal)
+        except trio.WouldBlock:
+            raise ProposalFailed("the consensus inbox is full; retry shortly") from None
+        limit = self.config.proposal_timeout_s if timeout is None else timeout
+        with trio.move_on_after(limit):
+            await proposal.done.wait()
+        if not proposal.done.is_set():
+            self._waiting.pop(proposal.index, None)
+            raise ProposalFailed(
+                f"entry {proposal.index} was not committed within {limit:g} s; it may still commit"
+            )
+        if proposal.error is not None:
+            raise proposal.error
+        assert proposal.result is not None
+        return proposal.result
+
+    # --- the loop ---------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Own the core until cancelled (see the module doc for the loop)."""
+        tick_s = self.config.tick_s
+        if self.raft.voters == {self.node_id}:
+            # Alone in the configuration: nobody can be disrupted, so lead
+            # now instead of waiting out an election timeout.
+            self.raft.campaign()
+        next_tick = trio.current_time() + tick_s
+        while True:
+            with trio.move_on_at(next_tick):
+                self._handle(await self._inbox.receive())
+                while True:
+                    try:
+                        item = self._inbox.receive_nowait()
+                    except trio.WouldBlock:
+                        break
+                    self._handle(item)
+            now = trio.current_time()
+            if now >= next_tick:
+                self._tick(now)
+                # After a stall, tick once rather than catch up: a burst of
+                # ticks would start an election that the stall, not the
+                # leader, deserves.
+                next_tick = max(next_tick + tick_s, now + tick_s / 2)
+            await self._carry_out_readies()
+
+    def _handle(self, item: Message | _Proposal) -> None:
+        if isinstance(item, _Proposal):
+            index = self.raft.propose(item.data)
+            if index is None:
+                item.finish(error=NotLeader(self.raft.leader))
+                return
+            item.index, item.term = index, self.raft.term
+            self._waiting[index] = item
+            return
+        self._last_contact[item.sender] = trio.current_time()
+        self.raft.step(item)
+
+    def _tick(self, now: float) -> None:
+        self.raft.tick()
+        self._ticks += 1
+        if not self.raft.is_leader:
+            return
+        if self._write_bootstrap_config:
+            # Re-proposing our own one-voter configuration puts it in the log.
+            if self.raft.propose_config(add_voter=self.node_id) is not None:
+                self._write_bootstrap_config = False
+        elif self._ticks % self.config.voter_check_ticks == 0:
+            self._manage_voters(now)
+
+    def _manage_voters(self, now: float) -> None:
+        members = {
+            node: MemberInfo(
+                state=state,
+                alive_since=since if state == "alive" else None,
+                last_contact=self._last_contact.get(node),
+                state_since=since,
+            )
+            for node, state, since in self._members()
+            if node != self.node_id
+        }
+        change = next_change(
+            voters=self.raft.voters,
+            learners=self.raft.learners,
+            leader=self.node_id,
+            members=members,
+            now=now,
+            policy=self.config.voters,
+        )
+        if change is None:
+            return
+        match change.kind:
+            case "add_learner":
+                index = self.raft.propose_config(add_learner=change.node)
+            case "promote":
+                index = self.raft.propose_config(add_voter=change.node)
+            case "remove":
+                index = self.raft.propose_config(remove=change.node)
+        if index is None:
+            return  # a change is still in flight; reconsider later
+        log.info("voters: %s %s (%s)", change.kind, node_id_text(change.node)[:12], change.reason)
+        self.decisions.append(
+            {
+                "change": change.kind,
+                "node_id": node_id_text(change.node),
+                "reason": change.reason,
+                "index": index,
+                "term": self.raft.term,
+                "at": time.time(),
+            }
+        )
+
+    async def _carry_out_readies(self) -> None:
+        while self.raft.has_ready():
+            rd = self.raft.ready()
+            if rd.hard_state is not None or rd.entries or rd.snapshot is not None:
+                await trio.to_thread.run_sync(
+                    self._storage.save, rd.hard_state, rd.entries, rd.snapshot
+                )
+            self._send_all(rd)
+            if rd.snapshot is not None:
+                self.ledger = PlacementLedger.restore(rd.snapshot.data)
+            for entry in rd.committed:
+                self._apply(entry)
+            self.raft.advance(rd)
+            await self._maybe_compact()
+
+    def _send_all(self, rd: Ready) -> None:
+        for message in rd.messages:
+            try:
+                payload = encode_raft(message)
+            except RaftEncodeError as exc:
+                log.error("not sending a %s: %s", type(message).__name__, exc)
+                self.drops[f"raft_encode_{exc.reason}"] += 1
+                continue
+            self._send(message.to, payload)
+
+    def _apply(self, entry: Entry) -> None:
+        result = (
+            self.ledger.apply(entry.index, entry.data) if entry.kind == EntryKind.COMMAND else None
+        )
+        proposal = self._waiting.pop(entry.index, None)
+        if proposal is None:
+            return
+        if proposal.term != entry.term:
+            proposal.finish(
+                error=ProposalFailed(
+                    f"entry {entry.index} was replaced by term {entry.term}'s leader; "
+                    "the proposal is lost"
+                )
+            )
+            return
+        committed = Committed(entry.index, entry.term, accepted=True)
+        if result is not None and not result.accepted:
+            committed = Committed(entry.index, entry.term, False, result.reason, result.detail)
+        proposal.finish(committed)
+
+    async def _maybe_compact(self) -> None:
+        applied = self.raft.applied_index
+        if applied - self.raft.first_index + 1 < self.config.compact_every:
+            return
+        snapshot = self.raft.compact(applied, self.ledger.snapshot())
+        await trio.to_thread.run_sync(self._storage.save, None, (), snapshot)
+
+    # --- views ------------------------------------------------------------------------
+
+    def leader(self) -> bytes | None:
+        """The leader this node follows (itself when leading), or None."""
+        return self.raft.leader
+
+    def status(self) -> dict[str, Any]:
+        """The consensus fields of `/v1/network/status`."""
+        leader = self.raft.leader
+        return {
+            "leader": node_id_text(leader) if leader else None,
+            "term": self.raft.term,
+            "commit_index": self.raft.commit_index,
+            **self.ledger.to_json(),
+            "raft": {
+                "role": str(self.raft.role),
+                "applied_index": self.raft.applied_index,
+                "first_index": self.raft.first_index,
+                "last_index": self.raft.last_index,
+                "voters": sorted(node_id_text(v) for v in self.raft.voters),
+                "learners": sorted(node_id_text(n) for n in self.raft.learners),
+                "voter_decisions": list(self.decisions),
+                "profile": self.config.name,
+            },
+        }
