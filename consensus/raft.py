@@ -342,6 +342,7 @@ class RaftNode:
             raise ValueError(f"commit {self._commit} is beyond the log ({self.last_index})")
         self._role = Role.FOLLOWER
         self._voters, self._learners = self._config_at(self.last_index)
+        self._config_index = self._latest_config_index()
 
         self._leader: bytes | None = None
         self._election_elapsed = 0
@@ -671,14 +672,33 @@ class RaftNode:
                 return decode_config(entry.data)
         return self._base_voters, self._base_learners
 
+    def _latest_config_index(self) -> int:
+        """Index of the last CONFIG entry in the log (0: the snapshot's or bootstrap config)."""
+        for entry in reversed(self.entries(self.first_index, self.last_index)):
+            if entry.kind == EntryKind.CONFIG:
+                return entry.index
+        return 0
+
     def _recompute_config(self) -> None:
         """Thesis §4.1: the latest CONFIG entry in the log rules, committed or not."""
         self._voters, self._learners = self._config_at(self.last_index)
+        self._config_index = self._latest_config_index()
         if self._role == Role.LEADER:
             self._sync_progress()
 
     def _promotable(self) -> bool:
-        return self._id in self._voters
+        """May this node campaign? Voters may; so may a node that an
+        *uncommitted* configuration removes (thesis §4.2.2): until that
+        entry commits the old configuration may still need it, and if it
+        holds the only up-to-date log no one else can win. It campaigns
+        under its latest configuration, where its own vote does not count
+        (`_tally_won`), so it can only lead long enough to commit the
+        removal, and then steps down."""
+        if self._id in self._voters:
+            return True
+        if self._config_index <= self._commit:
+            return False
+        return self._id in self._config_at(self._commit)[0]
 
     def _quorum(self) -> int:
         return len(self._voters) // 2 + 1

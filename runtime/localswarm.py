@@ -96,11 +96,15 @@ class LocalSwarm:
         profile: str = "local",
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
+        node_args: Sequence[str] = (),
     ) -> None:
+        """`node_args` are added to every node's command line (e.g. flags
+        like `--fault-injection` that a test needs on all of them)."""
         self.root = root
         self.profile = profile
         self.python = python
         self.extra_env = extra_env or {}
+        self.node_args = list(node_args)
         self.nodes: list[LocalNode] = []
         self._client: httpx.AsyncClient | None = None
         self._logs: list[Any] = []
@@ -153,7 +157,7 @@ class LocalSwarm:
         ]
         for seed in joins:
             cmd += ["--join", seed]
-        return cmd
+        return cmd + self.node_args
 
     async def start(self, node: LocalNode, joins: Sequence[str] = ()) -> None:
         """Start (or restart) `node`'s process; does not wait for it."""

@@ -32,7 +32,9 @@ def _failed(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture
 async def swarm(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[LocalSwarm]:
-    async with LocalSwarm(tmp_path / "swarm", profile="local") as local:
+    async with LocalSwarm(
+        tmp_path / "swarm", profile="local", node_args=["--fault-injection"]
+    ) as local:
         try:
             yield local
         finally:

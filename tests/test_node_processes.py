@@ -8,7 +8,7 @@ bounded by `trio.fail_after`; the `swarm` fixture kills whatever is left.
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import cbor2
@@ -28,53 +28,24 @@ from mesh.wire import (
     encode_envelope,
 )
 from runtime.localswarm import (
-    LocalNode,
     LocalSwarm,
-    SwarmError,
     Views,
     all_see,
     member_field,
     member_states,
+)
+from tests.swarm_helpers import (
+    CONVERGE_TIMEOUT_S,
+    START_TIMEOUT_S,
+    assert_no_internal_errors,
+    start_swarm,
+    wait_for,
 )
 
 POLL_S = 0.05
 # A detection is observed by polling every node's API, so it is seen up to
 # one poll round (sleep + concurrent HTTP fetches) after it happened.
 OBSERVATION_SLACK_S = 0.5
-START_TIMEOUT_S = 30.0
-CONVERGE_TIMEOUT_S = 15.0
-
-
-async def wait_for(
-    swarm: LocalSwarm,
-    observers: Sequence[LocalNode],
-    check: Callable[[Views], bool],
-    timeout: float,
-    what: str,
-) -> float:
-    """Poll the observers' status until `check(views)`; seconds it took."""
-    try:
-        return await swarm.wait_for(observers, check, timeout, what)
-    except SwarmError as exc:
-        pytest.fail(str(exc))
-
-
-async def start_swarm(swarm: LocalSwarm, n: int) -> list[LocalNode]:
-    nodes = [swarm.new_node() for _ in range(n)]
-    await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
-    await swarm.start_many(nodes[1:], [nodes[0].control], timeout=START_TIMEOUT_S)
-    await wait_for(
-        swarm, nodes, all_see(nodes, nodes, "alive"), CONVERGE_TIMEOUT_S, "full membership"
-    )
-    return nodes
-
-
-async def assert_no_internal_errors(swarm: LocalSwarm, nodes: Sequence[LocalNode]) -> None:
-    for name, view in (await swarm.views(nodes)).items():
-        assert view is not None, f"{name} stopped answering"
-        assert "internal_error" not in view["drops"], (name, view["drops"])
-
-
 @pytest.mark.slow
 async def test_five_nodes_converge_detect_a_crash_and_take_back_a_restart(
     swarm: LocalSwarm,

@@ -2,7 +2,10 @@
 
 Each seed draws a schedule: ticks, message delivery out of order, drops,
 duplicates, partitions that heal, crashes and restarts from the persisted
-state, compaction, and proposals throughout. After every step it checks the
+state, pauses (a node that stops running but keeps its memory, like a
+stopped process or a long GC, then resumes with stale beliefs), single-server
+configuration changes (learners added and promoted, voters and learners
+removed, the leader included), compaction, and proposals throughout. After every step it checks the
 Raft safety properties (paper figure 3): election safety, log matching,
 leader completeness, state-machine safety (applied sequences are prefixes of
 one another) and that no entry reported committed is ever lost. A failing
@@ -88,10 +91,32 @@ class Checker:
                         break
 
 
+SPARES = 2
+"""Nodes that start outside the configuration, for changes to add."""
+
+
+def change_configuration(net: Network, rng: random.Random, leader: bytes) -> None:
+    """Let `leader` propose one random single-server change (it refuses
+    while an earlier change is uncommitted)."""
+    node = net.nodes[leader]
+    members = node.voters | node.learners
+    outsiders = sorted(set(net.nodes) - members)
+    kind = rng.choice(("add_learner", "promote", "remove"))
+    if kind == "add_learner" and outsiders:
+        node.propose_config(add_learner=rng.choice(outsiders))
+    elif kind == "promote" and node.learners:
+        node.propose_config(add_voter=rng.choice(sorted(node.learners)))
+    elif kind == "remove" and len(members) > 1:
+        target = rng.choice(sorted(members))
+        if node.voters - {target}:
+            node.propose_config(remove=target)
+
+
 def run_schedule(seed: int) -> None:
     rng = random.Random(seed)
     size = rng.choice((3, 5))
     ids = [bytes([ord("a") + i]) for i in range(size)]
+    spares = [bytes([ord("v") + i]) for i in range(SPARES)]
     config = RaftConfig(
         election_ticks=rng.choice((5, 10)),
         pre_vote=rng.random() < 0.7,
@@ -99,6 +124,10 @@ def run_schedule(seed: int) -> None:
         max_entries_per_append=rng.choice((1, 4, 64)),
     )
     net = Network(ids, config=config, seed=seed)
+    for nid in spares:
+        net.add_node(nid, voters=frozenset())
+    everyone = ids + spares
+    paused: set[bytes] = set()
     checker = Checker(net)
     loss = rng.uniform(0, MAX_LOSS)
     duplicate = rng.uniform(0, 0.1)
@@ -106,33 +135,47 @@ def run_schedule(seed: int) -> None:
     for step in range(STEPS):
         net.flush()
         action = rng.random()
+        running = [n for n in net.live() if n not in paused]
         if action < 0.35:
-            for nid in net.live():
+            for nid in running:
                 net.nodes[nid].tick()
-        elif action < 0.75 and net.queue:
+        elif action < 0.73 and net.queue:
             # A random batch in random order: reordering, loss, duplication.
+            # Messages to a paused node wait in the queue until it resumes.
             for _ in range(rng.randint(1, len(net.queue))):
-                if not net.queue:
+                ready = [i for i, m in enumerate(net.queue) if m.to not in paused]
+                if not ready:
                     break
-                m = net.queue.pop(rng.randrange(len(net.queue)))
+                m = net.queue.pop(rng.choice(ready))
                 if rng.random() >= loss:
                     if rng.random() < duplicate:
                         net.queue.append(m)
                     net.deliver_one(m)
-        elif action < 0.85:
-            leaders = net.leaders()
+        elif action < 0.83:
+            leaders = [n for n in net.leaders() if n not in paused]
             if leaders:
                 proposals += 1
                 net.nodes[rng.choice(leaders)].propose(f"{seed}:{proposals}".encode())
-        elif action < 0.88:
+        elif action < 0.85:
+            leaders = [n for n in net.leaders() if n not in paused]
+            if leaders:
+                change_configuration(net, rng, rng.choice(leaders))
+        elif action < 0.87:
             live = net.live()
             if len(net.down) < (size - 1) // 2 + 1 and live:
-                net.crash(rng.choice(live))
-        elif action < 0.92 and net.down:
+                victim = rng.choice(live)
+                net.crash(victim)
+                paused.discard(victim)
+        elif action < 0.90 and net.down:
             net.restart(rng.choice(sorted(net.down)))
+        elif action < 0.92:
+            if running and rng.random() < 0.5:
+                paused.add(rng.choice(running))
+            elif paused:
+                paused.discard(rng.choice(sorted(paused)))
         elif action < 0.95:
-            cut = set(rng.sample(ids, rng.randrange(1, size)))
-            net.blocked = {(a, b) for a in ids for b in ids if (a in cut) != (b in cut)}
+            cut = set(rng.sample(everyone, rng.randrange(1, len(everyone))))
+            net.blocked = {(a, b) for a in everyone for b in everyone if (a in cut) != (b in cut)}
         elif action < 0.98:
             net.heal()
         else:
@@ -143,20 +186,33 @@ def run_schedule(seed: int) -> None:
         checker.check(full=step % LOG_CHECK_EVERY == 0)
 
     # Heal everything: the cluster must recover and keep every committed entry.
+    paused.clear()
     net.heal()
     for nid in sorted(net.down):
         net.restart(nid)
-    for _ in range(40 * config.election_ticks):
+    # Then a last command must reach every member of the final
+    # configuration. A leader that an earlier change removes steps down when
+    # that change commits, and entries it took after the change may be lost
+    # (never acknowledged): propose again under each new leader. Bounded.
+    proposed_in: tuple[bytes, int] | None = None
+    members: frozenset[bytes] = frozenset()
+    for _ in range(60 * config.election_ticks):
         net.tick(1)
         checker.check(full=False)
-        if len(net.leaders()) == 1:
+        leaders = net.leaders()
+        if len(leaders) != 1:
+            continue
+        node = net.nodes[leaders[0]]
+        if proposed_in != (leaders[0], node.term) and node.propose(b"final") is not None:
+            proposed_in = (leaders[0], node.term)
+        members = node.voters | node.learners
+        if all(net.applied[n] and net.applied[n][-1][1] == b"final" for n in members):
             break
-    (leader,) = net.leaders()
-    final = net.nodes[leader].propose(b"final")
-    assert final is not None
-    net.tick(3)
+    assert members, "no leader after healing"
     checker.check(full=True)
-    for nid in ids:
+    # Every node in the final configuration holds every committed command;
+    # nodes removed on the way stop receiving entries, by design.
+    for nid in sorted(members):
         indexes = [i for i, _ in net.applied[nid]]
         want = [i for i, e in sorted(checker.committed.items()) if e.kind == EntryKind.COMMAND]
         assert indexes == want, f"{nid!r} applied {indexes}, committed {want}"

@@ -515,6 +515,26 @@ def test_removed_leader_steps_down_once_the_change_commits() -> None:
     assert len(net.leaders()) == 1 and net.leaders()[0] in (B, C)
 
 
+def test_a_node_that_an_uncommitted_change_removes_still_campaigns_when_needed() -> None:
+    # Thesis §4.2.2, found by the randomized schedules. B leads {A, B} and
+    # proposes removing itself, but the entry never reaches A.
+    net = Network([A, B])
+    net.elect(B)
+    net.isolate(B)
+    assert net.nodes[B].propose_config(remove=B) is not None
+    net.tick(2 * net.config.election_ticks, nodes=[B])  # CheckQuorum: B steps down
+    assert net.nodes[B].role == Role.FOLLOWER
+    assert net.nodes[B].voters == {A} and net.nodes[A].voters == {A, B}
+    net.heal()
+    # A needs B's vote, but B's log is newer, so B refuses it; only B can end
+    # this. B campaigns under {A} (its own vote does not count), A votes for
+    # it, B commits its removal and steps down, and A then leads alone.
+    net.tick(6 * net.config.election_ticks)
+    assert net.leaders() == [A]
+    assert net.nodes[A].voters == {A} and net.nodes[B].voters == {A}
+    assert net.nodes[A].commit_index == net.nodes[A].last_index
+
+
 def test_lagging_follower_catches_up_through_a_snapshot() -> None:
     net = Network([A, B, C])
     net.elect(A)
