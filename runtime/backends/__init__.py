@@ -1,0 +1,57 @@
+"""Compute backends and the choice between them.
+
+`load_shard` picks MLX on Apple silicon (Metal, unified memory) and torch
+everywhere else, unless told otherwise. Backend modules are imported only
+here, lazily, so a node without torch (a Mac running MLX) or without MLX
+(a Linux GPU box) imports the rest of shardmesh fine and gets a clear
+"not installed" error only when it asks for the missing backend.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import platform
+import sys
+
+from runtime.backends.base import BackendError, ShardBackend, ShardSpec
+
+BACKENDS = ("torch", "mlx")
+
+# What to install for each backend (the extras in pyproject.toml).
+_INSTALL_HINT = {
+    "torch": "pip install 'shardmesh[runtime,torch]'",
+    "mlx": "pip install 'shardmesh[runtime,mlx]'",
+}
+_REQUIRED_MODULES = {"torch": ("torch", "transformers"), "mlx": ("mlx", "mlx_lm")}
+
+
+def default_backend() -> str:
+    """MLX on Apple silicon, torch elsewhere."""
+    if sys.platform == "darwin" and platform.machine() == "arm64":
+        return "mlx"
+    return "torch"
+
+
+def backend_available(name: str) -> bool:
+    """Whether the packages backend `name` needs are importable here."""
+    return all(importlib.util.find_spec(m) is not None for m in _REQUIRED_MODULES[name])
+
+
+def load_shard(spec: ShardSpec, backend: str | None = None) -> ShardBackend:
+    """Load shard `spec` on `backend` (default: default_backend()).
+
+    Raises BackendError when the backend is unknown or not installed, and
+    whatever the backend raises (a BackendError subclass) when the shard,
+    recipe or device is wrong."""
+    name = backend or default_backend()
+    if name not in BACKENDS:
+        raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    if not backend_available(name):
+        raise BackendError(f"backend {name} is not installed: {_INSTALL_HINT[name]}")
+    if name == "torch":
+        from runtime.backends.torch_backend import load_torch_shard
+
+        return load_torch_shard(spec)
+    from runtime.backends.mlx_backend import load_mlx_shard
+
+    return load_mlx_shard(spec)

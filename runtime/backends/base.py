@@ -1,0 +1,72 @@
+"""The one small interface every compute backend implements.
+
+A backend runs a contiguous span of decoder layers [start, end) of one model
+(a *shard*). The first shard (start == 0) also owns the token embeddings and
+takes token ids; the last shard (end == num_layers) also owns the final norm
+and LM head and returns logits. Every other shard takes and returns hidden
+states.
+
+Arrays cross the interface as NumPy arrays (float32 hidden states / logits,
+int64 token ids and positions) because that is what the wire codec, the
+doctor and the other backend all understand; the conversion is a copy of
+one activation row per decode step, which is noise beside a layer's matmuls.
+Batch size is 1: a session is one conversation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+
+class BackendError(Exception):
+    """A backend cannot do what was asked (not installed, recipe unsupported,
+    bad shard, missing tensor). The message is meant for an operator."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """Which part of which model to run, and in which numeric recipe."""
+
+    model_dir: Path
+    start: int  # first layer, inclusive
+    end: int  # last layer, exclusive
+    recipe: str  # one of runtime.recipes.RECIPES
+
+
+class KVCache(Protocol):
+    """Opaque per-session cache handle; only the backend that made it reads it."""
+
+
+class ShardBackend(Protocol):
+    name: str  # "torch" | "mlx"
+    device: str  # "cpu", "cuda:0", "mps", "gpu"...
+    spec: ShardSpec
+    num_layers: int  # layers in the whole model
+    hidden_size: int
+    vocab_size: int
+
+    @property
+    def is_first(self) -> bool: ...
+
+    @property
+    def is_last(self) -> bool: ...
+
+    def new_cache(self) -> KVCache:
+        """A fresh, empty KV cache for one session on this shard."""
+
+    def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        """Run the shard on T new tokens and append them to `cache`.
+
+        `inputs` is int64 token ids of shape [T] on the first shard, else
+        float32 hidden states of shape [T, hidden_size]. `positions` is int64
+        [T] (absolute positions, continuing the cache). Returns float32
+        [T, vocab_size] logits on the last shard, else [T, hidden_size].
+        """
+
+    def info(self) -> dict[str, Any]:
+        """JSON-ready facts for status and the doctor (backend, device,
+        dtype, library versions, bytes of weights held)."""

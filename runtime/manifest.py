@@ -1,0 +1,254 @@
+"""Model manifests: a model's identity in the swarm and its known answers.
+
+`shardmesh-manifest.json` in a model directory records what the model *is*
+(architecture, geometry, the sha256 of config.json, of the tokenizer files
+and of every tensor) and what it *computes*: fp32 golden activations for a
+fixed probe at every layer boundary. The doctor uses both — digests to catch
+corrupted or substituted weights, goldens to catch a shard that loads fine
+but computes wrong. `manifest_digest` (sha256 of the canonical JSON) names
+the model in node records, the coverage map and the ledger: two nodes serve
+"the same model" exactly when their manifests hash the same.
+
+Goldens live beside the JSON in `shardmesh-golden.safetensors` (float32
+little-endian tensors `boundary.0` … `boundary.L` of shape [P, hidden] and
+`logits` [P, vocab], P = probe length), referenced from the JSON by sha256,
+so the digest covers them without bloating the JSON — an 80-layer model's
+goldens are tens of MB, which JSON/base64 would inflate and every reader
+would parse. Boundary i is the input of layer i: boundary 0 is the token
+embeddings, boundary L the last layer's output before the final norm.
+
+They are computed layer by layer with the torch backend in fp32 (shard
+[i, i+1) loaded, run, dropped), so building a manifest needs memory for one
+layer plus the embeddings/LM head, like any node.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.backends.base import BackendError, ShardSpec
+from runtime.safetensors_shard import SafetensorsReader, architecture, read_config
+
+MANIFEST_FILE = "shardmesh-manifest.json"
+GOLDEN_FILE = "shardmesh-golden.safetensors"
+MANIFEST_FORMAT = "shardmesh-manifest/1"
+
+# Files whose bytes decide how text becomes token ids (or back); any that
+# exist are digested. generation_config.json is not among them: it changes
+# sampling defaults, not the model's identity.
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+)
+
+# The probe: 8 tokens, enough for attention to mix positions (a 1-token
+# probe would not test the causal mask or rotary embedding) yet cheap on
+# any model. Ids are derived from a fixed seed string so every manifest
+# builder picks the same ones for a given vocabulary size.
+PROBE_LENGTH = 8
+PROBE_SEED = b"shardmesh probe v1"
+
+_REQUIRED_KEYS = (
+    "format",
+    "name",
+    "architecture",
+    "num_layers",
+    "hidden_size",
+    "vocab_size",
+    "config_sha256",
+    "tokenizer_sha256",
+    "tensors",
+    "probe",
+    "golden",
+)
+
+
+class ManifestError(BackendError):
+    """A manifest is missing, malformed, or does not match its files."""
+
+
+@dataclass(frozen=True, slots=True)
+class Golden:
+    """The fp32 known answers for the probe."""
+
+    boundaries: list[np.ndarray]  # L+1 arrays [P, hidden]; boundary i = input of layer i
+    logits: np.ndarray  # [P, vocab]
+
+
+def probe_token_ids(vocab_size: int) -> list[int]:
+    """The fixed probe for a vocabulary of `vocab_size` tokens."""
+    ids = []
+    for i in range(PROBE_LENGTH):
+        digest = hashlib.sha256(PROBE_SEED + i.to_bytes(4, "little")).digest()
+        ids.append(int.from_bytes(digest[:8], "little") % vocab_size)
+    return ids
+
+
+def build_manifest(model_dir: Path, name: str | None = None) -> dict[str, Any]:
+    """Compute the manifest and goldens of `model_dir`, write both files
+    there, and return the manifest. `name` defaults to the name in an
+    existing manifest (so a rebuild keeps a tiny model's --name), else the
+    directory's name."""
+    model_dir = Path(model_dir)
+    config = read_config(model_dir)
+    if name is None:
+        try:
+            name = load_manifest(model_dir)["name"]
+        except ManifestError:
+            name = model_dir.resolve().name
+    reader = SafetensorsReader(model_dir)
+    tensors = {}
+    for tensor_name in reader.names():  # one tensor in memory at a time
+        raw = reader.read([tensor_name])[tensor_name]
+        tensors[tensor_name] = {
+            "dtype": raw.dtype,
+            "shape": list(raw.shape),
+            "sha256": hashlib.sha256(raw.data).hexdigest(),
+        }
+    token_ids = probe_token_ids(config["vocab_size"])
+    golden = compute_golden(model_dir, token_ids)
+    golden_sha = _write_golden(model_dir / GOLDEN_FILE, golden)
+    tokenizer_files = {
+        f: _file_sha256(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).exists()
+    }
+    manifest = {
+        "format": MANIFEST_FORMAT,
+        "name": name,
+        "architecture": architecture(config),
+        "model_type": config.get("model_type"),
+        "num_layers": config["num_hidden_layers"],
+        "hidden_size": config["hidden_size"],
+        "vocab_size": config["vocab_size"],
+        "config_sha256": _file_sha256(model_dir / "config.json"),
+        "tokenizer_files": tokenizer_files,
+        "tokenizer_sha256": _canonical_sha256(tokenizer_files),
+        "tensors": tensors,
+        "probe": {"token_ids": token_ids, "positions": list(range(len(token_ids)))},
+        "golden": {
+            "file": GOLDEN_FILE,
+            "sha256": golden_sha,
+            "dtype": "float32",
+            "boundaries": len(golden.boundaries),
+        },
+    }
+    _atomic_write(model_dir / MANIFEST_FILE, (json.dumps(manifest, indent=1) + "\n").encode())
+    return manifest
+
+
+def compute_golden(model_dir: Path, token_ids: list[int]) -> Golden:
+    """fp32 activations of the probe at every boundary, one layer at a time."""
+    from runtime.backends.torch_backend import load_torch_shard
+
+    config = read_config(model_dir)
+    layers = config["num_hidden_layers"]
+    ids = np.asarray(token_ids, dtype=np.int64)
+    positions = np.arange(len(ids), dtype=np.int64)
+    embed = SafetensorsReader(model_dir).read(["model.embed_tokens.weight"])
+    boundaries = [embed["model.embed_tokens.weight"].to_numpy().astype(np.float32)[ids]]
+    del embed
+    hidden: np.ndarray = ids
+    logits = None
+    for i in range(layers):
+        shard = load_torch_shard(ShardSpec(model_dir, i, i + 1, "fp32"), device="cpu")
+        hidden = shard.forward(hidden, positions, shard.new_cache(), apply_head=False)
+        boundaries.append(hidden)
+        if shard.is_last:
+            logits = shard.head(hidden)
+        del shard
+    assert logits is not None
+    return Golden(boundaries, logits)
+
+
+def load_manifest(model_dir: Path) -> dict[str, Any]:
+    """The manifest of `model_dir`, checked for shape (not yet against the
+    files: the doctor does that)."""
+    path = Path(model_dir) / MANIFEST_FILE
+    try:
+        manifest = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ManifestError(
+            f"{path}: no manifest; run `shardmesh manifest build {model_dir}`"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ManifestError(f"{path}: unreadable manifest: {exc}") from exc
+    if not isinstance(manifest, dict):
+        raise ManifestError(f"{path}: manifest is not a JSON object")
+    if manifest.get("format") != MANIFEST_FORMAT:
+        raise ManifestError(
+            f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}"
+        )
+    missing = [key for key in _REQUIRED_KEYS if key not in manifest]
+    if missing:
+        raise ManifestError(f"{path}: manifest lacks {', '.join(missing)}")
+    return manifest
+
+
+def load_golden(model_dir: Path, manifest: dict[str, Any]) -> Golden:
+    """The goldens the manifest references, refused if their digest differs."""
+    from safetensors.numpy import load_file
+
+    path = Path(model_dir) / manifest["golden"]["file"]
+    if not path.exists():
+        raise ManifestError(f"{path}: golden activations file is missing")
+    if _file_sha256(path) != manifest["golden"]["sha256"]:
+        raise ManifestError(f"{path}: golden activations do not match the manifest's digest")
+    arrays = load_file(str(path))
+    count = manifest["golden"]["boundaries"]
+    return Golden([arrays[f"boundary.{i}"] for i in range(count)], arrays["logits"])
+
+
+def manifest_digest(manifest: dict[str, Any]) -> str:
+    """sha256 of the manifest's canonical JSON: the model's swarm identity.
+
+    The goldens' own digest is left out: goldens are derived from the
+    weights, config and probe, which the digest already covers, and their
+    last bits depend on the CPU that computed them (SIMD width, summation
+    order). Leaving them out keeps one model one identity on every machine
+    that builds its manifest."""
+    identity = dict(manifest)
+    identity["golden"] = {k: v for k, v in manifest["golden"].items() if k != "sha256"}
+    return _canonical_sha256(identity)
+
+
+def _canonical_sha256(obj: Any) -> str:
+    # Sorted keys, no whitespace, ASCII: one byte string per manifest on any
+    # machine. The manifest holds no floats, so there is no float formatting
+    # to disagree on.
+    encoded = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+def _write_golden(path: Path, golden: Golden) -> str:
+    from safetensors.numpy import save
+
+    arrays = {f"boundary.{i}": np.ascontiguousarray(b) for i, b in enumerate(golden.boundaries)}
+    arrays["logits"] = np.ascontiguousarray(golden.logits)
+    data = save(arrays, metadata={"format": MANIFEST_FORMAT})
+    _atomic_write(path, data)
+    return hashlib.sha256(data).hexdigest()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

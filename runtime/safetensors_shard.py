@@ -1,0 +1,365 @@
+"""Read only one shard's tensors out of a Hugging Face safetensors directory.
+
+A node serving layers [a, b) of an L-layer model must hold about (b-a)/L of
+the weights, so it must not even *read* the rest: a volunteer's laptop may
+have the whole 70B checkpoint on disk but not the memory for it. The
+safetensors format makes this cheap — an 8-byte little-endian header length,
+a JSON header mapping each tensor name to its dtype, shape and byte range,
+then the raw data — so this reader parses the header and then seeks to and
+reads exactly the byte ranges of the requested tensors (no mmap of the whole
+file, whose pages the OS would count against us as soon as anything touched
+them). `SafetensorsReader.bytes_read` counts the tensor bytes read, which is
+how the tests and the benchmark show the shard's share.
+
+Both layouts Hugging Face writes are supported: one `model.safetensors`, or
+`model.safetensors.index.json` whose `weight_map` names the file of each
+tensor. Tensors come back as raw little-endian bytes plus dtype and shape;
+each backend converts them to its own arrays.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from runtime.backends.base import BackendError
+
+SINGLE_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+CONFIG_FILE = "config.json"
+
+# Architectures whose tensor layout and layer classes the backends know. Both
+# are "pre-norm decoder, RMSNorm, rotary, GQA, SwiGLU"; Qwen3 adds per-head
+# q/k norms. Anything else would load but compute garbage, so it is refused.
+SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
+
+# Bytes per element of the safetensors dtypes we may meet. Weights are F32,
+# BF16 or F16; the integer types appear in quantized or auxiliary tensors and
+# are listed so that a header mentioning them still parses.
+DTYPE_SIZES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
+
+# The safetensors spec caps the JSON header at 100 MB; a larger claim means a
+# corrupt or hostile file, and we refuse before allocating for it.
+MAX_HEADER_BYTES = 100_000_000
+HEADER_LENGTH_BYTES = 8
+
+
+class ShardLoadError(BackendError):
+    """A shard cannot be loaded from this model directory (missing or
+    malformed file, missing tensor, wrong shape, bad span, unsupported
+    architecture). The message names the file and tensor involved."""
+
+
+@dataclass(frozen=True, slots=True)
+class RawTensor:
+    """One tensor exactly as stored: safetensors dtype name, shape, bytes."""
+
+    dtype: str
+    shape: tuple[int, ...]
+    data: bytes
+
+    def to_numpy(self) -> np.ndarray:
+        """The tensor as a NumPy array; BF16, which NumPy lacks, is widened
+        exactly to float32 (a bfloat16 is the top half of a float32)."""
+        if self.dtype == "BF16":
+            bits = np.frombuffer(self.data, dtype="<u2").astype(np.uint32) << 16
+            return bits.view(np.float32).reshape(self.shape)
+        numpy_dtypes = {
+            "F64": "<f8",
+            "F32": "<f4",
+            "F16": "<f2",
+            "I64": "<i8",
+            "I32": "<i4",
+            "I16": "<i2",
+            "I8": "i1",
+            "U8": "u1",
+            "BOOL": "?",
+        }
+        return np.frombuffer(self.data, dtype=numpy_dtypes[self.dtype]).reshape(self.shape)
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    file: Path
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int  # absolute byte offset in the file
+    end: int
+
+
+def read_config(model_dir: Path) -> dict[str, Any]:
+    """config.json of a supported architecture, or a ShardLoadError saying
+    what is wrong with it."""
+    path = Path(model_dir) / CONFIG_FILE
+    try:
+        config = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ShardLoadError(f"{path}: no config.json, not a model directory") from None
+    except (OSError, ValueError) as exc:
+        raise ShardLoadError(f"{path}: unreadable config: {exc}") from exc
+    architectures = config.get("architectures") or []
+    if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
+        raise ShardLoadError(
+            f"{path}: unsupported architecture {architectures or '(none)'}; "
+            f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
+    for key in ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads"):
+        if not isinstance(config.get(key), int):
+            raise ShardLoadError(f"{path}: config lacks integer {key!r}")
+    return config
+
+
+def architecture(config: dict[str, Any]) -> str:
+    """The supported architecture named by a config read with read_config."""
+    return next(arch for arch in config["architectures"] if arch in SUPPORTED_ARCHITECTURES)
+
+
+def head_dim(config: dict[str, Any]) -> int:
+    """Per-head width: explicit in Qwen3 configs, derived in older Llama ones."""
+    return int(config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"])
+
+
+def check_span(config: dict[str, Any], start: int, end: int) -> None:
+    """Refuse an empty or out-of-range layer span [start, end)."""
+    layers = config["num_hidden_layers"]
+    if not 0 <= start < end <= layers:
+        raise ShardLoadError(
+            f"layer span [{start}, {end}) is not a non-empty part of the model's "
+            f"{layers} layers [0, {layers})"
+        )
+
+
+def expected_shapes(config: dict[str, Any], start: int, end: int) -> dict[str, tuple[int, ...]]:
+    """Every tensor the shard [start, end) needs, with the shape the config
+    implies. The first shard owns the embeddings; the last owns the final
+    norm and the LM head, which with tied embeddings *is* the embedding
+    matrix (so the last shard then reads `model.embed_tokens.weight`)."""
+    check_span(config, start, end)
+    hidden = config["hidden_size"]
+    vocab = config["vocab_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    dim = head_dim(config)
+    inter = config["intermediate_size"]
+    attention_bias = bool(config.get("attention_bias"))
+    mlp_bias = bool(config.get("mlp_bias"))
+    qk_norm = architecture(config) == "Qwen3ForCausalLM"
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    if start == 0:
+        shapes["model.embed_tokens.weight"] = (vocab, hidden)
+    for i in range(start, end):
+        p = f"model.layers.{i}."
+        shapes[p + "input_layernorm.weight"] = (hidden,)
+        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
+        projections = {
+            "q_proj": (heads * dim, hidden),
+            "k_proj": (kv_heads * dim, hidden),
+            "v_proj": (kv_heads * dim, hidden),
+            "o_proj": (hidden, heads * dim),
+        }
+        for name, shape in projections.items():
+            shapes[f"{p}self_attn.{name}.weight"] = shape
+            if attention_bias:
+                shapes[f"{p}self_attn.{name}.bias"] = (shape[0],)
+        if qk_norm:
+            shapes[p + "self_attn.q_norm.weight"] = (dim,)
+            shapes[p + "self_attn.k_norm.weight"] = (dim,)
+        for name, shape in {
+            "gate_proj": (inter, hidden),
+            "up_proj": (inter, hidden),
+            "down_proj": (hidden, inter),
+        }.items():
+            shapes[f"{p}mlp.{name}.weight"] = shape
+            if mlp_bias:
+                shapes[f"{p}mlp.{name}.bias"] = (shape[0],)
+    if end == config["num_hidden_layers"]:
+        shapes["model.norm.weight"] = (hidden,)
+        tied = bool(config.get("tie_word_embeddings"))
+        shapes["model.embed_tokens.weight" if tied else "lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def tensor_names_for_shard(config: dict[str, Any], start: int, end: int) -> list[str]:
+    """Hugging Face tensor names the shard [start, end) needs, in load order."""
+    return list(expected_shapes(config, start, end))
+
+
+class SafetensorsReader:
+    """Reads chosen tensors from a model directory by byte range.
+
+    Opening parses only the headers (a few KB per file). `read` then seeks to
+    each requested tensor and reads its bytes; `bytes_read` is the running
+    total of tensor bytes read, `total_bytes` the size of all tensors listed.
+    """
+
+    def __init__(self, model_dir: Path) -> None:
+        self.model_dir = Path(model_dir)
+        self.bytes_read = 0
+        self._entries: dict[str, _Entry] = {}
+        index = self.model_dir / INDEX_FILE
+        single = self.model_dir / SINGLE_FILE
+        if index.exists():
+            self._open_index(index)
+        elif single.exists():
+            self._entries.update(_parse_file(single))
+        else:
+            raise ShardLoadError(f"{self.model_dir}: neither {SINGLE_FILE} nor {INDEX_FILE} found")
+
+    def _open_index(self, index: Path) -> None:
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ShardLoadError(f"{index}: unreadable safetensors index: {exc}") from exc
+        files = sorted(set(weight_map.values()))
+        for file_name in files:
+            path = self.model_dir / file_name
+            if path.parent != self.model_dir:
+                raise ShardLoadError(f"{index}: file {file_name!r} is outside the model directory")
+            entries = _parse_file(path)
+            for name, file_of in weight_map.items():
+                if file_of != file_name:
+                    continue
+                if name not in entries:
+                    raise ShardLoadError(
+                        f"{path}: tensor {name!r} is listed in {INDEX_FILE} but not in the file"
+                    )
+                self._entries[name] = entries[name]
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes of tensor data in the whole checkpoint."""
+        return sum(e.end - e.begin for e in self._entries.values())
+
+    def names(self) -> list[str]:
+        """Every tensor name in the checkpoint, sorted."""
+        return sorted(self._entries)
+
+    def file_of(self, name: str) -> Path:
+        """The file that holds tensor `name`."""
+        return self._lookup(name).file
+
+    def shape_of(self, name: str) -> tuple[int, ...]:
+        """The stored shape of tensor `name` (read from the header only)."""
+        return self._lookup(name).shape
+
+    def _lookup(self, name: str) -> _Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            where = INDEX_FILE if (self.model_dir / INDEX_FILE).exists() else SINGLE_FILE
+            raise ShardLoadError(f"{self.model_dir / where}: missing tensor {name!r}") from None
+
+    def read(self, names: list[str]) -> dict[str, RawTensor]:
+        """The named tensors, reading only their byte ranges (file by file, in
+        offset order, so the disk sees forward seeks)."""
+        entries = {name: self._lookup(name) for name in names}
+        out: dict[str, RawTensor] = {}
+        by_file: dict[Path, list[tuple[str, _Entry]]] = {}
+        for name, entry in entries.items():
+            by_file.setdefault(entry.file, []).append((name, entry))
+        for path, items in by_file.items():
+            items.sort(key=lambda item: item[1].begin)
+            with path.open("rb", buffering=0) as f:
+                for name, entry in items:
+                    f.seek(entry.begin)
+                    size = entry.end - entry.begin
+                    data = f.read(size)
+                    if len(data) != size:
+                        raise ShardLoadError(
+                            f"{path}: truncated: tensor {name!r} needs {size} bytes "
+                            f"at offset {entry.begin}, file gave {len(data)}"
+                        )
+                    self.bytes_read += size
+                    out[name] = RawTensor(entry.dtype, entry.shape, data)
+        return {name: out[name] for name in names}
+
+
+def read_shard_tensors(
+    model_dir: Path, start: int, end: int, reader: SafetensorsReader | None = None
+) -> tuple[dict[str, Any], dict[str, RawTensor]]:
+    """Config and the tensors of shard [start, end), each checked against the
+    shape the config implies. Pass a `reader` to watch its `bytes_read`."""
+    config = read_config(model_dir)
+    shapes = expected_shapes(config, start, end)
+    reader = reader or SafetensorsReader(model_dir)
+    for name, shape in shapes.items():  # header-only checks before any data is read
+        stored = reader.shape_of(name)
+        if stored != shape:
+            raise ShardLoadError(
+                f"{reader.file_of(name)}: tensor {name!r} has shape {list(stored)}, "
+                f"config.json implies {list(shape)}"
+            )
+    return config, reader.read(list(shapes))
+
+
+def read_tensors(model_dir: Path, names: list[str]) -> dict[str, RawTensor]:
+    """The named tensors from a model directory (no shape checks)."""
+    return SafetensorsReader(model_dir).read(names)
+
+
+def _parse_file(path: Path) -> dict[str, _Entry]:
+    """The header of one .safetensors file, validated against the file size so
+    that a truncated download is reported on open, not mid-forward."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as f:
+            prefix = f.read(HEADER_LENGTH_BYTES)
+            if len(prefix) != HEADER_LENGTH_BYTES:
+                raise ShardLoadError(f"{path}: truncated: no safetensors header")
+            (header_len,) = struct.unpack("<Q", prefix)
+            if header_len > MAX_HEADER_BYTES or HEADER_LENGTH_BYTES + header_len > size:
+                raise ShardLoadError(
+                    f"{path}: truncated or corrupt: header claims {header_len} bytes, "
+                    f"file has {size}"
+                )
+            header = json.loads(f.read(header_len))
+    except FileNotFoundError:
+        raise ShardLoadError(f"{path}: file not found") from None
+    except (OSError, ValueError) as exc:
+        raise ShardLoadError(f"{path}: unreadable safetensors header: {exc}") from exc
+    if not isinstance(header, dict):
+        raise ShardLoadError(f"{path}: safetensors header is not a JSON object")
+
+    data_start = HEADER_LENGTH_BYTES + header_len
+    entries: dict[str, _Entry] = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            dtype = info["dtype"]
+            shape = tuple(int(n) for n in info["shape"])
+            begin, end = (int(n) for n in info["data_offsets"])
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ShardLoadError(f"{path}: bad header entry for {name!r}: {exc}") from exc
+        if dtype not in DTYPE_SIZES:
+            raise ShardLoadError(f"{path}: tensor {name!r} has unsupported dtype {dtype}")
+        numel = int(np.prod(shape, dtype=np.int64)) if shape else 1
+        if end - begin != numel * DTYPE_SIZES[dtype] or begin < 0:
+            raise ShardLoadError(
+                f"{path}: tensor {name!r}: byte range [{begin}, {end}) does not fit "
+                f"{dtype}{list(shape)}"
+            )
+        if data_start + end > size:
+            raise ShardLoadError(
+                f"{path}: truncated: tensor {name!r} ends at byte {data_start + end}, "
+                f"file has {size}"
+            )
+        entries[name] = _Entry(path, dtype, shape, data_start + begin, data_start + end)
+    return entries

@@ -1,0 +1,226 @@
+"""A tiny random model with a real tokenizer: the swarm's test and demo model.
+
+Tests, the demo and the benchmarks need a model that exercises every real
+code path — Hugging Face config, safetensors weights (single-file or
+index-sharded), a `tokenizers` tokenizer with special tokens, a ChatML chat
+template, a manifest with golden activations — yet loads in milliseconds and
+needs no download. Weights are random but *deterministic*: the same seed
+gives byte-identical files, so a manifest digest computed on one machine
+names the same model on another.
+
+Weights are drawn with NumPy's seeded generator (not transformers' init),
+so the files depend only on this module: the shapes come from
+`safetensors_shard.expected_shapes`, the same table loading checks against.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from runtime.safetensors_shard import INDEX_FILE, SINGLE_FILE, expected_shapes
+
+# Model geometry: small enough that an 8-layer model runs a forward in
+# milliseconds on one CPU core, big enough to exercise grouped-query
+# attention (4 query heads share 2 KV heads) and a SwiGLU MLP wider than the
+# residual stream.
+HIDDEN_SIZE = 64
+NUM_HEADS = 4
+NUM_KV_HEADS = 2
+HEAD_DIM = 16
+INTERMEDIATE_SIZE = 128
+MAX_POSITIONS = 2048
+ROPE_THETA = 10_000.0
+RMS_NORM_EPS = 1e-6
+
+# Initialisation. Projections get std GAIN/sqrt(fan_in): with GAIN 1 each
+# layer changes the residual stream by about as much as it already holds,
+# so the output depends on context and on every layer (with transformers'
+# default std 0.02 the layers are near-identities, greedy decoding just
+# echoes a token, and a wrong layer would go unnoticed). Norm weights are
+# jittered around 1 so a swapped or missing norm is visible too.
+PROJECTION_GAIN = 0.5
+EMBEDDING_STD = 1.0
+NORM_JITTER = 0.1
+
+# Tokenizer. A byte-level BPE (as Qwen and Llama 3 use) trained on the fixed
+# text below: the 256 byte symbols guarantee any string encodes, and the
+# merges give real multi-byte tokens. Training on a fixed corpus with fixed
+# settings is deterministic.
+TOKENIZER_VOCAB_SIZE = 512
+SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
+EOS_TOKEN = "<|im_end|>"
+PAD_TOKEN = "<|endoftext|>"
+CORPUS = (
+    "The swarm serves a language model across many small machines. Each node "
+    "holds a few layers and passes its activations to the next one. ",
+    "Hello! How are you today? I am fine, thank you. What would you like to talk about? ",
+    "A quick brown fox jumps over the lazy dog while the cat sleeps in the sun. ",
+    "Volunteers run nodes on laptops and servers; the leader places shards where "
+    "demand appears, and every node proves its answers before anyone routes to it. ",
+    "Numbers like 0 1 2 3 4 5 6 7 8 9 10 42 100 and 2024 appear in text too. ",
+    "system user assistant: please answer briefly and clearly. Yes, no, maybe. ",
+)
+# Qwen's ChatML template, so `apply_chat_template` output looks like a real
+# Qwen3 prompt and the entry node's tokenisation path is the production one.
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+
+FAMILIES = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "llama": ("LlamaForCausalLM", "llama")}
+
+
+def make_tiny_model(
+    out_dir: Path,
+    layers: int = 8,
+    seed: int = 0,
+    name: str | None = None,
+    family: str = "qwen3",
+    shards: int = 1,
+    tie_embeddings: bool = False,
+    with_manifest: bool = True,
+) -> Path:
+    """Write a tiny random model to `out_dir` and return the directory.
+
+    `family` is "qwen3" or "llama"; `shards` > 1 writes index-sharded
+    safetensors (layers split evenly between files) so both layouts HF uses
+    are exercised; `tie_embeddings` shares the embedding matrix with the LM
+    head as small Qwen3 and Llama 3.2 checkpoints do (random tied models
+    mostly echo their last token, since each embedding scores highest
+    against itself, so the default is untied). `name` becomes the
+    manifest's model name (default: the directory's name). The manifest
+    (with golden activations) is written unless `with_manifest` is False.
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
+    if layers < 1 or shards < 1 or shards > layers:
+        raise ValueError(f"need 1 <= shards <= layers, got layers={layers} shards={shards}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = _build_tokenizer()
+    config = _config(family, layers, tokenizer.get_vocab_size(), tie_embeddings)
+    _write_json(out / "config.json", config)
+    _write_json(
+        out / "generation_config.json",
+        {
+            "bos_token_id": tokenizer.token_to_id(PAD_TOKEN),
+            "eos_token_id": tokenizer.token_to_id(EOS_TOKEN),
+            "pad_token_id": tokenizer.token_to_id(PAD_TOKEN),
+            "do_sample": False,
+        },
+    )
+    tokenizer.save(str(out / "tokenizer.json"))
+    _write_json(
+        out / "tokenizer_config.json",
+        {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "eos_token": EOS_TOKEN,
+            "pad_token": PAD_TOKEN,
+            "bos_token": None,
+            "model_max_length": MAX_POSITIONS,
+            "chat_template": CHAT_TEMPLATE,
+        },
+    )
+    _write_weights(out, config, seed, shards)
+    if with_manifest:
+        from runtime.manifest import build_manifest
+
+        build_manifest(out, name=name)
+    return out
+
+
+def _config(family: str, layers: int, vocab: int, tie: bool) -> dict[str, Any]:
+    arch, model_type = FAMILIES[family]
+    return {
+        "architectures": [arch],
+        "model_type": model_type,
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": layers,
+        "num_attention_heads": NUM_HEADS,
+        "num_key_value_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITIONS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "attention_bias": False,
+        "tie_word_embeddings": tie,
+        "vocab_size": vocab,
+        "torch_dtype": "float32",
+        "use_cache": True,
+    }
+
+
+def _build_tokenizer() -> Any:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB_SIZE,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(CORPUS, trainer=trainer)
+    return tokenizer
+
+
+def _random_tensors(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {}
+    # Sorted names fix the draw order, so a tensor's values depend only on
+    # the seed and the geometry, never on dict order.
+    for name, shape in sorted(expected_shapes(config, 0, config["num_hidden_layers"]).items()):
+        if name.endswith("norm.weight"):
+            values = 1.0 + NORM_JITTER * rng.standard_normal(shape)
+        elif name == "model.embed_tokens.weight":
+            values = EMBEDDING_STD * rng.standard_normal(shape)
+        else:
+            values = PROJECTION_GAIN / np.sqrt(shape[-1]) * rng.standard_normal(shape)
+        tensors[name] = values.astype(np.float32)
+    return tensors
+
+
+def _write_weights(out: Path, config: dict[str, Any], seed: int, shards: int) -> None:
+    tensors = _random_tensors(config, seed)
+    metadata = {"format": "pt"}  # transformers refuses safetensors without it
+    for stale in [out / SINGLE_FILE, out / INDEX_FILE, *out.glob("model-*-of-*.safetensors")]:
+        stale.unlink(missing_ok=True)
+    if shards == 1:
+        save_file(tensors, str(out / SINGLE_FILE), metadata=metadata)
+        return
+    layers = config["num_hidden_layers"]
+    bounds = [round(k * layers / shards) for k in range(shards + 1)]
+
+    def file_index(name: str) -> int:
+        if name.startswith("model.layers."):
+            layer = int(name.split(".")[2])
+            return next(k for k in range(shards) if bounds[k] <= layer < bounds[k + 1])
+        return 0 if name == "model.embed_tokens.weight" else shards - 1
+
+    weight_map: dict[str, str] = {}
+    for k in range(shards):
+        file_name = f"model-{k + 1:05d}-of-{shards:05d}.safetensors"
+        part = {n: t for n, t in tensors.items() if file_index(n) == k}
+        save_file(part, str(out / file_name), metadata=metadata)
+        weight_map.update(dict.fromkeys(part, file_name))
+    total = sum(t.nbytes for t in tensors.values())
+    _write_json(
+        out / INDEX_FILE,
+        {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))},
+    )
+
+
+def _write_json(path: Path, obj: dict[str, Any]) -> None:
+    path.write_text(json.dumps(obj, indent=2, sort_keys=True) + "\n")
