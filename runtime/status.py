@@ -103,6 +103,23 @@ def format_status(status: dict[str, Any]) -> str:
         f"leader: {short(leader) if leader else 'none'} "
         f"(term {status.get('term', 0)}, commit index {status.get('commit_index', 0)})"
     )
+    raft = status.get("raft") or {}
+    if raft:
+        voters = ", ".join(short(v) for v in raft.get("voters", [])) or "none"
+        learners = ", ".join(short(n) for n in raft.get("learners", [])) or "none"
+        lines.append(f"raft: {raft.get('role', '?')}; voters {voters}; learners {learners}")
+    for entry in status.get("ledger", []):
+        a, b = entry.get("layers", ["?", "?"])
+        lines.append(
+            f"assignment: {short(entry.get('node_id'))} {entry.get('model')} [{a}, {b}) "
+            f"{entry.get('recipe')} {entry.get('tier')} (epoch {entry.get('epoch')})"
+        )
+    demand = status.get("demand") or {}
+    if demand:
+        lines.append(
+            "demand: "
+            + ", ".join(f"{model}={d.get('count')}" for model, d in sorted(demand.items()))
+        )
     lines.append(f"sessions: {status.get('sessions', 0)}")
     lines.append(format_drops(status.get("drops", {})))
     return "\n".join(lines)
