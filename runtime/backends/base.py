@@ -37,6 +37,23 @@ class ShardSpec:
     recipe: str  # one of runtime.recipes.RECIPES
 
 
+class ShardPosition:
+    """`is_first` / `is_last` for a backend that sets `spec` and `num_layers`:
+    where a shard sits decides what it takes (ids or hidden states) and
+    returns (hidden states or logits)."""
+
+    spec: ShardSpec
+    num_layers: int
+
+    @property
+    def is_first(self) -> bool:
+        return self.spec.start == 0
+
+    @property
+    def is_last(self) -> bool:
+        return self.spec.end == self.num_layers
+
+
 class KVCache(Protocol):
     """Opaque per-session cache handle; only the backend that made it reads it."""
 

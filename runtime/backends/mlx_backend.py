@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.backends.base import BackendError, ShardSpec
+from runtime.backends.base import BackendError, ShardPosition, ShardSpec
 from runtime.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
 from runtime.safetensors_shard import SafetensorsReader, read_shard_tensors
 
@@ -108,7 +108,7 @@ class MlxCache:
         return mlx_adapter.cache_offset(self.layers)
 
 
-class MlxShard:
+class MlxShard(ShardPosition):
     """Layers [start, end) of one model on MLX, implementing ShardBackend."""
 
     name = NAME
@@ -135,14 +135,6 @@ class MlxShard:
         self._dtype = getattr(mx, recipe.dtype)
         self._quantization = quantization
         self.bytes_read = bytes_read
-
-    @property
-    def is_first(self) -> bool:
-        return self.spec.start == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.spec.end == self.num_layers
 
     def new_cache(self) -> MlxCache:
         from runtime.backends import mlx_adapter

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 
 from runtime.backends import torch_adapter as adapter
-from runtime.backends.base import BackendError, KVCache, ShardSpec
+from runtime.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
 from runtime.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
 from runtime.safetensors_shard import RawTensor, SafetensorsReader, architecture, read_shard_tensors
 
@@ -94,7 +94,7 @@ class _Cache:
     inner: Any  # transformers DynamicCache
 
 
-class TorchShard:
+class TorchShard(ShardPosition):
     """Layers [start, end) of one model on one torch device (ShardBackend)."""
 
     name = "torch"
@@ -160,14 +160,6 @@ class TorchShard:
         if linear.bias is not None:
             raise BackendError("quantized recipes need bias-free projections")
         return QuantizedLinear(linear.weight.data, self.recipe.bits or 0, self._dtype)
-
-    @property
-    def is_first(self) -> bool:
-        return self.spec.start == 0
-
-    @property
-    def is_last(self) -> bool:
-        return self.spec.end == self.num_layers
 
     def new_cache(self) -> KVCache:
         return _Cache(adapter.new_cache())
