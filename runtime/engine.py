@@ -1,0 +1,94 @@
+"""A node's inference engine: the one reader of its data plane.
+
+A node is at once a hop (it may serve a shard to other entries) and an entry
+(it answers chat requests and drives chains of hops). Both speak on the same
+data plane, and a plane has one receiver, so :class:`Engine` owns the receive
+loop: it decodes each message (:func:`mesh.wire.decode_tensor`), counts and
+drops what does not parse, and dispatches by ``op`` — hop ops (``open``,
+``forward``, ``close``) to the node's :class:`runtime.hops.HopServer`, replies
+(``opened``, ``busy``, ``token``, ``error``) to its
+:class:`runtime.pipeline.Pipeline`. The loop never waits on compute (the hop
+server queues steps for per-session tasks), so one slow forward never delays
+another session's messages. The message schema is in :mod:`runtime.hops`.
+
+Typical wiring::
+
+    engine = Engine(data_plane, drops=drops, hop_server=HopServer(...) or None)
+    await nursery.start(engine.run)
+    async with aclosing(engine.pipeline.generate(...)) as tokens:
+        async for token in tokens: ...
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Final
+
+import trio
+
+from mesh.transport import Plane
+from mesh.wire import DecodeError, decode_tensor
+from runtime.hops import ENTRY_OPS, HOP_OPS, OP_OPEN, R_WRONG_SHARD, HopServer, refuse_open
+from runtime.pipeline import Pipeline
+
+__all__ = ["Engine"]
+
+R_UNKNOWN_OP: Final = "unknown_op"
+
+
+class Engine:
+    """Dispatches a node's data-plane messages to its hop server and pipeline."""
+
+    def __init__(
+        self,
+        plane: Plane,
+        *,
+        drops: Counter[str],
+        hop_server: HopServer | None = None,
+        reply_address: str | None = None,
+    ) -> None:
+        """``reply_address`` is this node's advertised data address (default:
+        the plane's bound address), where hops send this entry's replies."""
+        self.plane = plane
+        self.hop_server = hop_server
+        self.pipeline = Pipeline(plane, drops=drops, reply_address=reply_address)
+        self._drops = drops
+
+    @property
+    def sessions(self) -> int:
+        """Inference sessions open on this node as a hop (``/v1/network/status``)."""
+        return 0 if self.hop_server is None else self.hop_server.sessions
+
+    async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Serve the data plane until cancelled or the plane closes."""
+        async with trio.open_nursery() as nursery:
+            if self.hop_server is not None:
+                await nursery.start(self.hop_server.run)
+            task_status.started()
+            while True:
+                try:
+                    frames = await self.plane.receive()
+                except (trio.EndOfChannel, trio.ClosedResourceError):
+                    nursery.cancel_scope.cancel()
+                    return
+                self.dispatch(frames)
+
+    def dispatch(self, frames: list[bytes]) -> None:
+        """Handle one received message; never raises for bad input."""
+        try:
+            header, dtype, shape, raw = decode_tensor(frames)
+        except DecodeError as exc:
+            self._drops[f"engine.{exc.reason}"] += 1
+            return
+        op = header.get("op")
+        if op in HOP_OPS:
+            if self.hop_server is None:  # a stale route: we hold no shard (any more)
+                self._drops[f"engine.{R_WRONG_SHARD}"] += 1
+                if op == OP_OPEN:
+                    refuse_open(self.plane, header, R_WRONG_SHARD, "this node serves no shard")
+                return
+            self.hop_server.handle(op, header, dtype, shape, raw)
+        elif op in ENTRY_OPS:
+            self.pipeline.handle(op, header)
+        else:
+            self._drops[f"engine.{R_UNKNOWN_OP}"] += 1
