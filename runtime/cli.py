@@ -1,11 +1,14 @@
 """The `shardmesh` command line.
 
-Only commands that really work are listed: `node`, `status`, `demo` and
-`simulate` (the rest of DESIGN.md's contract arrives with later issues, and a command
-that exists but does nothing is worse than a clear "invalid choice").
+Only commands that really work are listed: `node`, `status`, `demo`,
+`simulate`, `tiny-model`, `manifest build` and `doctor` (the rest of
+DESIGN.md's contract arrives with later issues, and a command that exists
+but does nothing is worse than a clear "invalid choice").
 Usage errors exit 2 with the usage line, as argparse does; runtime errors
-(state dir in use, port taken, node unreachable) exit 1 with one line on
-stderr saying what went wrong.
+(state dir in use, port taken, node unreachable, a model directory that
+cannot be read) exit 1 with one line on stderr saying what went wrong.
+`doctor` exits 0 only when the shard is admitted; a refusal exits 1 and
+says which check failed and by how much.
 """
 
 from __future__ import annotations
@@ -40,6 +43,28 @@ def _url(text: str) -> str:
         return api_url(text)
     except EndpointError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _layer_span(text: str) -> tuple[int, int]:
+    """`A:B` -> (A, B). Only the syntax is checked here: whether the span
+    fits the model is the doctor's `span` check, reported like any refusal."""
+    start, sep, end = text.partition(":")
+    try:
+        if not sep:
+            raise ValueError
+        return int(start), int(end)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not A:B (e.g. 0:4)") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -159,6 +184,74 @@ def build_parser() -> argparse.ArgumentParser:
         help="also write metrics.json and timeline.txt (the traced events) into DIR",
     )
     simulate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+
+    tiny = commands.add_parser(
+        "tiny-model",
+        help="write a tiny random model (with tokenizer and manifest) for tests and demos",
+        description=(
+            "Write a tiny random Qwen3- or Llama-architecture model to OUT_DIR: config.json, "
+            "safetensors weights, a real tokenizer with a chat template, and its manifest. "
+            "The same seed gives byte-identical files. Prints the directory and the "
+            "manifest digest."
+        ),
+    )
+    tiny.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    tiny.add_argument("--layers", type=_positive_int, default=8, help="decoder layers (default 8)")
+    tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    tiny.add_argument("--name", default=None, help="model name (default: the directory's name)")
+    tiny.add_argument(
+        "--family", choices=("qwen3", "llama"), default="qwen3", help="architecture (default qwen3)"
+    )
+
+    manifest = commands.add_parser(
+        "manifest",
+        help="model manifests (a model's identity and golden activations)",
+        description="Model manifests.",
+    )
+    manifest_commands = manifest.add_subparsers(
+        dest="manifest_command", title="manifest commands", required=True
+    )
+    manifest_build = manifest_commands.add_parser(
+        "build",
+        help="compute DIR's manifest and golden activations",
+        description=(
+            "Hash DIR's config, tokenizer files and every tensor, compute fp32 golden "
+            "activations of the probe at every layer boundary (one layer in memory at a "
+            "time), write shardmesh-manifest.json and shardmesh-golden.safetensors into "
+            "DIR, and print the manifest digest (the model's identity in the swarm)."
+        ),
+    )
+    manifest_build.add_argument("dir", type=Path, metavar="DIR")
+    manifest_build.add_argument(
+        "--name", default=None, help="model name (default: kept from an existing manifest)"
+    )
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="check that this machine computes a shard correctly (node admission)",
+        description=(
+            "Check the environment, the manifest, the shard's tensor digests and a real "
+            "forward pass of the manifest's probe against its golden activations, then "
+            "measure throughput. Exits 0 only when the shard is admitted."
+        ),
+    )
+    doctor.add_argument("--model", required=True, type=Path, metavar="DIR", help="model directory")
+    doctor.add_argument(
+        "--layers",
+        required=True,
+        type=_layer_span,
+        metavar="A:B",
+        help="the shard: layers A (inclusive) to B (exclusive)",
+    )
+    doctor.add_argument("--recipe", required=True, metavar="R", help="fp32, bf16, fp16, q8 or q4")
+    doctor.add_argument(
+        "--backend",
+        choices=("torch", "mlx"),
+        default=None,
+        help="compute backend (default: mlx on Apple silicon, torch elsewhere)",
+    )
+    doctor.add_argument("--json", action="store_true", help="print the report as JSON")
+    doctor.add_argument("--no-measure", action="store_true", help="skip the throughput measurement")
     return parser
 
 
@@ -233,6 +326,54 @@ def _run_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_tiny_model(args: argparse.Namespace) -> int:
+    from runtime.backends.base import BackendError
+    from runtime.manifest import load_manifest, manifest_digest
+    from runtime.tinymodel import make_tiny_model
+
+    try:
+        out = make_tiny_model(
+            args.out_dir, layers=args.layers, seed=args.seed, name=args.name, family=args.family
+        )
+        digest = manifest_digest(load_manifest(out))
+    except (OSError, BackendError) as exc:
+        print(f"{PROG} tiny-model: error: {exc}", file=sys.stderr)
+        return 1
+    print(out)
+    print(digest)
+    return 0
+
+
+def _run_manifest_build(args: argparse.Namespace) -> int:
+    from runtime.backends.base import BackendError
+    from runtime.manifest import build_manifest, manifest_digest
+
+    if not args.dir.is_dir():
+        print(f"{PROG} manifest build: error: no directory at {args.dir}", file=sys.stderr)
+        return 1
+    try:
+        manifest = build_manifest(args.dir, name=args.name)
+    except (OSError, BackendError) as exc:
+        print(f"{PROG} manifest build: error: {exc}", file=sys.stderr)
+        return 1
+    print(manifest_digest(manifest))
+    return 0
+
+
+def _run_doctor(args: argparse.Namespace) -> int:
+    from runtime.doctor import render_text, run_doctor
+
+    start, end = args.layers
+    report = run_doctor(
+        args.model, start, end, args.recipe, args.backend, measure=not args.no_measure
+    )
+    print(report.to_json() if args.json else render_text(report))
+    if not report.admitted:
+        print(f"{PROG} doctor: refused: {report.reason}: {report.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardmesh` console script; returns the exit code."""
     parser = build_parser()
@@ -243,6 +384,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_status(args)
     if args.command == "simulate":
         return _run_simulate(args)
+    if args.command == "tiny-model":
+        return _run_tiny_model(args)
+    if args.command == "manifest":
+        return _run_manifest_build(args)
+    if args.command == "doctor":
+        return _run_doctor(args)
     if args.command == "demo":
         from runtime.demo import run_demo
 

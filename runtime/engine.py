@@ -53,6 +53,7 @@ class Engine:
         self.hop_server = hop_server
         self.pipeline = Pipeline(plane, drops=drops, reply_address=reply_address)
         self._drops = drops
+        self._nursery: trio.Nursery | None = None
 
     @property
     def sessions(self) -> int:
@@ -62,6 +63,7 @@ class Engine:
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the data plane until cancelled or the plane closes."""
         async with trio.open_nursery() as nursery:
+            self._nursery = nursery
             if self.hop_server is not None:
                 await nursery.start(self.hop_server.run)
             task_status.started()
@@ -72,6 +74,17 @@ class Engine:
                     nursery.cancel_scope.cancel()
                     return
                 self.dispatch(frames)
+
+    async def attach(self, hop_server: HopServer) -> None:
+        """Start serving a shard on a running engine: a node admits its
+        shard (the doctor) after its planes are up, so the hop server
+        arrives later than the engine."""
+        if self._nursery is None:
+            raise RuntimeError("attach() needs a running engine")
+        if self.hop_server is not None:
+            raise RuntimeError("this engine already serves a shard")
+        await self._nursery.start(hop_server.run)
+        self.hop_server = hop_server
 
     def dispatch(self, frames: list[bytes]) -> None:
         """Handle one received message; never raises for bad input."""

@@ -61,9 +61,9 @@ from __future__ import annotations
 import re
 import secrets
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
 import numpy as np
 import trio
@@ -72,6 +72,8 @@ from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS, encode_tensor
 from runtime.backends.base import KVCache, ShardBackend
 from runtime.sampling import SEED_MODULUS, SamplingParams, sample
+
+T = TypeVar("T")
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
@@ -301,6 +303,12 @@ class HopServer:
     def sessions(self) -> int:
         """Open sessions (for ``/v1/network/status``)."""
         return len(self._sessions)
+
+    async def on_shard(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in a worker thread, never at the same time as a
+        session's forward: the node's capability re-check runs its probe on
+        the shard this server holds, and backends are not thread-safe."""
+        return await trio.to_thread.run_sync(fn, *args, limiter=self._compute)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Host the session tasks and reap idle sessions, until cancelled."""

@@ -222,6 +222,29 @@ def manifest_digest(manifest: dict[str, Any]) -> str:
     return _canonical_sha256(identity)
 
 
+def artifact_files(model_dir: Path) -> list[str]:
+    """The files besides the manifest that an entry node needs to speak a
+    model's language (tokenize, apply the chat template, know its context
+    window), all covered by the manifest digest: config.json and the
+    tokenizer files. The weights are not among them."""
+    return ["config.json", *sorted(load_manifest(model_dir)["tokenizer_files"])]
+
+
+def verify_artifacts(model_dir: Path, digest: str) -> None:
+    """ManifestError unless `model_dir` holds a manifest whose digest is
+    `digest` and config and tokenizer files that hash as it says: what an
+    entry checks on files fetched from a peer before trusting them."""
+    model_dir = Path(model_dir)
+    manifest = load_manifest(model_dir)
+    if manifest_digest(manifest) != digest:
+        raise ManifestError(f"{model_dir}: manifest digest is not {digest}")
+    expected = {"config.json": manifest["config_sha256"], **manifest["tokenizer_files"]}
+    for name, sha in expected.items():
+        path = model_dir / name
+        if not path.is_file() or _file_sha256(path) != sha:
+            raise ManifestError(f"{path}: missing or not the file the manifest names")
+
+
 def _canonical_sha256(obj: Any) -> str:
     # Sorted keys, no whitespace, ASCII: one byte string per manifest on any
     # machine. The manifest holds no floats, so there is no float formatting

@@ -8,8 +8,12 @@ does no I/O; this module feeds it. One nursery holds every task of a node:
   core wants sent, wake the timer;
 * the timer loop: sleep until the core's next deadline (or until a message
   changed it), tick, send;
-* the data-plane drain (activations arrive there in later issues; for now
-  anything that arrives is counted and dropped so the socket never backs up);
+* the inference engine (`runtime.engine`): the one reader of the data
+  plane, serving this node's shard to other entries (once admitted) and
+  carrying this node's own chat requests through chains of hops;
+* admission (`runtime.admission`), when the node was given a shard: the
+  doctor, then serving, then periodic re-checks that keep the signed
+  capability report fresh;
 * the Raft driver (`runtime.raft_driver`): consensus messages ride the
   same control plane as membership, each signed by its sender, and the
   driver persists to `STATE_DIR/raft.sqlite3` before anything it sends;
@@ -44,7 +48,7 @@ from consensus.config import ConsensusConfig
 from consensus.storage import RaftStorage, StorageError
 from mesh import records
 from mesh.config import MembershipConfig
-from mesh.coverage import build_coverage, coverage_to_json, excluded_to_json
+from mesh.coverage import CoverageMap, build_coverage, coverage_to_json, excluded_to_json
 from mesh.identity import Identity, node_id_text, verify
 from mesh.membership import Membership
 from mesh.messages import Consensus, Envelope, consensus_signing_bytes
@@ -56,7 +60,10 @@ from mesh.wire import (
     decode_envelope,
     encode_envelope,
 )
+from runtime.admission import Admission, ServeOptions
+from runtime.chat import ArtifactStore, ChatService
 from runtime.endpoints import HostPort, parse_hostport
+from runtime.engine import Engine
 from runtime.raft_driver import RaftDriver
 from runtime.statedir import StateDir
 
@@ -102,6 +109,8 @@ class NodeOptions:
     """Serve `POST /v1/debug/faults` (tests cut a node off the control
     plane with it). Off by default: it lets anyone who reaches the API
     partition the node."""
+    serve: ServeOptions | None = None
+    """The operator's pinned shard (`--model --layers --recipe`), if any."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -177,6 +186,9 @@ class Node:
         # Set in run() once the planes are bound; nothing reads them before.
         self.membership: Membership
         self.raft: RaftDriver
+        self.engine: Engine
+        self.admission: Admission | None = None
+        self.chat: ChatService
         self._control: Plane
         self._data: Plane
         self.leaving = False
@@ -309,11 +321,6 @@ class Node:
                 continue
             self.handle_payload(frames[0])
 
-    async def _data_loop(self) -> None:
-        while True:
-            await self._data.receive()
-            self.local_drops["data_unexpected"] += 1
-
     async def _timer_loop(self) -> None:
         while True:
             deadline = self.membership.next_deadline()
@@ -429,6 +436,18 @@ class Node:
                     members=self._raft_members,
                     rng=random.Random(int.from_bytes(os.urandom(16), "big")),
                 )
+                self.engine = Engine(data, drops=self.local_drops, reply_address=data_addr)
+                if options.serve is not None:
+                    self.admission = Admission(
+                        options.serve,
+                        engine=self.engine,
+                        plane=data,
+                        drops=self.local_drops,
+                        publish=self._republish,
+                    )
+                self.chat = ChatService(
+                    self, ArtifactStore(self.state.path / "artifacts", self._local_models())
+                )
                 async with trio.open_nursery() as nursery:
                     api_url = await self._start_http(nursery)
                     self.addresses = {"control": control_addr, "data": data_addr, "api": api_url}
@@ -436,9 +455,11 @@ class Node:
                     if options.joins:
                         self.membership.join([seed.zmq() for seed in options.joins], self._now())
                     nursery.start_soon(self._control_loop)
-                    nursery.start_soon(self._data_loop)
                     nursery.start_soon(self._timer_loop)
                     nursery.start_soon(self.raft.run)
+                    await nursery.start(self.engine.run)
+                    if self.admission is not None:
+                        nursery.start_soon(self.admission.run)
                     self._flush()
                     self.state.write_ready(
                         {
@@ -477,8 +498,9 @@ class Node:
     # --- views ----------------------------------------------------------------
 
     def record_body(self) -> bytes:
-        """This node's signed-record body: where to reach it, and (until later
-        issues fill them) no backend, assignment or capability."""
+        """This node's signed-record body: where to reach it and, once the
+        doctor has run, its backend, pinned assignment and capability."""
+        admission = self.admission
         return records.encode_record_body(
             records.NodeRecord(
                 addresses=records.Addresses(
@@ -487,8 +509,73 @@ class Node:
                     api=self.addresses["api"],
                 ),
                 started_at=self.started_at,
+                backend=admission.backend_info if admission else None,
+                assignment=admission.assignment() if admission else None,
+                capability=admission.capability if admission else None,
+                models=tuple(sorted({name for name, _ in self._local_model_names()})),
             )
         )
+
+    def _republish(self) -> None:
+        """Re-sign and gossip our record (admission changed what it says)."""
+        self.membership.publish_record(self.record_body(), self._now())
+        self._flush()
+
+    def _local_model_names(self) -> list[tuple[str, str]]:
+        """(model name, manifest digest) of the models on this node's disk."""
+        admission = self.admission
+        if admission is None or admission.model_name is None or admission.manifest_digest is None:
+            return []
+        return [(admission.model_name, admission.manifest_digest)]
+
+    def _local_models(self) -> dict[str, Path]:
+        """Manifest digest -> directory, for the models this node can hand
+        out tokenizer files of (filled in as admission learns the digest)."""
+        return _LocalModels(self)
+
+    # --- what the chat service and the API read ------------------------------------
+
+    def decoded_record(self, node: bytes) -> records.NodeRecord | None:
+        return self._decoded_record(self.membership.record(node))
+
+    def member_state(self, node: bytes) -> str | None:
+        view = self.membership.member(node)
+        return None if view is None else str(view.state)
+
+    def coverage_map(self) -> CoverageMap:
+        """Who serves what, now (capability validity is judged by wall clock:
+        reports are compared across machines)."""
+        views = self.membership.members()
+        return build_coverage(
+            ((v.node, str(v.state), self._decoded_record(v.record)) for v in views), time.time()
+        )
+
+    def assigned_models(self) -> set[str]:
+        """Models some live member is assigned, admitted yet or not."""
+        names = set()
+        for view in self.membership.members():
+            record = self._decoded_record(view.record)
+            if str(view.state) in ("alive", "suspect") and record and record.assignment:
+                names.add(record.assignment.model)
+        return names
+
+    def loading_nodes(self, model: str) -> list[str]:
+        """Live members assigned `model` whose capability is not (yet) admitted."""
+        loading = []
+        for view in self.membership.members():
+            record = self._decoded_record(view.record)
+            if str(view.state) not in ("alive", "suspect") or record is None:
+                continue
+            if record.assignment is None or record.assignment.model != model:
+                continue
+            capability = record.capability
+            if capability is None or capability.result != "admitted":
+                loading.append(node_id_text(view.node))
+        return loading
+
+    def artifact_path(self, digest: str) -> Path | None:
+        """The local directory of the model whose manifest digest is `digest`."""
+        return self._local_models().get(digest)
 
     @property
     def fault_injection(self) -> bool:
@@ -555,11 +642,7 @@ class Node:
                 }
             )
         members.sort(key=lambda m: (not m["self"], m["node_id"]))
-        # Capability reports carry wall-clock validity (they are compared
-        # across machines), so coverage is judged against wall-clock time.
-        coverage = build_coverage(
-            ((view.node, str(view.state), decoded[view.node]) for view in views), time.time()
-        )
+        coverage = self.coverage_map()
         return {
             "node_id": node_id_text(self.node_id),
             "incarnation": self.membership.incarnation,
@@ -574,7 +657,8 @@ class Node:
             "coverage": coverage_to_json(coverage),
             "not_serving": excluded_to_json(coverage),
             "drops": self.drops(),
-            "sessions": 0,
+            "sessions": self.engine.sessions,
+            "admission": None if self.admission is None else self.admission.to_json(),
             "events": [
                 {
                     "kind": e["kind"],
@@ -585,6 +669,21 @@ class Node:
                 for e in self.recent_events
             ],
         }
+
+
+class _LocalModels(dict[str, Path]):
+    """A live view: the admission learns the digest only once the doctor
+    has read the manifest, after the chat service was built."""
+
+    def __init__(self, node: Node) -> None:
+        super().__init__()
+        self._node = node
+
+    def get(self, digest: str, default: Path | None = None) -> Path | None:  # type: ignore[override]
+        admission = self._node.admission
+        if admission is not None and admission.manifest_digest == digest:
+            return admission.options.model_dir
+        return default
 
 
 def _ago(now: float, then: float | None) -> float | None:

@@ -22,7 +22,8 @@ _INSTALL_HINT = {
     "torch": "pip install 'shardmesh[runtime,torch]'",
     "mlx": "pip install 'shardmesh[runtime,mlx]'",
 }
-_REQUIRED_MODULES = {"torch": ("torch", "transformers"), "mlx": ("mlx", "mlx_lm")}
+REQUIRED_MODULES = {"torch": ("torch", "transformers"), "mlx": ("mlx.core", "mlx_lm")}
+"""What each backend imports to load a shard (the doctor imports them to check)."""
 
 
 def default_backend() -> str:
@@ -34,7 +35,15 @@ def default_backend() -> str:
 
 def backend_available(name: str) -> bool:
     """Whether the packages backend `name` needs are importable here."""
-    return all(importlib.util.find_spec(m) is not None for m in _REQUIRED_MODULES[name])
+    return all(_findable(m) for m in REQUIRED_MODULES[name])
+
+
+def _findable(module: str) -> bool:
+    # find_spec of a submodule imports its parent, which may itself fail.
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:
+        return False
 
 
 def load_shard(spec: ShardSpec, backend: str | None = None) -> ShardBackend:

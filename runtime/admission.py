@@ -1,0 +1,231 @@
+"""Node capability admission: the doctor gates serving, and keeps gating it.
+
+A node started with `--model DIR --layers A:B --recipe R` serves nothing
+until `runtime.doctor` has run the real forward of its exact shard and
+recipe against the manifest's golden activations (ADR-0026: no tier skips
+admission). Then, and only then:
+
+1. the shard the doctor loaded and checked is handed to a `HopServer` (the
+   very object that passed, not a second load that could differ);
+2. the node's signed record gains the assignment (tier `operator`, pinned)
+   and an admitted capability report with `validated_at` and `expires_at`,
+   which the coverage map requires before anyone routes here.
+
+While it serves, a cheap re-check (the probe forward alone, on the held
+shard, between sessions' forwards) refreshes the report every `refresh_s`,
+well before it expires. A re-check that fails publishes a failed report: the
+coverage map drops the node at once rather than at expiry. A report that
+expires without a refresh (a stalled node) drops it too, by the coverage
+map's own clock, until a refresh arrives.
+
+A failed doctor publishes a failed report when it got as far as knowing the
+model (the status API says why the node is not serving) and the node keeps
+running as a member, an entry and a Raft participant.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import trio
+
+from mesh import records
+from mesh.transport import Plane
+from runtime.backends.base import ShardBackend
+from runtime.doctor import DoctorReport, admit, free_memory_bytes, recheck
+from runtime.engine import Engine
+from runtime.hops import DEFAULT_MAX_SESSIONS, HopServer
+
+log = logging.getLogger("shardmesh.admission")
+
+DEFAULT_TTL_S: Final = 600.0
+"""How long a capability report stays valid. Ten minutes bounds how long a
+node whose hardware went bad (and whose re-checks therefore stopped or
+failed) can stay routable by a stale report, while a refresh is one probe
+forward: negligible next to ten minutes of serving."""
+REFRESH_FRACTION: Final = 0.5
+"""Refresh at half the TTL: one missed refresh (a busy moment, a slow
+gossip round) still leaves half a TTL before peers stop routing here."""
+OPERATOR_EPOCH: Final = 1
+"""An operator's pinned assignment is fixed for the life of the process; the
+ledger's per-node epochs take over with placement (later issue)."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `shardmesh node --model DIR --layers A:B --recipe R` asked for."""
+
+    model_dir: Path
+    layers: tuple[int, int]
+    recipe: str = "fp32"
+    backend: str | None = None
+    ttl_s: float = DEFAULT_TTL_S
+    refresh_s: float | None = None  # default: ttl_s * REFRESH_FRACTION
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+
+    def __post_init__(self) -> None:
+        a, b = self.layers
+        if not 0 <= a < b:
+            raise ValueError(f"--layers {a}:{b} must satisfy 0 <= A < B")
+        if self.ttl_s <= 0 or (self.refresh_s is not None and self.refresh_s <= 0):
+            raise ValueError("the capability TTL and refresh interval must be positive")
+
+    @property
+    def refresh_interval(self) -> float:
+        return self.refresh_s if self.refresh_s is not None else self.ttl_s * REFRESH_FRACTION
+
+
+class Admission:
+    """Runs the doctor for the node's pinned shard and keeps its report fresh."""
+
+    def __init__(
+        self,
+        options: ServeOptions,
+        *,
+        engine: Engine,
+        plane: Plane,
+        drops: Counter[str],
+        publish: Callable[[], None],
+    ) -> None:
+        """`publish` re-signs and gossips the node's record; it is called
+        whenever the assignment or capability below changes."""
+        self.options = options
+        self._engine = engine
+        self._plane = plane
+        self._drops = drops
+        self._publish = publish
+        self.state = "checking"
+        self.report: DoctorReport | None = None
+        self.capability: records.CapabilityReport | None = None
+        self.backend_info: records.BackendInfo | None = None
+        self.hop_server: HopServer | None = None
+
+    @property
+    def model_name(self) -> str | None:
+        return self.report.model if self.report else None
+
+    @property
+    def manifest_digest(self) -> str | None:
+        return self.report.manifest_digest if self.report else None
+
+    def assignment(self) -> records.Assignment | None:
+        """The pinned operator assignment, once the manifest names the model."""
+        if self.model_name is None:
+            return None
+        return records.Assignment(
+            model=self.model_name,
+            layers=self.options.layers,
+            recipe=self.options.recipe,  # type: ignore[arg-type]
+            tier="operator",
+            managed=False,
+            epoch=OPERATOR_EPOCH,
+        )
+
+    async def run(self) -> None:
+        """Admit, serve and refresh until cancelled."""
+        o = self.options
+        log.info("doctor: checking %s layers %d:%d (%s)", o.model_dir, *o.layers, o.recipe)
+        report, shard = await trio.to_thread.run_sync(
+            admit, o.model_dir, o.layers[0], o.layers[1], o.recipe, o.backend
+        )
+        if shard is None:
+            self._record(report)
+            log.error("doctor refused the shard: %s (%s)", report.reason, report.message)
+            return
+        # Serve first, then advertise: a peer that routes here on the new
+        # record must find the hop server already attached.
+        self.backend_info = _backend_info(shard)
+        self.hop_server = HopServer(
+            self._plane,
+            shard,
+            model=report.model or o.model_dir.name,
+            drops=self._drops,
+            max_sessions=o.max_sessions,
+        )
+        await self._engine.attach(self.hop_server)
+        self._record(report)
+        log.info(
+            "admitted %s layers %d:%d (%s on %s): prefill %.0f tok/s, decode %.0f tok/s",
+            report.model,
+            *o.layers,
+            o.recipe,
+            report.device,
+            report.prefill_tok_s or 0.0,
+            report.decode_tok_s or 0.0,
+        )
+        while True:
+            await trio.sleep(o.refresh_interval)
+            await self.refresh(shard)
+
+    async def refresh(self, shard: ShardBackend) -> None:
+        """The cheap re-check on the held shard; republish what it found."""
+        assert self.hop_server is not None and self.report is not None
+        o = self.options
+        fresh = await self.hop_server.on_shard(
+            lambda: recheck(o.model_dir, o.layers[0], o.layers[1], o.recipe, shard=shard)
+        )
+        if not fresh.admitted:
+            log.error("re-check failed: %s (%s); no longer serving", fresh.reason, fresh.message)
+        # Throughput is not re-measured by the cheap check: keep the doctor's.
+        fresh.prefill_tok_s = fresh.prefill_tok_s or self.report.prefill_tok_s
+        fresh.decode_tok_s = fresh.decode_tok_s or self.report.decode_tok_s
+        self._record(fresh)
+
+    def _record(self, report: DoctorReport) -> None:
+        self.report = report
+        self.state = "admitted" if report.admitted else "failed"
+        self.capability = _capability(report, self.options)
+        self._publish()
+
+    def to_json(self) -> dict[str, Any]:
+        """The `admission` field of `/v1/network/status`."""
+        report = self.report
+        return {
+            "state": self.state,
+            "model_dir": str(self.options.model_dir),
+            "layers": list(self.options.layers),
+            "recipe": self.options.recipe,
+            "ttl_s": self.options.ttl_s,
+            "refresh_s": self.options.refresh_interval,
+            "doctor": None if report is None else report.to_dict(),
+        }
+
+
+def _capability(report: DoctorReport, options: ServeOptions) -> records.CapabilityReport | None:
+    """The signed-record form of a doctor report (None when the doctor did
+    not get far enough to know which model it was looking at)."""
+    if report.manifest_digest is None or report.model is None or report.backend is None:
+        return None
+    now = time.time()
+    return records.CapabilityReport(
+        result="admitted" if report.admitted else "failed",
+        model=report.model,
+        manifest_digest=report.manifest_digest,
+        layers=options.layers,
+        recipe=options.recipe,  # type: ignore[arg-type]
+        backend=report.backend,  # type: ignore[arg-type]
+        prefill_tokens_per_s=float(report.prefill_tok_s or 0.0),
+        decode_tokens_per_s=float(report.decode_tok_s or 0.0),
+        validated_at=now,
+        expires_at=now + options.ttl_s,
+        failure=None
+        if report.admitted
+        else f"{report.failed_check}: {report.reason}: {report.message}"[
+            : records.MAX_FAILURE_CHARS
+        ],
+    )
+
+
+def _backend_info(shard: ShardBackend) -> records.BackendInfo:
+    free, _source = free_memory_bytes(shard.device)
+    return records.BackendInfo(
+        kind=shard.name,  # type: ignore[arg-type]
+        device=shard.device,
+        memory_bytes=int(free or 0),
+    )

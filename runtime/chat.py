@@ -1,0 +1,531 @@
+"""Chat completions at the entry node: parse, tokenize, route, generate, detokenize.
+
+Any node answers `POST /v1/chat/completions` for any model the swarm serves:
+
+1. **Parse** the OpenAI request strictly (`parse_chat_request`): a bad field
+   is a 400 that names it, before anything expensive happens.
+2. **Find the model**: the coverage map (built from gossiped, signed node
+   records) says which variant of the name is best served. A name no node
+   knows is a 404 `model_not_found`; a known model without a complete,
+   admitted chain is a 503 `model_loading` with `Retry-After` and the
+   coverage (what is covered, the gaps, who is loading).
+3. **Tokenize** with the model's own tokenizer and chat template. The entry
+   needs the tokenizer files, not the weights: from its own copy of the
+   model if it has one, else fetched from a serving node's
+   `/v1/network/artifacts/{digest}/{file}` and checked against the manifest
+   digest the swarm routes by (`ArtifactStore`), so a lying peer cannot
+   hand out a different tokenizer.
+4. **Route and generate** through `runtime.pipeline`: the cheapest chain
+   (`mesh.routes.find_route`) over admitted nodes not in back-off. When a hop
+   fails mid-stream, `reroute` asks membership which chain node died,
+   backs it off and re-routes the broken span; the pipeline replays the
+   tokens so far, and the stream goes on.
+5. **Detokenize incrementally**, holding back an incomplete UTF-8 sequence
+   and any text that might start a stop sequence (`StopScanner`), so a
+   client never sees half a character or part of a stop string.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import httpx
+import trio
+
+from mesh.coverage import CoverageMap, ModelCoverage
+from mesh.identity import node_id_text
+from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
+from runtime.pipeline import Failure, Hop, PipelineError
+from runtime.sampling import SamplingParamError, SamplingParams, StopScanner
+
+log = logging.getLogger("shardmesh.chat")
+
+ROLES: Final = frozenset({"system", "user", "assistant", "tool", "developer"})
+MAX_MESSAGES: Final = 1024
+"""More turns than any chat needs; bounds the work one request can ask for."""
+MAX_MESSAGE_CHARS: Final = 1_000_000
+LOADING_RETRY_AFTER_S: Final = 5
+"""What a 503 `model_loading` tells clients to wait: a weight load plus the
+doctor take seconds on a small model, and polling faster only adds load."""
+REROUTE_WAIT_S: Final = 6.0
+"""After a step times out with no hop named, wait this long for membership
+to mark one of the chain's nodes suspect or dead before re-routing blind:
+a killed process is suspected within a probe round or two (the local
+profile's 0.3 s probes, the lan profile's 1 s)."""
+REROUTE_POLL_S: Final = 0.05
+ARTIFACT_FETCH_TIMEOUT_S: Final = 30.0
+HOLD_BACK_REPLACEMENT: Final = "\ufffd"
+"""A decoded text ending in U+FFFD is (probably) a UTF-8 sequence cut between
+tokens; it is held back until the next token completes it."""
+
+
+class ChatError(Exception):
+    """A request we answer with an OpenAI-shaped error."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        code: str | None = None,
+        type_: str | None = None,
+        param: str | None = None,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.type_ = type_
+        self.param = param
+        self.headers = headers
+        self.extra = extra or {}
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    model: str
+    messages: tuple[dict[str, str], ...]
+    params: SamplingParams
+    stream: bool
+    include_usage: bool
+
+
+def _bad(message: str, param: str) -> ChatError:
+    return ChatError(400, message, param=param, code="invalid_value")
+
+
+def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """The validated request, or ChatError(400) naming the first bad field."""
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model must be a non-empty string", "model")
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise _bad("messages must be a non-empty array", "messages")
+    if len(messages) > MAX_MESSAGES:
+        raise _bad(f"at most {MAX_MESSAGES} messages", "messages")
+    parsed = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise _bad(f"{where} must be an object", where)
+        role = message.get("role")
+        if role not in ROLES:
+            raise _bad(f"{where}.role must be one of {sorted(ROLES)}", f"{where}.role")
+        parsed.append({"role": role, "content": _content_text(message.get("content"), where)})
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if type(stream) is not bool:
+        raise _bad("stream must be true or false", "stream")
+    options = body.get("stream_options") or {}
+    if not isinstance(options, dict):
+        raise _bad("stream_options must be an object", "stream_options")
+    include_usage = options.get("include_usage", False)
+    if type(include_usage) is not bool:
+        raise _bad("stream_options.include_usage must be a bool", "stream_options.include_usage")
+    if body.get("n") not in (None, 1):
+        raise _bad("only n=1 is supported", "n")
+    try:
+        params = SamplingParams.from_request(body)
+    except SamplingParamError as exc:
+        raise _bad(str(exc), exc.param) from None
+    return ChatRequest(model, tuple(parsed), params, stream, include_usage)
+
+
+def _content_text(content: object, where: str) -> str:
+    """A message's content as text: a string, or OpenAI's list of text parts."""
+    if isinstance(content, str):
+        text = content
+    elif isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text":
+                raise _bad(f"{where}.content parts must be text parts", f"{where}.content")
+            value = part.get("text")
+            if not isinstance(value, str):
+                raise _bad(f"{where}.content text must be a string", f"{where}.content")
+            parts.append(value)
+        text = "".join(parts)
+    else:
+        raise _bad(f"{where}.content must be a string or text parts", f"{where}.content")
+    if len(text) > MAX_MESSAGE_CHARS:
+        raise _bad(f"{where}.content is over {MAX_MESSAGE_CHARS} characters", f"{where}.content")
+    return text
+
+
+class ModelTokenizer:
+    """A model's tokenizer and chat template (transformers' AutoTokenizer)."""
+
+    def __init__(self, directory: Path) -> None:
+        from transformers import AutoTokenizer  # heavy: only when chat is used
+
+        self._tok = AutoTokenizer.from_pretrained(str(directory))
+        config = _read_json(directory / "config.json")
+        generation = _read_json(directory / "generation_config.json")
+        eos: set[int] = set()
+        for source in (generation.get("eos_token_id"), config.get("eos_token_id")):
+            if isinstance(source, int):
+                eos.add(source)
+            elif isinstance(source, list):
+                eos.update(t for t in source if isinstance(t, int))
+        if self._tok.eos_token_id is not None:
+            eos.add(int(self._tok.eos_token_id))
+        self.eos_ids = frozenset(eos)
+        self.context_window = int(config.get("max_position_embeddings") or 0) or None
+
+    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        ids = self._tok.apply_chat_template(
+            list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        if isinstance(ids, Mapping):  # some transformers versions return a BatchEncoding
+            ids = ids["input_ids"]
+        return [int(t) for t in ids]
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode(list(ids), skip_special_tokens=True)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    import json
+
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class ArtifactStore:
+    """Tokenizer files per manifest digest: local model copies first, else
+    fetched from a node that serves the model and verified against the
+    digest (`runtime.manifest.verify_artifacts`)."""
+
+    def __init__(self, cache_dir: Path, local: Mapping[str, Path]) -> None:
+        self.cache_dir = cache_dir
+        self.local = dict(local)
+        self._tokenizers: dict[str, ModelTokenizer] = {}
+        self._lock = trio.Lock()
+
+    async def tokenizer(self, digest: str, sources: Sequence[str]) -> ModelTokenizer:
+        """The tokenizer of the model whose manifest digest is `digest`;
+        `sources` are API URLs of nodes serving it, tried in order."""
+        async with self._lock:
+            found = self._tokenizers.get(digest)
+            if found is None:
+                directory = self.local.get(digest) or await self._fetch(digest, sources)
+                found = await trio.to_thread.run_sync(ModelTokenizer, directory)
+                self._tokenizers[digest] = found
+            return found
+
+    async def _fetch(self, digest: str, sources: Sequence[str]) -> Path:
+        from runtime.manifest import ManifestError, artifact_files, verify_artifacts
+
+        target = self.cache_dir / digest
+        try:
+            verify_artifacts(target, digest)
+            return target
+        except ManifestError:
+            pass
+        errors = []
+        async with httpx.AsyncClient(timeout=ARTIFACT_FETCH_TIMEOUT_S) as client:
+            for url in sources:
+                staging = self.cache_dir / f".{digest}.{uuid.uuid4().hex}"
+                try:
+                    staging.mkdir(parents=True)
+                    manifest = await _get(client, f"{url}/v1/network/artifacts/{digest}/manifest")
+                    (staging / "shardmesh-manifest.json").write_bytes(manifest)
+                    for name in artifact_files(staging):
+                        data = await _get(client, f"{url}/v1/network/artifacts/{digest}/{name}")
+                        (staging / name).write_bytes(data)
+                    verify_artifacts(staging, digest)
+                    if target.exists():
+                        _remove_tree(target)
+                    staging.rename(target)
+                    return target
+                except (httpx.HTTPError, OSError, ManifestError) as exc:
+                    errors.append(f"{url}: {exc}")
+                    _remove_tree(staging)
+        raise ChatError(
+            503,
+            "cannot get the model's tokenizer from any serving node: " + "; ".join(errors),
+            code="model_loading",
+            headers={"Retry-After": str(LOADING_RETRY_AFTER_S)},
+        )
+
+
+async def _get(client: httpx.AsyncClient, url: str) -> bytes:
+    response = await client.get(url)
+    response.raise_for_status()
+    return response.content
+
+
+def _remove_tree(path: Path) -> None:
+    if not path.exists():
+        return
+    for child in path.iterdir():
+        child.unlink()
+    path.rmdir()
+
+
+@dataclass
+class Generation:
+    """One completion in progress: what the API layer streams or collects."""
+
+    id: str
+    model: str
+    created: int
+    prompt_tokens: int
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+    route: list[str] = field(default_factory=list)
+    reroutes: int = 0
+
+
+class ChatService:
+    """The entry side of chat for one node (see the module docstring)."""
+
+    def __init__(self, node: Any, artifacts: ArtifactStore) -> None:
+        """`node` is the running `runtime.node.Node` (coverage, membership,
+        engine, records)."""
+        self.node = node
+        self.artifacts = artifacts
+        self.backoff = Backoff()
+
+    # --- models ---------------------------------------------------------------------
+
+    def models(self) -> list[dict[str, Any]]:
+        """`GET /v1/models`: every model with complete admitted coverage
+        (`ready`), and every model some node is assigned but that cannot be
+        routed yet (`loading`)."""
+        coverage = self.node.coverage_map()
+        listed: dict[str, dict[str, Any]] = {}
+        for name in sorted({key.model for key in coverage.models}):
+            best = coverage.best(name)
+            assert best is not None
+            listed[name] = _model_json(name, "ready" if best.complete else "loading", best)
+        for name in sorted(self.node.assigned_models()):
+            listed.setdefault(name, _model_json(name, "loading", None))
+        return list(listed.values())
+
+    # --- completions ----------------------------------------------------------------
+
+    async def start(self, request: ChatRequest) -> tuple[Generation, AsyncIterator[str]]:
+        """Route and start one completion; the generation record and an
+        iterator of text deltas (the iterator sets finish_reason and counts
+        tokens as it goes). Raises ChatError before anything is generated."""
+        coverage = self.node.coverage_map()
+        variant = self._servable(coverage, request.model)
+        route = self._route(variant, frozenset())
+        tokenizer = await self.artifacts.tokenizer(
+            variant.manifest_digest, self._artifact_sources(variant)
+        )
+        prompt = await trio.to_thread.run_sync(tokenizer.encode_chat, request.messages)
+        window = tokenizer.context_window
+        if window is not None and len(prompt) >= window:
+            raise ChatError(
+                400,
+                f"the prompt is {len(prompt)} tokens; this model's context window is {window}",
+                param="messages",
+                code="context_length_exceeded",
+            )
+        generation = Generation(
+            id=f"chatcmpl-{uuid.uuid4().hex}",
+            model=request.model,
+            created=int(time.time()),
+            prompt_tokens=len(prompt),
+            route=[node_id_text(n) for n in route.node_ids],
+        )
+        deltas = self._deltas(request, variant, route, tokenizer, prompt, generation)
+        return generation, deltas
+
+    def _servable(self, coverage: CoverageMap, model: str) -> ModelCoverage:
+        variant = coverage.best(model)
+        if variant is None and model not in self.node.assigned_models():
+            raise ChatError(
+                404,
+                f"the model {model!r} does not exist in this swarm",
+                code="model_not_found",
+                param="model",
+            )
+        if variant is None or not variant.complete:
+            raise ChatError(
+                503,
+                f"the model {model!r} is not fully served yet",
+                type_="model_loading",
+                code="model_loading",
+                headers={"Retry-After": str(LOADING_RETRY_AFTER_S)},
+                extra={"coverage": self._loading_coverage(model, variant)},
+            )
+        return variant
+
+    def _loading_coverage(self, model: str, variant: ModelCoverage | None) -> dict[str, Any]:
+        """What a 503 `model_loading` says: covered layers, gaps, who is
+        loading, whether a leader is known, and why we are waiting."""
+        leader = self.node.raft.leader()
+        return {
+            "model": model,
+            "layers": variant.num_layers if variant else None,
+            "covered": [list(s) for s in variant.covered] if variant else [],
+            "gaps": [list(s) for s in variant.gaps] if variant else None,
+            "loading": sorted(self.node.loading_nodes(model)),
+            "leader": node_id_text(leader) if leader else None,
+            "waiting_for": "no leader" if leader is None else "coverage",
+        }
+
+    def _route(self, variant: ModelCoverage, avoid: frozenset[bytes]) -> Route:
+        inputs = self._route_inputs(avoid)
+        found = find_route(variant, inputs)
+        if isinstance(found, NoRoute):
+            raise ChatError(
+                503,
+                f"no chain can serve {variant.model!r} now: {found.message}",
+                type_="model_loading",
+                code="model_loading",
+                headers={"Retry-After": str(LOADING_RETRY_AFTER_S)},
+                extra={"coverage": self._loading_coverage(variant.model, variant)},
+            )
+        return found
+
+    def _route_inputs(self, avoid: frozenset[bytes]) -> RouteInputs:
+        return RouteInputs(
+            entry=self.node.node_id,
+            avoid=avoid | self.backoff.avoided(trio.current_time()),
+        )
+
+    def _chain(self, route: Route) -> list[Hop]:
+        chain = []
+        for hop in route.hops:
+            record = self.node.decoded_record(hop.node_id)
+            if record is None:
+                raise ChatError(503, "a routed node has no record", code="model_loading")
+            chain.append(Hop(node_id_text(hop.node_id), record.addresses.data, hop.layers))
+        return chain
+
+    def _artifact_sources(self, variant: ModelCoverage) -> list[str]:
+        urls = []
+        for serving in variant.nodes:
+            url = self.node.member_api(serving.node_id)
+            if url is not None:
+                urls.append(url)
+        return urls
+
+    async def _deltas(
+        self,
+        request: ChatRequest,
+        variant: ModelCoverage,
+        route: Route,
+        tokenizer: ModelTokenizer,
+        prompt: list[int],
+        generation: Generation,
+    ) -> AsyncIterator[str]:
+        state = {"route": route}
+
+        async def on_failure(failure: Failure) -> list[Hop] | None:
+            new_route = await self._reroute(variant.model, state["route"], failure)
+            if new_route is None:
+                return None
+            state["route"] = new_route
+            generation.reroutes += 1
+            generation.route = [node_id_text(n) for n in new_route.node_ids]
+            return self._chain(new_route)
+
+        seed = request.params.seed
+        if seed is None:
+            seed = int.from_bytes(os.urandom(8), "big")
+        scanner = StopScanner(request.params.stop)
+        ids: list[int] = []
+        emitted = ""
+        stream = self.node.engine.pipeline.generate(
+            variant.model,
+            self._chain(route),
+            prompt,
+            request.params,
+            seed=seed,
+            context_window=tokenizer.context_window,
+            reroute=on_failure,
+        )
+        try:
+            async with aclosing(stream) as tokens:
+                async for token in tokens:
+                    generation.completion_tokens += 1
+                    if token in tokenizer.eos_ids:
+                        generation.finish_reason = "stop"
+                        break
+                    ids.append(token)
+                    text = tokenizer.decode(ids)
+                    if text.endswith(HOLD_BACK_REPLACEMENT):
+                        continue
+                    delta, emitted = text[len(emitted) :], text
+                    result = scanner.feed(delta)
+                    if result.text:
+                        yield result.text
+                    if result.stopped:
+                        generation.finish_reason = "stop"
+                        break
+        except PipelineError as exc:
+            generation.finish_reason = "error"
+            log.warning("generation %s failed: %s", generation.id, exc)
+            raise ChatError(
+                503, f"the swarm lost this generation: {exc}", code="generation_failed"
+            ) from exc
+        if generation.finish_reason is None:
+            generation.finish_reason = "length"
+            tail = scanner.flush()
+            if tail:
+                yield tail
+        elif generation.finish_reason == "stop" and not scanner.stopped:
+            tail = scanner.flush()
+            if tail:
+                yield tail
+
+    async def _reroute(self, model: str, route: Route, failure: Failure) -> Route | None:
+        """Which hop died? The pipeline's hint if it has one, else whichever
+        chain node membership declares suspect or dead within
+        REROUTE_WAIT_S; back those off and re-route around them."""
+        chain = [n for n in route.node_ids if n != self.node.node_id]
+        failed = {bytes.fromhex(s) for s in failure.suspects}
+        with trio.move_on_after(REROUTE_WAIT_S):
+            while not failed:
+                failed = {n for n in chain if self.node.member_state(n) not in ("alive", None)}
+                if not failed:
+                    await trio.sleep(REROUTE_POLL_S)
+        now = trio.current_time()
+        for node in failed:
+            self.backoff.record_failure(node, now)
+        log.info(
+            "re-routing %s around %s (%s at step %d)",
+            model,
+            ", ".join(node_id_text(n)[:12] for n in failed) or "nothing named",
+            failure.reason,
+            failure.step,
+        )
+        variant = self.node.coverage_map().best(model)
+        if variant is None:
+            return None
+        found = reroute(variant, route, failed, self._route_inputs(frozenset(failed)))
+        return None if isinstance(found, NoRoute) else found
+
+
+def _model_json(name: str, status: str, variant: ModelCoverage | None) -> dict[str, Any]:
+    return {
+        "id": name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "shardmesh",
+        "status": status,
+        "manifest_digest": variant.manifest_digest if variant else None,
+        "layers": variant.num_layers if variant else None,
+        "covered": [list(s) for s in variant.covered] if variant else [],
+        "gaps": [list(s) for s in variant.gaps] if variant else None,
+    }
