@@ -252,10 +252,10 @@ def build_coverage(
     unexpired at `now`, and agrees with its assignment and backend.
 
     `num_layers` gives a model's layer count where the caller knows it (from
-    its manifest). Otherwise it is the largest layer end in any report for that
-    model and digest, served or not, so a dead last shard still shows as a gap
-    at the end; a model whose last layers nobody ever reported looks shorter
-    than it is, which is why callers should pass what they know.
+    its manifest). Otherwise it is the largest `num_layers` any report for that
+    model and digest states (reports carry it from their manifest), or failing
+    that the largest layer end reported, served or not, so a dead last shard
+    still shows as a gap at the end.
 
     Raises ValueError for an unknown member state or a node listed twice
     (it would be counted as two replicas).
@@ -285,7 +285,8 @@ def build_coverage(
                 capability.model, capability.manifest_digest, recipe_class(capability.recipe)
             )
             identity = (capability.model, capability.manifest_digest)
-            inferred[identity] = max(inferred.get(identity, 0), capability.layers[1])
+            length = capability.num_layers or capability.layers[1]
+            inferred[identity] = max(inferred.get(identity, 0), length)
             serving.setdefault(key, [])
         reason = _exclusion(state, record, now, num_layers)
         if reason is not None:

@@ -282,6 +282,11 @@ class CapabilityReport:
     validated_at: float
     expires_at: float
     failure: str | None = None
+    num_layers: int | None = None
+    """Layers in the whole model (from the manifest). Without it a reader
+    could only guess the model's length from the spans it has seen, and a
+    first shard [0, 3) of an 8-layer model would look like a complete
+    3-layer one."""
 
     def __post_init__(self) -> None:
         _check_choice(self.result, "capability.result", CAPABILITY_RESULTS)
@@ -297,6 +302,10 @@ class CapabilityReport:
             object.__setattr__(self, name, _check_float(getattr(self, name), f"capability.{name}"))
         if self.expires_at < self.validated_at:
             raise _bad("capability.expires_at is before validated_at")
+        if self.num_layers is not None:
+            _check_int(self.num_layers, "capability.num_layers", 1, MAX_LAYER_INDEX)
+            if self.layers[1] > self.num_layers:
+                raise _bad("capability.layers end past capability.num_layers")
         if self.result == "admitted":
             if self.failure is not None:
                 raise _bad("an admitted capability report carries no failure")
@@ -404,6 +413,7 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
             "validated_at": capability.validated_at,
             "expires_at": capability.expires_at,
             "failure": capability.failure,
+            "num_layers": capability.num_layers,
         },
         "models": list(record.models),
         "spare": record.spare,
@@ -532,6 +542,7 @@ def _decode_capability(value: Any) -> CapabilityReport | None:
         validated_at=_field(obj, "validated_at", where),
         expires_at=_field(obj, "expires_at", where),
         failure=_field(obj, "failure", where, nullable=True),
+        num_layers=_field(obj, "num_layers", where, nullable=True),
     )
 
 

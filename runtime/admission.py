@@ -214,6 +214,7 @@ def _capability(report: DoctorReport, options: ServeOptions) -> records.Capabili
         decode_tokens_per_s=float(report.decode_tok_s or 0.0),
         validated_at=now,
         expires_at=now + options.ttl_s,
+        num_layers=report.num_layers,
         failure=None
         if report.admitted
         else f"{report.failed_check}: {report.reason}: {report.message}"[

@@ -1,10 +1,16 @@
 """The node's HTTP API (Starlette, served by hypercorn's trio worker).
 
-Every node answers the same API: a client can point at any node. For now it
-serves `GET /v1/network/status`, `GET /v1/network/coverage[?model=M]` and
-`POST /v1/network/demand` (record chat demand in the placement ledger: any
-node accepts it and forwards it to the Raft leader); chat, models and
-assignment endpoints arrive with later issues. With `--fault-injection`,
+Every node answers the same API: a client can point at any node.
+
+* `POST /v1/chat/completions` (OpenAI shape; `stream: true` answers with
+  server-sent events) and `GET /v1/models`: `runtime.chat` does the work;
+* `GET /v1/network/status`, `GET /v1/network/coverage[?model=M]`;
+* `POST /v1/network/demand` records chat demand in the placement ledger:
+  any node accepts it and forwards it to the Raft leader;
+* `GET /v1/network/artifacts/{digest}/{file}`: the manifest, config and
+  tokenizer files of a model this node holds, for entries that lack them
+  (they verify every file against the digest).
+ With `--fault-injection`,
 `POST /v1/debug/faults` cuts the node off the control plane for tests. Errors of
 every kind, including unknown paths and wrong methods, use OpenAI's error
 shape, because the clients that talk to `/v1` are OpenAI clients and they
@@ -16,17 +22,22 @@ from __future__ import annotations
 import json
 import logging
 import time
+from contextlib import aclosing
+from pathlib import Path
 from typing import Any, Final, Protocol
 
 import httpx
+import trio
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from consensus.ledger import MAX_TEXT, Command, RecordDemand
 from mesh.identity import node_id_text
+from runtime.chat import ChatError, ChatService, Generation, parse_chat_request
+from runtime.manifest import MANIFEST_FILE, ManifestError, artifact_files
 from runtime.raft_driver import NotLeader, ProposalFailed, RaftDriver
 
 log = logging.getLogger("shardmesh.api")
@@ -48,12 +59,15 @@ class NodeAPI(Protocol):
     """What the API needs from a node (`runtime.node.Node` is the real one)."""
 
     raft: RaftDriver
+    chat: ChatService
     fault_injection: bool
     isolated: bool
 
     def status(self) -> dict[str, Any]: ...
 
     def member_api(self, node: bytes) -> str | None: ...
+
+    def artifact_path(self, digest: str) -> Path | None: ...
 
 
 _ERROR_TYPES = {
@@ -119,8 +133,121 @@ def _demand_command(body: dict[str, Any]) -> RecordDemand:
     return RecordDemand(model=model, count=count, at=time.time())
 
 
+def _chat_error(exc: ChatError) -> JSONResponse:
+    extra = dict(exc.extra)
+    if exc.param is not None:
+        extra["param"] = exc.param
+    return error_response(
+        exc.status, exc.message, type_=exc.type_, code=exc.code, headers=exc.headers, **extra
+    )
+
+
+def _completion_json(generation: Generation, text: str) -> dict[str, Any]:
+    return {
+        "id": generation.id,
+        "object": "chat.completion",
+        "created": generation.created,
+        "model": generation.model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": text},
+                "finish_reason": generation.finish_reason,
+            }
+        ],
+        "usage": _usage(generation),
+        "shardmesh": {"route": generation.route, "reroutes": generation.reroutes},
+    }
+
+
+def _usage(generation: Generation) -> dict[str, int]:
+    return {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+    }
+
+
+def _chunk(generation: Generation, delta: dict[str, Any], finish: str | None) -> str:
+    body = {
+        "id": generation.id,
+        "object": "chat.completion.chunk",
+        "created": generation.created,
+        "model": generation.model,
+        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+    }
+    return f"data: {json.dumps(body)}\n\n"
+
+
 def create_app(node: NodeAPI) -> Starlette:
     """The ASGI app for one node."""
+
+    async def chat_completions(request: Request) -> Response:
+        try:
+            chat = parse_chat_request(await json_object(request))
+        except BadRequest as exc:
+            return error_response(400, str(exc), param=exc.param)
+        except ChatError as exc:
+            return _chat_error(exc)
+        try:
+            generation, deltas = await node.chat.start(chat)
+        except ChatError as exc:
+            return _chat_error(exc)
+        if not chat.stream:
+            try:
+                async with aclosing(deltas):
+                    text = "".join([delta async for delta in deltas])
+            except ChatError as exc:
+                return _chat_error(exc)
+            return JSONResponse(_completion_json(generation, text))
+
+        async def events() -> Any:
+            # aclosing: a client that disconnects cancels this generator,
+            # and the hops' sessions must close now, not at garbage collection.
+            yield _chunk(generation, {"role": "assistant", "content": ""}, None)
+            try:
+                async with aclosing(deltas):
+                    async for delta in deltas:
+                        yield _chunk(generation, {"content": delta}, None)
+            except ChatError as exc:
+                # Headers are gone: report in-band, as OpenAI does mid-stream.
+                error = {"message": exc.message, "type": "server_error", "code": exc.code}
+                yield f"data: {json.dumps({'error': error})}\n\n"
+                return
+            yield _chunk(generation, {}, generation.finish_reason)
+            if chat.include_usage:
+                usage = {
+                    "id": generation.id,
+                    "object": "chat.completion.chunk",
+                    "created": generation.created,
+                    "model": generation.model,
+                    "choices": [],
+                    "usage": _usage(generation),
+                }
+                yield f"data: {json.dumps(usage)}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def models(request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": node.chat.models()})
+
+    async def artifact(request: Request) -> Response:
+        digest = request.path_params["digest"]
+        name = request.path_params["name"]
+        directory = node.artifact_path(digest)
+        if directory is None:
+            return error_response(404, f"this node holds no model with digest {digest}")
+        if name == "manifest":
+            name = MANIFEST_FILE
+        else:
+            try:
+                allowed = await trio.to_thread.run_sync(artifact_files, directory)
+            except ManifestError as exc:
+                return error_response(500, str(exc))
+            if name not in allowed:
+                return error_response(404, f"{name!r} is not a shareable file of this model")
+        return FileResponse(directory / name, media_type="application/octet-stream")
 
     async def commit(request: Request, command: Command) -> JSONResponse:
         """Propose `command` here if we lead, else forward the request to
@@ -229,6 +356,9 @@ def create_app(node: NodeAPI) -> Starlette:
 
     return Starlette(
         routes=[
+            Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/network/artifacts/{digest}/{name}", artifact, methods=["GET"]),
             Route("/v1/network/status", network_status, methods=["GET"]),
             Route("/v1/network/coverage", network_coverage, methods=["GET"]),
             Route("/v1/network/demand", network_demand, methods=["POST"]),

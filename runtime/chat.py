@@ -481,13 +481,17 @@ class ChatService:
             ) from exc
         if generation.finish_reason is None:
             generation.finish_reason = "length"
-            tail = scanner.flush()
-            if tail:
-                yield tail
-        elif generation.finish_reason == "stop" and not scanner.stopped:
-            tail = scanner.flush()
-            if tail:
-                yield tail
+        if scanner.stopped:
+            return
+        # Text held back for an unfinished UTF-8 sequence that never finished
+        # (the decoder's replacement character is the answer then), and
+        # text held back for a possible stop sequence that never came.
+        result = scanner.feed(tokenizer.decode(ids)[len(emitted) :])
+        if result.stopped:
+            generation.finish_reason = "stop"
+        tail = result.text + ("" if result.stopped else scanner.flush())
+        if tail:
+            yield tail
 
     async def _reroute(self, model: str, route: Route, failure: Failure) -> Route | None:
         """Which hop died? The pipeline's hint if it has one, else whichever

@@ -128,6 +128,49 @@ def build_parser() -> argparse.ArgumentParser:
         help="membership and consensus timing profile (default lan; local is for one machine)",
     )
     node.add_argument(
+        "--model",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="serve a shard of this model (pinned, operator tier; needs --layers)",
+    )
+    node.add_argument(
+        "--layers", type=_layer_span, default=None, metavar="A:B", help="the shard to serve"
+    )
+    node.add_argument(
+        "--recipe",
+        default="fp32",
+        choices=("fp32", "bf16", "fp16", "q8", "q4"),
+        help="numeric recipe of the shard (default fp32)",
+    )
+    node.add_argument(
+        "--backend",
+        choices=("torch", "mlx"),
+        default=None,
+        help="compute backend (default: MLX on Apple silicon, torch elsewhere)",
+    )
+    node.add_argument(
+        "--capability-ttl",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a doctor report stays valid (default 600)",
+    )
+    node.add_argument(
+        "--capability-refresh",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between cheap re-checks that refresh it (default: half the TTL)",
+    )
+    node.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrent inference sessions this node serves (default 16)",
+    )
+    node.add_argument(
         "--fault-injection",
         action="store_true",
         help="serve POST /v1/debug/faults, which can cut this node off (tests only)",
@@ -267,7 +310,23 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+    from runtime.admission import DEFAULT_TTL_S, ServeOptions
+    from runtime.hops import DEFAULT_MAX_SESSIONS
+
+    if (args.model is None) != (args.layers is None):
+        parser.error("--model and --layers go together")
     try:
+        serve = None
+        if args.model is not None:
+            serve = ServeOptions(
+                model_dir=args.model.resolve(),
+                layers=args.layers,
+                recipe=args.recipe,
+                backend=args.backend,
+                ttl_s=args.capability_ttl or DEFAULT_TTL_S,
+                refresh_s=args.capability_refresh,
+                max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS,
+            )
         options = NodeOptions(
             listen=args.listen,
             api=args.api,
@@ -277,6 +336,7 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             data_listen=args.data_listen,
             advertise=args.advertise,
             fault_injection=args.fault_injection,
+            serve=serve,
         )
     except ValueError as exc:
         parser.error(str(exc))

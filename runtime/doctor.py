@@ -141,6 +141,7 @@ class DoctorReport:
     checks: list[Check]
     manifest_digest: str | None
     model: str | None
+    num_layers: int | None  # of the whole model, from its manifest
     layers: list[int]
     recipe: str
     backend: str | None
@@ -410,6 +411,7 @@ def _execute(run: _Run, steps: list[tuple[str, Any]], mode: str) -> DoctorReport
         checks=checks,
         manifest_digest=manifest_digest(run.manifest) if run.manifest else None,
         model=run.manifest["name"] if run.manifest else None,
+        num_layers=run.manifest["num_layers"] if run.manifest else None,
         layers=[run.start, run.end],
         recipe=run.recipe_name,
         backend=run.backend,

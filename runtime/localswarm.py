@@ -38,8 +38,11 @@ class SwarmError(Exception):
 class LocalNode:
     """One `shardmesh node` subprocess and what it reported when ready."""
 
-    def __init__(self, name: str, state_dir: Path, log_path: Path) -> None:
+    def __init__(
+        self, name: str, state_dir: Path, log_path: Path, args: Sequence[str] = ()
+    ) -> None:
         self.name = name
+        self.args = list(args)  # this node's own flags (e.g. --model), kept across restarts
         self.state_dir = state_dir
         self.log_path = log_path
         self.process: trio.Process | None = None
@@ -133,10 +136,11 @@ class LocalSwarm:
 
     # --- starting ------------------------------------------------------------
 
-    def new_node(self, name: str | None = None) -> LocalNode:
-        """A node slot with its own state dir (not started yet)."""
+    def new_node(self, name: str | None = None, args: Sequence[str] = ()) -> LocalNode:
+        """A node slot with its own state dir (not started yet); `args` are
+        extra flags for this node only."""
         name = name or f"node{len(self.nodes)}"
-        node = LocalNode(name, self.root / name, self.root / f"{name}.log")
+        node = LocalNode(name, self.root / name, self.root / f"{name}.log", args)
         self.nodes.append(node)
         return node
 
@@ -157,7 +161,7 @@ class LocalSwarm:
         ]
         for seed in joins:
             cmd += ["--join", seed]
-        return cmd + self.node_args
+        return cmd + self.node_args + node.args
 
     async def start(self, node: LocalNode, joins: Sequence[str] = ()) -> None:
         """Start (or restart) `node`'s process; does not wait for it."""
