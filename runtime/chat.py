@@ -31,6 +31,7 @@ import logging
 import os
 import time
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
@@ -301,6 +302,7 @@ class ChatService:
         self.node = node
         self.artifacts = artifacts
         self.backoff = Backoff()
+        self.counters: Counter[str] = Counter()  # completions, reroutes, failures
 
     # --- models ---------------------------------------------------------------------
 
@@ -436,6 +438,7 @@ class ChatService:
             if new_route is None:
                 return None
             state["route"] = new_route
+            self.counters["reroutes"] += 1
             generation.reroutes += 1
             generation.route = [node_id_text(n) for n in new_route.node_ids]
             return self._chain(new_route)
@@ -474,11 +477,13 @@ class ChatService:
                         generation.finish_reason = "stop"
                         break
         except PipelineError as exc:
+            self.counters["failed"] += 1
             generation.finish_reason = "error"
             log.warning("generation %s failed: %s", generation.id, exc)
             raise ChatError(
                 503, f"the swarm lost this generation: {exc}", code="generation_failed"
             ) from exc
+        self.counters["completed"] += 1
         if generation.finish_reason is None:
             generation.finish_reason = "length"
         if scanner.stopped:

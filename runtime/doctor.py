@@ -76,7 +76,6 @@ from runtime.manifest import (
 )
 from runtime.recipes import Recipe, check_recipe, relative_error
 from runtime.safetensors_shard import (
-    DTYPE_SIZES,
     SafetensorsReader,
     ShardLoadError,
     read_config,
@@ -579,22 +578,15 @@ def _stored_shard_bytes(run: _Run) -> int:
     """Bytes of the shard's tensors as stored, from the safetensors headers
     only. A tensor absent from the files is skipped here: the `tensors`
     check names it."""
-    from safetensors import safe_open
-
     assert run.config is not None
     reader = _open_reader(run)
-    by_file: dict[Path, list[str]] = {}
+    total = 0
     for name in tensor_names_for_shard(run.config, run.start, run.end):
         try:
-            by_file.setdefault(reader.file_of(name), []).append(name)
+            _path, begin, end = reader.byte_range(name)
         except ShardLoadError:
             continue
-    total = 0
-    for path, names in by_file.items():
-        with safe_open(str(path), framework="numpy") as f:
-            for name in names:
-                dtype = f.get_slice(name).get_dtype()
-                total += math.prod(reader.shape_of(name)) * DTYPE_SIZES[dtype]
+        total += end - begin
     return total
 
 

@@ -658,6 +658,7 @@ class Node:
             "not_serving": excluded_to_json(coverage),
             "drops": self.drops(),
             "sessions": self.engine.sessions,
+            "chat": dict(self.chat.counters),
             "admission": None if self.admission is None else self.admission.to_json(),
             "events": [
                 {

@@ -259,6 +259,12 @@ class SafetensorsReader:
         """The stored shape of tensor `name` (read from the header only)."""
         return self._lookup(name).shape
 
+    def byte_range(self, name: str) -> tuple[Path, int, int]:
+        """(file, first byte, end byte) of tensor `name`'s data in its file:
+        what the doctor sizes memory by, and what tests corrupt."""
+        entry = self._lookup(name)
+        return entry.file, entry.begin, entry.end
+
     def _lookup(self, name: str) -> _Entry:
         try:
             return self._entries[name]

@@ -1,0 +1,334 @@
+"""Chat through real node processes on loopback: admission by the doctor,
+OpenAI-compatible completions through a chain of shards, a torch/MLX mixed
+chain, failover in the middle of a stream, corrupt and expired nodes kept
+off routes, and bad requests answered in OpenAI's error shape.
+
+The reference is transformers' own greedy `generate` on the whole model,
+computed in this process from the same model directory.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import trio
+
+from runtime.localswarm import LocalNode, LocalSwarm, Views
+from runtime.safetensors_shard import SafetensorsReader
+from runtime.tinymodel import make_tiny_model
+from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
+
+MODEL = "tiny"
+MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
+MAX_TOKENS = 40
+LONG_TOKENS = 300
+"""Long enough that a stream is still running when a hop is killed."""
+READY_TIMEOUT_S = 60.0
+"""Process start, torch import and the doctor on a loaded 2-core machine."""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_tiny_model(tmp_path_factory.mktemp("models") / MODEL, layers=8, name=MODEL)
+
+
+def reference_text(model_dir: Path, max_tokens: int) -> tuple[str, int]:
+    """transformers' greedy continuation of MESSAGES: (text, tokens)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    ids = tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, return_tensors="pt", return_dict=True
+    )["input_ids"]
+    out = model.generate(ids, max_new_tokens=max_tokens, do_sample=False)
+    new = out[0, ids.shape[1] :].tolist()
+    return tokenizer.decode(new, skip_special_tokens=True), len(new)
+
+
+@pytest.fixture(scope="module")
+def reference(model_dir: Path) -> tuple[str, int]:
+    return reference_text(model_dir, MAX_TOKENS)
+
+
+def shard_args(model_dir: Path, span: str, *extra: str) -> list[str]:
+    return ["--model", str(model_dir), "--layers", span, *extra]
+
+
+async def start_serving(
+    swarm: LocalSwarm, specs: Sequence[Sequence[str]], names: Sequence[str] | None = None
+) -> list[LocalNode]:
+    """Start one node per arg list (the first founds the swarm)."""
+    nodes = [swarm.new_node(names[i] if names else None, args=args) for i, args in enumerate(specs)]
+    await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
+    await swarm.start_many(nodes[1:], [nodes[0].control], timeout=START_TIMEOUT_S)
+    return nodes
+
+
+def model_ready(name: str, observers: Sequence[LocalNode]):
+    def check(views: Views) -> bool:
+        for node in observers:
+            coverage = (views.get(node.name) or {}).get("coverage", {}).get(name)
+            if coverage is None or coverage["gaps"] or coverage["layers"] != 8:
+                return False
+        return True
+
+    return check
+
+
+async def chat(client: httpx.AsyncClient, node: LocalNode, **overrides: Any) -> httpx.Response:
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": MAX_TOKENS, "temperature": 0}
+    body.update(overrides)
+    return await client.post(node.api + "/v1/chat/completions", json=body)
+
+
+async def sessions(swarm: LocalSwarm, nodes: Sequence[LocalNode]) -> dict[str, int]:
+    views = await swarm.views(nodes)
+    return {name: (view or {}).get("sessions", -1) for name, view in views.items()}
+
+
+@pytest.mark.slow
+async def test_a_three_node_chain_answers_like_transformers_through_any_node(
+    swarm: LocalSwarm, model_dir: Path, reference: tuple[str, int]
+) -> None:
+    nodes = await start_serving(swarm, [shard_args(model_dir, s) for s in ("0:3", "3:6", "6:8")])
+    await wait_for(swarm, nodes, model_ready(MODEL, nodes), READY_TIMEOUT_S, "coverage")
+    text, count = reference
+    async with httpx.AsyncClient(timeout=60) as client:
+        for node in nodes:
+            response = await chat(client, node)
+            assert response.status_code == 200, response.text
+            body = response.json()
+            assert body["choices"][0]["message"]["content"] == text, node.name
+            assert body["choices"][0]["finish_reason"] == (
+                "length" if count == MAX_TOKENS else "stop"
+            )
+            assert body["usage"]["completion_tokens"] == count
+            assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + count
+            assert len(body["shardmesh"]["route"]) == 3
+
+        models = (await client.get(nodes[0].api + "/v1/models")).json()["data"]
+        assert [(m["id"], m["status"]) for m in models] == [(MODEL, "ready")]
+
+    # The official OpenAI client, streaming.
+    def stream_with_openai() -> str:
+        import openai
+
+        client = openai.OpenAI(base_url=nodes[2].api + "/v1", api_key="unused")
+        parts = []
+        for chunk in client.chat.completions.create(
+            model=MODEL, messages=MESSAGES, max_tokens=MAX_TOKENS, temperature=0, stream=True
+        ):
+            if chunk.choices and chunk.choices[0].delta.content:
+                parts.append(chunk.choices[0].delta.content)
+        return "".join(parts)
+
+    assert await trio.to_thread.run_sync(stream_with_openai) == text
+
+    views = await swarm.views(nodes)
+    for node in nodes:
+        view = views[node.name]
+        assert view["admission"]["state"] == "admitted"
+        me = next(m for m in view["members"] if m["self"])
+        assert me["record"]["capability"]["result"] == "admitted"
+        assert me["record"]["assignment"]["tier"] == "operator"
+    # Every session was closed when its request ended.
+    assert set((await sessions(swarm, nodes)).values()) == {0}
+    await assert_no_internal_errors(swarm, nodes)
+
+
+@pytest.mark.slow
+async def test_a_chain_mixing_torch_and_mlx_hops_gives_the_same_tokens(
+    swarm: LocalSwarm, model_dir: Path, reference: tuple[str, int]
+) -> None:
+    nodes = await start_serving(
+        swarm,
+        [
+            shard_args(model_dir, "0:3", "--backend", "torch"),
+            shard_args(model_dir, "3:6", "--backend", "mlx"),
+            shard_args(model_dir, "6:8", "--backend", "torch"),
+        ],
+    )
+    await wait_for(swarm, nodes, model_ready(MODEL, nodes), READY_TIMEOUT_S, "coverage")
+    views = await swarm.views(nodes)
+    assert views[nodes[1].name]["admission"]["doctor"]["backend"] == "mlx"
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await chat(client, nodes[0])
+    assert response.status_code == 200, response.text
+    assert response.json()["choices"][0]["message"]["content"] == reference[0]
+
+
+@pytest.mark.slow
+async def test_killing_a_hop_mid_stream_does_not_break_the_stream(
+    swarm: LocalSwarm, model_dir: Path
+) -> None:
+    expected, _ = await trio.to_thread.run_sync(reference_text, model_dir, LONG_TOKENS)
+    nodes = await start_serving(
+        swarm,
+        [shard_args(model_dir, s) for s in ("0:3", "3:6", "3:6", "6:8")],
+        names=["first", "middle-a", "middle-b", "last"],
+    )
+    first, middles = nodes[0], nodes[1:3]
+    await wait_for(swarm, nodes, model_ready(MODEL, nodes), READY_TIMEOUT_S, "coverage")
+
+    body = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": LONG_TOKENS,
+        "temperature": 0,
+        "stream": True,
+    }
+    parts: list[str] = []
+    killed: LocalNode | None = None
+    finish = None
+    async with (
+        httpx.AsyncClient(timeout=60) as client,
+        client.stream("POST", first.api + "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            choice = chunk["choices"][0]
+            parts.append(choice["delta"].get("content") or "")
+            finish = choice["finish_reason"] or finish
+            if killed is None and len(parts) > 3:
+                # Kill whichever middle node this stream runs through.
+                busy = await sessions(swarm, middles)
+                killed = next(n for n in middles if busy[n.name] > 0)
+                killed.kill()
+    assert killed is not None
+    assert "".join(parts) == expected
+    assert finish in ("length", "stop")
+    assert (await swarm.status(first))["chat"]["reroutes"] >= 1
+    survivor = next(n for n in middles if n is not killed)
+    await assert_no_internal_errors(swarm, [first, survivor, nodes[3]])
+
+
+@pytest.mark.slow
+async def test_a_corrupt_node_is_refused_and_never_routed(
+    swarm: LocalSwarm, model_dir: Path, reference: tuple[str, int], tmp_path: Path
+) -> None:
+    # A copy whose weights differ from what its (unchanged) manifest says:
+    # it would compute wrong activations if anyone routed to it.
+    corrupt = tmp_path / "corrupt"
+    shutil.copytree(model_dir, corrupt)
+    name = "model.layers.4.mlp.down_proj.weight"
+    weights, offset, _ = SafetensorsReader(corrupt).byte_range(name)
+    data = bytearray(weights.read_bytes())
+    data[offset : offset + 64] = bytes(64)
+    weights.write_bytes(bytes(data))
+
+    nodes = await start_serving(
+        swarm,
+        [
+            shard_args(model_dir, "0:3"),
+            shard_args(corrupt, "3:6"),
+            shard_args(model_dir, "3:6"),
+            shard_args(model_dir, "6:8"),
+        ],
+        names=["first", "corrupt", "good", "last"],
+    )
+    bad = nodes[1]
+    await wait_for(swarm, nodes, model_ready(MODEL, nodes), READY_TIMEOUT_S, "coverage")
+
+    await wait_for(
+        swarm,
+        [bad],
+        lambda views: (views[bad.name] or {}).get("admission", {}).get("state") == "failed",
+        READY_TIMEOUT_S,
+        "the corrupt node's doctor",
+    )
+    view = await swarm.status(bad)
+    doctor = view["admission"]["doctor"]
+    assert doctor["failed_check"] == "tensors" and doctor["reason"] == "digest_mismatch"
+    assert name in doctor["message"]
+    others = await swarm.views([nodes[0]])
+    assert others["first"]["not_serving"][bad.node_id] == "failed"
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        for _ in range(4):
+            response = await chat(client, nodes[0])
+            assert response.status_code == 200, response.text
+            assert response.json()["choices"][0]["message"]["content"] == reference[0]
+            assert bad.node_id not in response.json()["shardmesh"]["route"]
+    drops = (await swarm.status(bad))["drops"]
+    assert not any(reason.startswith("engine.") for reason in drops), drops
+
+
+@pytest.mark.slow
+async def test_an_expired_capability_drops_out_until_refreshed(
+    swarm: LocalSwarm, model_dir: Path
+) -> None:
+    # Valid for 2 s, refreshed every 4 s: out of coverage half the time.
+    (node,) = await start_serving(
+        swarm, [shard_args(model_dir, "0:8", "--capability-ttl", "2", "--capability-refresh", "4")]
+    )
+
+    def serving(views: Views) -> bool:
+        return not (views[node.name]["coverage"].get(MODEL) or {"gaps": [1]})["gaps"]
+
+    def expired(views: Views) -> bool:
+        return views[node.name]["not_serving"].get(node.node_id) == "expired"
+
+    await wait_for(swarm, [node], serving, READY_TIMEOUT_S, "admitted")
+    await wait_for(swarm, [node], expired, 10.0, "expired")
+    async with httpx.AsyncClient(timeout=30) as client:
+        response = await chat(client, node)
+        assert response.status_code == 503
+        assert response.json()["error"]["code"] == "model_loading"
+    await wait_for(swarm, [node], serving, 10.0, "refreshed")
+
+
+@pytest.mark.slow
+async def test_bad_requests_get_openai_errors_and_the_node_keeps_serving(
+    swarm: LocalSwarm, model_dir: Path, tmp_path: Path
+) -> None:
+    other = make_tiny_model(tmp_path / "other", layers=8, seed=3, name="other")
+    nodes = await start_serving(swarm, [shard_args(model_dir, "0:8"), shard_args(other, "0:3")])
+    node = nodes[0]
+    await wait_for(swarm, nodes, model_ready(MODEL, nodes), READY_TIMEOUT_S, "coverage")
+    await wait_for(
+        swarm,
+        [node],
+        lambda views: "other" in views[node.name]["coverage"],
+        READY_TIMEOUT_S,
+        "the partial model",
+    )
+    url = node.api + "/v1/chat/completions"
+    good = {"model": MODEL, "messages": MESSAGES, "max_tokens": 4, "temperature": 0}
+    cases = [
+        ({**good, "model": "no-such-model"}, 404, "model"),
+        ({**good, "max_tokens": -1}, 400, "max_tokens"),
+        ({**good, "temperature": 3.5}, 400, "temperature"),
+        ({**good, "messages": []}, 400, "messages"),
+        ({**good, "messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+        ({**good, "messages": [{"role": "user", "content": "word " * 5000}]}, 400, "messages"),
+    ]
+    async with httpx.AsyncClient(timeout=60) as client:
+        for body, status, param in cases:
+            response = await client.post(url, json=body)
+            assert response.status_code == status, (body, response.text)
+            error = response.json()["error"]
+            assert error["param"] == param and error["message"], error
+        malformed = await client.post(url, content=b"{not json")
+        assert malformed.status_code == 400
+        assert "JSON" in malformed.json()["error"]["message"]
+        loading = await client.post(url, json={**good, "model": "other"})
+        assert loading.status_code == 503
+        assert loading.headers["retry-after"]
+        error = loading.json()["error"]
+        assert error["type"] == "model_loading"
+        assert error["coverage"]["covered"] == [[0, 3]] and error["coverage"]["gaps"] == [[3, 8]]
+        still = await client.post(url, json=good)
+        assert still.status_code == 200, still.text
+    await assert_no_internal_errors(swarm, nodes)
