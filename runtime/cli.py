@@ -1,7 +1,7 @@
 """The `shardmesh` command line.
 
-Only commands that really work are listed: `node`, `status`, `demo`,
-`simulate`, `tiny-model`, `manifest build` and `doctor` (the rest of
+Only commands that really work are listed: `node`, `status`, `chat`,
+`demo`, `simulate`, `tiny-model`, `manifest build` and `doctor` (the rest of
 DESIGN.md's contract arrives with later issues, and a command that exists
 but does nothing is worse than a clear "invalid choice").
 Usage errors exit 2 with the usage line, as argparse does; runtime errors
@@ -192,6 +192,18 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--json", action="store_true", help="print the raw JSON document")
     status.add_argument("--timeout", type=float, default=5.0, help="seconds (default 5)")
 
+    chat = commands.add_parser(
+        "chat",
+        help="stream a chat answer from the swarm",
+        description="POST one streaming chat completion to a node and print it as it arrives.",
+    )
+    chat.add_argument("--api", required=True, type=_url, metavar="URL", help="any node's API")
+    chat.add_argument("--model", required=True, metavar="NAME", help="the model's name")
+    chat.add_argument("prompt", metavar="PROMPT")
+    chat.add_argument("--max-tokens", type=int, default=None, metavar="N")
+    chat.add_argument("--temperature", type=float, default=None, metavar="T")
+    chat.add_argument("--seed", type=int, default=None, metavar="S")
+
     demo = commands.add_parser(
         "demo",
         help="start a local swarm on loopback and show it working",
@@ -348,6 +360,40 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     return 0
 
 
+def _run_chat(args: argparse.Namespace) -> int:
+    import trio
+
+    from runtime.chat_client import ChatClientError, stream_chat
+
+    def show(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+
+    try:
+        result = trio.run(
+            lambda: stream_chat(
+                args.api,
+                args.model,
+                args.prompt,
+                max_tokens=args.max_tokens,
+                temperature=args.temperature,
+                seed=args.seed,
+                on_text=show,
+            )
+        )
+    except ChatClientError as exc:
+        print(f"{PROG} chat: error: {exc}", file=sys.stderr)
+        return 1
+    print()
+    if result.usage:
+        print(
+            f"[{result.finish_reason}; {result.usage['prompt_tokens']} prompt + "
+            f"{result.usage['completion_tokens']} completion tokens]",
+            file=sys.stderr,
+        )
+    return 0
+
+
 def _run_status(args: argparse.Namespace) -> int:
     from runtime.status import StatusError, fetch_status, render
 
@@ -442,6 +488,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_node(args, parser)
     if args.command == "status":
         return _run_status(args)
+    if args.command == "chat":
+        return _run_chat(args)
     if args.command == "simulate":
         return _run_simulate(args)
     if args.command == "tiny-model":

@@ -1,10 +1,15 @@
 """`shardmesh demo` (what `make demo` runs): a local swarm on loopback.
 
-It starts real node processes, prints who-sees-whom as the swarm converges,
-SIGKILLs one node and shows every survivor declare it dead (against the
-profile's documented bound), stops one node gracefully to show a `left`,
-then stops the rest and checks they all exit 0. Every wait is bounded; any
-failure prints the relevant node logs and exits 1.
+It makes a tiny random Qwen3-architecture model (8 layers, a real
+tokenizer), starts real node processes — the first three each serve a third
+of the model ([0,3), [3,6), [6,8)), the rest join model-less — and prints
+who-sees-whom as the swarm converges and elects a Raft leader. Once every
+shard has passed its doctor, it streams a chat answer through the chain,
+exactly as `shardmesh chat` would. Then it SIGKILLs a model-less node and
+shows every survivor declare it dead (against the profile's documented
+bound), stops one node gracefully to show a `left`, then stops the rest and
+checks they all exit 0. Every wait is bounded; any failure prints the
+relevant node logs and exits 1.
 """
 
 from __future__ import annotations
@@ -18,6 +23,7 @@ from typing import Any
 
 import trio
 
+from runtime.chat_client import ChatClientError, stream_chat
 from runtime.localswarm import (
     LocalNode,
     LocalSwarm,
@@ -29,6 +35,11 @@ from runtime.localswarm import (
 from runtime.status import format_status
 
 CONVERGE_TIMEOUT_S = 30.0
+SERVE_TIMEOUT_S = 90.0  # three doctors and a torch import each, on a busy CPU
+MODEL = "tiny-qwen3"
+SHARDS = ("0:3", "3:6", "6:8")
+PROMPT = "Say hello to the swarm."
+ANSWER_TOKENS = 24
 POLL_S = 0.2
 # Slack on top of the documented bound for process scheduling and polling.
 BOUND_SLACK_S = 2.0
@@ -64,8 +75,18 @@ async def watch(
 
 
 async def demo(root: Path, nodes: int, profile: str) -> None:
-    async with LocalSwarm(root, profile=profile) as swarm:
-        members = [swarm.new_node() for _ in range(nodes)]
+    from runtime.tinymodel import make_tiny_model
+
+    model_dir = await trio.to_thread.run_sync(
+        lambda: make_tiny_model(root / MODEL, layers=8, name=MODEL)
+    )
+    async with LocalSwarm(root / "swarm", profile=profile) as swarm:
+        members = [
+            swarm.new_node(
+                args=["--model", str(model_dir), "--layers", SHARDS[i]] if i < len(SHARDS) else []
+            )
+            for i in range(nodes)
+        ]
         try:
             await _demo(swarm, members, profile)
         except BaseException:
@@ -77,6 +98,10 @@ async def demo(root: Path, nodes: int, profile: str) -> None:
 
 async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> None:
     _say(f"starting {len(members)} nodes on 127.0.0.1 (profile {profile}) under {swarm.root}")
+    _say(
+        f"{', '.join(m.name for m in members[: len(SHARDS)])} serve layers "
+        f"{', '.join(SHARDS)} of the 8-layer {MODEL}; the others join model-less"
+    )
     _say("each joins through the node started before it; the matrix shows who sees whom")
     _say("(rows: observer, columns: subject; A alive S suspect D dead L left . unknown)")
     t0 = trio.current_time()
@@ -105,6 +130,7 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
             t0,
         )
     _say(f"full membership at every node {took:.2f}s after the first start")
+    await _chat(swarm, members)
     _say()
     view = await swarm.status(members[0])
     assert view is not None
@@ -157,6 +183,52 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     _say("exit codes: " + ", ".join(f"{name}={code}" for name, code in sorted(codes.items())))
     if any(codes.values()):
         raise SwarmError("a node did not exit cleanly")
+
+
+async def _chat(swarm: LocalSwarm, members: list[LocalNode]) -> None:
+    """Wait until every shard is admitted (a complete chain), then stream an
+    answer through a node that holds no shard of the model."""
+    _say()
+    _say("waiting for each shard's doctor (a real forward against golden activations) ...")
+
+    def complete(views: dict[str, dict[str, Any] | None]) -> bool:
+        view = views.get(members[-1].name) or {}
+        coverage = view.get("coverage", {}).get(MODEL)
+        return bool(coverage) and not coverage["gaps"] and view.get("leader") is not None
+
+    t0 = trio.current_time()
+    with trio.move_on_after(SERVE_TIMEOUT_S):
+        while not complete(await swarm.views(members[-1:])):
+            await trio.sleep(POLL_S)
+    view = await swarm.status(members[-1])
+    if view is None or not complete({members[-1].name: view}):
+        raise SwarmError(f"{MODEL} was not fully served within {SERVE_TIMEOUT_S:.0f}s")
+    _say(
+        f"{MODEL} fully covered after {trio.current_time() - t0:.2f}s; "
+        f"Raft leader {view['leader'][:12]} (term {view['term']})"
+    )
+    entry = members[-1]
+    _say(f'$ shardmesh chat --api {entry.api} --model {MODEL} "{PROMPT}"')
+    _say("(a random model: the words are noise, the path is real: entry -> 3 hops -> entry)")
+    try:
+        result = await stream_chat(
+            entry.api,
+            MODEL,
+            PROMPT,
+            max_tokens=ANSWER_TOKENS,
+            temperature=0,
+            on_text=lambda text: print(text, end="", flush=True),
+        )
+    except ChatClientError as exc:
+        raise SwarmError(f"chat failed: {exc}") from exc
+    _say()
+    usage = result.usage or {}
+    _say(
+        f"[{result.finish_reason}: {usage.get('completion_tokens')} tokens streamed through "
+        f"{', '.join(m.name for m in members[: len(SHARDS)])}]"
+    )
+    if not result.text:
+        raise SwarmError("the chat answer was empty")
 
 
 def run_demo(*, nodes: int = 5, profile: str = "local", keep: bool = False) -> int:

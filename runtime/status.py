@@ -95,6 +95,10 @@ def summary_line(status: dict[str, Any]) -> str:
     )
 
 
+def _spans(spans: list[list[int]]) -> str:
+    return ", ".join(f"[{a}, {b})" for a, b in spans) or "none"
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The whole human-readable report."""
     leader = status.get("leader")
@@ -103,6 +107,11 @@ def format_status(status: dict[str, Any]) -> str:
         f"leader: {short(leader) if leader else 'none'} "
         f"(term {status.get('term', 0)}, commit index {status.get('commit_index', 0)})"
     )
+    for model, entry in sorted((status.get("coverage") or {}).items()):
+        lines.append(
+            f"coverage: {model} ({entry.get('layers')} layers): covered "
+            f"{_spans(entry.get('covered', []))}; gaps {_spans(entry.get('gaps', []))}"
+        )
     raft = status.get("raft") or {}
     if raft:
         voters = ", ".join(short(v) for v in raft.get("voters", [])) or "none"

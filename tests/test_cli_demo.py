@@ -22,6 +22,9 @@ async def test_demo_runs_and_exits_0() -> None:
     out = result.stdout.decode()
     assert result.returncode == 0, out + result.stderr.decode()
     assert "full membership at every node" in out
+    assert "tiny-qwen3 fully covered" in out
+    assert "tokens streamed through node0, node1, node2]" in out
+    assert "coverage: tiny-qwen3 (8 layers): covered [0, 8); gaps none" in out
     assert "declared node4 dead" in out and "within" in out
     assert "exit codes: node0=0, node1=0, node2=0" in out
     assert out.rstrip().endswith("demo ok")
