@@ -27,6 +27,12 @@ from runtime.status import STATUS_PATH
 
 POLL_S = 0.1
 
+SHARED_MACHINE_ENV = {"OMP_NUM_THREADS": "1"}
+"""Every node of a local swarm shares this machine's cores: one compute
+thread each keeps them from oversubscribing it (a tiny model gains nothing
+from more, and a decode step runs one hop at a time anyway). `extra_env`
+overrides it, e.g. for a benchmark of a model big enough to use threads."""
+
 Views = dict[str, dict[str, Any] | None]
 """Each node's status document by node name (None: it did not answer)."""
 
@@ -170,7 +176,8 @@ class LocalSwarm:
         node.info = {}
         handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in __aexit__
         self._logs.append(handle)
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **SHARED_MACHINE_ENV)
+        env.update(self.extra_env)
         node.process = await trio.lowlevel.open_process(
             self.command(node, joins),
             stdin=subprocess.DEVNULL,

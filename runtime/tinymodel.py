@@ -33,6 +33,7 @@ NUM_HEADS = 4
 NUM_KV_HEADS = 2
 HEAD_DIM = 16
 INTERMEDIATE_SIZE = 128
+LARGE_HEAD_DIM = 64  # head size of wider benchmark models, as in real ones
 MAX_POSITIONS = 2048
 ROPE_THETA = 10_000.0
 RMS_NORM_EPS = 1e-6
@@ -86,6 +87,8 @@ def make_tiny_model(
     shards: int = 1,
     tie_embeddings: bool = False,
     with_manifest: bool = True,
+    hidden_size: int = HIDDEN_SIZE,
+    intermediate_size: int = INTERMEDIATE_SIZE,
 ) -> Path:
     """Write a tiny random model to `out_dir` and return the directory.
 
@@ -97,16 +100,25 @@ def make_tiny_model(
     against itself, so the default is untied). `name` becomes the
     manifest's model name (default: the directory's name). The manifest
     (with golden activations) is written unless `with_manifest` is False.
+    `hidden_size` and `intermediate_size` grow the model for benchmarks
+    that need a decode step to cost real compute (see `_attention_shape`).
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
     if layers < 1 or shards < 1 or shards > layers:
         raise ValueError(f"need 1 <= shards <= layers, got layers={layers} shards={shards}")
+    if hidden_size < HIDDEN_SIZE or hidden_size % HEAD_DIM or intermediate_size < 1:
+        raise ValueError(
+            f"hidden_size must be a multiple of {HEAD_DIM} and >= {HIDDEN_SIZE}; "
+            "intermediate_size must be positive"
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = _build_tokenizer()
-    config = _config(family, layers, tokenizer.get_vocab_size(), tie_embeddings)
+    config = _config(
+        family, layers, tokenizer.get_vocab_size(), tie_embeddings, hidden_size, intermediate_size
+    )
     _write_json(out / "config.json", config)
     _write_json(
         out / "generation_config.json",
@@ -137,17 +149,31 @@ def make_tiny_model(
     return out
 
 
-def _config(family: str, layers: int, vocab: int, tie: bool) -> dict[str, Any]:
+def _attention_shape(hidden: int) -> tuple[int, int, int]:
+    """(query heads, KV heads, head dim) for a hidden size: the tiny default
+    (4 heads of 16, 2 KV heads) at 64, and heads of 64 with 2:1 grouped-query
+    attention above, as real models of that width use."""
+    if hidden == HIDDEN_SIZE:
+        return NUM_HEADS, NUM_KV_HEADS, HEAD_DIM
+    head_dim = LARGE_HEAD_DIM if hidden % LARGE_HEAD_DIM == 0 else HEAD_DIM
+    heads = hidden // head_dim
+    return heads, heads // 2 if heads % 2 == 0 else heads, head_dim
+
+
+def _config(
+    family: str, layers: int, vocab: int, tie: bool, hidden: int, intermediate: int
+) -> dict[str, Any]:
     arch, model_type = FAMILIES[family]
+    heads, kv_heads, head_dim = _attention_shape(hidden)
     return {
         "architectures": [arch],
         "model_type": model_type,
-        "hidden_size": HIDDEN_SIZE,
-        "intermediate_size": INTERMEDIATE_SIZE,
+        "hidden_size": hidden,
+        "intermediate_size": intermediate,
         "num_hidden_layers": layers,
-        "num_attention_heads": NUM_HEADS,
-        "num_key_value_heads": NUM_KV_HEADS,
-        "head_dim": HEAD_DIM,
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
         "hidden_act": "silu",
         "max_position_embeddings": MAX_POSITIONS,
         "rms_norm_eps": RMS_NORM_EPS,

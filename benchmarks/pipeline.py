@@ -1,0 +1,241 @@
+"""Pipeline benchmark: chat through real node processes on loopback, side by
+side with the same model decoding in one process, all in one run.
+
+    python -m benchmarks.pipeline [--json] [--tokens N] [--requests N] [--skip-large]
+
+Two models (random, from `runtime.tinymodel`, written to a temp dir):
+
+- `tiny`: the 8-layer, hidden-64 test model. A decode step costs well under
+  a millisecond of compute, so what a hop adds (ZeroMQ, the header codec,
+  numpy <-> bytes, process wake-ups) is most of the time: the place to see
+  `per_hop_overhead_ms`.
+- `large`: 6 layers of hidden 1024 / MLP 4096 (~300 M parameters, fp32), big
+  enough that one decode step costs tens of milliseconds on a CPU: the
+  place to see whether a 3-hop swarm keeps the speed of one process
+  (target: >= 90%).
+
+For each model:
+- `single_process_decode_tok_s`: transformers' own `AutoModelForCausalLM`
+  in this process, greedy, its own DynamicCache, a manual step loop (the
+  anchor; see `benchmarks.runtime`);
+- `swarm_1hop_decode_tok_s`: one node process holding every layer, asked by
+  a streaming chat request from this process (the entry is the hop);
+- `swarm_3hop_decode_tok_s`: three node processes holding [0, L/3), ...,
+  the entry being the first hop;
+- `ttft_ms`: request sent to first streamed token (tokenize, route, open
+  three sessions, prefill) on the 3-hop swarm;
+- `per_hop_overhead_ms`: (3-hop step time - 1-hop step time) / 2: the same
+  layers are computed either way, so the difference is what the two extra
+  hops cost per decode step.
+
+Swarm rates are measured at the client from the streamed chunks: (tokens -
+1) / (time of the last chunk - time of the first), the median over
+`--requests` requests after one warm-up request. The swarms run the `local`
+profile; every process shares this machine's cores with the others.
+
+The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import trio
+
+from benchmarks.runtime import transformers_greedy
+from runtime.localswarm import LocalSwarm
+from runtime.tinymodel import make_tiny_model
+
+MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
+TARGET_PER_HOP_MS = 1.0
+TARGET_LARGE_3HOP_RATIO = 0.9
+READY_TIMEOUT_S = 180.0
+MODELS = {
+    # name: (layers, hidden, intermediate, compute threads per node)
+    # The tiny model gains nothing from threads; the large one gets every
+    # core, like the single-process anchor: in a chain only one hop
+    # computes at a time, so hops do not fight over the cores.
+    "tiny": (8, 64, 128, 1),
+    "large": (6, 1024, 4096, os.cpu_count() or 1),
+}
+
+
+def spans(layers: int, hops: int) -> list[str]:
+    cuts = [round(i * layers / hops) for i in range(hops + 1)]
+    return [f"{a}:{b}" for a, b in itertools.pairwise(cuts)]
+
+
+async def _stream_once(client: httpx.AsyncClient, api: str, name: str, tokens: int) -> dict:
+    body = {
+        "model": name,
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    sent = time.perf_counter()
+    first = last = None
+    usage = None
+    async with client.stream("POST", f"{api}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            await response.aread()
+            raise RuntimeError(f"chat failed: {response.status_code} {response.text}")
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            usage = chunk.get("usage") or usage
+            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                last = time.perf_counter()
+                first = first or last
+    assert first is not None and last is not None and usage is not None
+    count = usage["completion_tokens"]
+    return {
+        "ttft_ms": (first - sent) * 1000,
+        "decode_tok_s": (count - 1) / (last - first) if last > first else float("nan"),
+        "tokens": count,
+    }
+
+
+async def _swarm(
+    root: Path,
+    model_dir: Path,
+    name: str,
+    layers: int,
+    hops: int,
+    threads: int,
+    tokens: int,
+    requests: int,
+) -> dict[str, Any]:
+    env = {"OMP_NUM_THREADS": str(threads)}
+    async with LocalSwarm(root, profile="local", extra_env=env) as swarm:
+        nodes = [
+            swarm.new_node(args=["--model", str(model_dir), "--layers", span])
+            for span in spans(layers, hops)
+        ]
+        await swarm.start_ready(nodes[0], timeout=60)
+        await swarm.start_many(nodes[1:], [nodes[0].control], timeout=60)
+
+        def ready(views: dict[str, Any]) -> bool:
+            coverage = (views[nodes[0].name] or {}).get("coverage", {}).get(name)
+            return bool(coverage) and not coverage["gaps"] and coverage["layers"] == layers
+
+        await swarm.wait_for(nodes[:1], ready, READY_TIMEOUT_S, f"{name} served")
+        async with httpx.AsyncClient(timeout=300) as client:
+            await _stream_once(client, nodes[0].api, name, tokens)  # warm-up
+            runs = [await _stream_once(client, nodes[0].api, name, tokens) for _ in range(requests)]
+    return {
+        "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
+        "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 2),
+        "tokens": runs[0]["tokens"],
+    }
+
+
+def _single_process(model_dir: Path, tokens: int) -> float:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
+    prompt = tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
+    prompt = np.asarray(prompt, dtype=np.int64)
+    best = float("inf")
+    for _ in range(3):
+        _tokens, _prefill, decode = transformers_greedy(model, prompt, tokens)
+        best = min(best, decode)
+    return (tokens - 1) / best
+
+
+def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]:
+    layers, hidden, intermediate, threads = MODELS[name]
+    model_dir = make_tiny_model(
+        root / name,
+        layers=layers,
+        name=name,
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+    )
+    single = _single_process(model_dir, tokens)
+    one, three = (
+        trio.run(
+            _swarm, root / f"{name}-{hops}hop", model_dir, name, layers, hops, threads,
+            tokens, requests,
+        )
+        for hops in (1, 3)
+    )  # fmt: skip
+    per_hop = (1000 / three["decode_tok_s"] - 1000 / one["decode_tok_s"]) / 2
+    return {
+        "model": {
+            "layers": layers,
+            "hidden_size": hidden,
+            "intermediate_size": intermediate,
+            "threads_per_node": threads,
+        },
+        "tokens": one["tokens"],
+        "single_process_decode_tok_s": round(single, 2),
+        "swarm_1hop_decode_tok_s": one["decode_tok_s"],
+        "swarm_3hop_decode_tok_s": three["decode_tok_s"],
+        "swarm_1hop_vs_single": round(one["decode_tok_s"] / single, 3),
+        "swarm_3hop_vs_single": round(three["decode_tok_s"] / single, 3),
+        "per_hop_overhead_ms": round(per_hop, 3),
+        "single_process_step_ms": round(1000 / single, 3),
+        "ttft_ms": three["ttft_ms"],
+        "ttft_1hop_ms": one["ttft_ms"],
+    }
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--tokens", type=int, default=48, help="tokens per request (default 48)")
+    parser.add_argument("--requests", type=int, default=5, help="measured requests (default 5)")
+    parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
+    args = parser.parse_args(argv)
+    if args.tokens < 4 or args.requests < 1:
+        parser.error("--tokens must be >= 4 and --requests >= 1")
+    began = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="shardmesh-pipeline-") as tmp:
+        root = Path(tmp)
+        tiny = measure(root, "tiny", args.tokens, args.requests)
+        large = None if args.skip_large else measure(root, "large", args.tokens, args.requests)
+    result: dict[str, Any] = {
+        "benchmark": "pipeline",
+        **{k: v for k, v in tiny.items() if k != "model"},
+        "tiny_model": tiny["model"],
+        "large": large,
+        "target_per_hop_overhead_ms": TARGET_PER_HOP_MS,
+        "meets_per_hop_target": tiny["per_hop_overhead_ms"] <= TARGET_PER_HOP_MS,
+        "target_large_3hop_vs_single": TARGET_LARGE_3HOP_RATIO,
+        "meets_large_target": None
+        if large is None
+        else large["swarm_3hop_vs_single"] >= TARGET_LARGE_3HOP_RATIO,
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
+    if not args.json:
+        print(
+            f"tiny: per-hop overhead {tiny['per_hop_overhead_ms']} ms, "
+            f"3-hop {tiny['swarm_3hop_decode_tok_s']} tok/s vs single "
+            f"{tiny['single_process_decode_tok_s']}",
+            file=sys.stderr,
+        )
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
