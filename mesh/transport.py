@@ -357,6 +357,13 @@ class Plane:
         if self._closed:
             self._drop("closed")
             return
+        if self._outbox_send.statistics().current_buffer_used == 0:
+            # Nothing queued ahead of us: hand it to libzmq now rather than
+            # wake the owner task for it (a decode step's activations and
+            # tokens are latency-bound). Safe: trio runs one task at a time
+            # on this thread, and NOBLOCK sends never wait.
+            self._transmit(addr, tuple(frames))
+            return
         try:
             self._outbox_send.send_nowait((addr, tuple(frames)))
         except trio.WouldBlock:

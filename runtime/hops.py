@@ -41,9 +41,11 @@ Why the hop behaves as it does
 * The receive loop (see :mod:`runtime.engine`) never waits on compute: it
   validates a forward and hands it to the session's own task through a small
   queue, so one session's steps run strictly in order while the loop keeps
-  serving other sessions. The shard runs in a worker thread
-  (``trio.to_thread.run_sync``), one forward at a time per shard (a device is
-  one resource; two forwards at once mostly contend).
+  serving other sessions. A prefill runs in a worker thread
+  (``trio.to_thread.run_sync``) so the node keeps serving meanwhile; a
+  one-token decode step runs on the loop itself (``INLINE_MAX_TOKENS``).
+  Either way one forward at a time per shard (a device is one resource; two
+  forwards at once mostly contend).
 * Bad input (wrong dtype or shape, unknown session, position that does not
   continue the cache, over budget) is counted per reason in the node's drops
   and answered with ``error`` whenever the session, and so the entry's
@@ -74,6 +76,14 @@ from runtime.backends.base import KVCache, ShardBackend
 from runtime.sampling import SEED_MODULUS, SamplingParams, sample
 
 T = TypeVar("T")
+
+INLINE_MAX_TOKENS: Final = 1
+"""Decode steps (one token) run on the event loop itself; prefills and
+replays go to a worker thread. A decode step is short (well under the
+profiles' timer granularity for the shards a node holds), while a thread
+handoff costs ~0.5 ms per hop in GIL ping-pong on Python-heavy forwards,
+measured on loopback: half of a hop's overhead. A prefill can take seconds
+and would stall membership and Raft, so it never runs inline."""
 
 __all__ = [
     "DEFAULT_IDLE_TIMEOUT_S",
@@ -468,9 +478,18 @@ class HopServer:
                 async for step, pos, inputs in inbox:
                     session.computing = True
                     try:
-                        result = await trio.to_thread.run_sync(
-                            self._compute_step, session, step, pos, inputs, limiter=self._compute
-                        )
+                        if inputs.shape[0] <= INLINE_MAX_TOKENS:
+                            async with self._compute:
+                                result = self._compute_step(session, step, pos, inputs)
+                        else:
+                            result = await trio.to_thread.run_sync(
+                                self._compute_step,
+                                session,
+                                step,
+                                pos,
+                                inputs,
+                                limiter=self._compute,
+                            )
                     except Exception as exc:  # a failing shard must not take the server down
                         self._drops[f"engine.{R_SHARD_FAILED}"] += 1
                         self._fail(session, step, R_SHARD_FAILED, f"{type(exc).__name__}: {exc}")
@@ -492,9 +511,7 @@ class HopServer:
     def _compute_step(
         self, session: _Session, step: int, pos: int, inputs: np.ndarray
     ) -> int | np.ndarray:
-        """In a worker thread: the shard's forward, and on the last hop the
-        sampled token (sampling over a large vocabulary sorts it, which should
-        not stall the trio loop either)."""
+        """The shard's forward, and on the last hop the sampled token."""
         positions = np.arange(pos, pos + inputs.shape[0], dtype=np.int64)
         output = self.shard.forward(inputs, positions, session.cache)
         if session.sampling is None:
