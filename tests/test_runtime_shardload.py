@@ -205,7 +205,7 @@ def test_backend_choice_errors(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch)
         load_shard(spec, backend="tpu")
     import runtime.backends as backends
 
-    monkeypatch.setitem(backends._REQUIRED_MODULES, "torch", ("no_such_module_for_shardmesh",))
+    monkeypatch.setitem(backends.REQUIRED_MODULES, "torch", ("no_such_module_for_shardmesh",))
     assert not backend_available("torch")
     with pytest.raises(BackendError, match=r"backend torch is not installed: pip install"):
         load_shard(spec, backend="torch")
