@@ -37,8 +37,9 @@ import trio
 
 from mesh import records
 from mesh.transport import Plane
+from runtime.backends import backend_available, default_backend
 from runtime.backends.base import ShardBackend
-from runtime.doctor import DoctorReport, admit, free_memory_bytes, recheck
+from runtime.doctor import DoctorReport, admit, default_device, free_memory_bytes, recheck
 from runtime.engine import Engine
 from runtime.hops import DEFAULT_MAX_SESSIONS, HopServer
 
@@ -92,10 +93,16 @@ class Admission:
         plane: Plane,
         drops: Counter[str],
         publish: Callable[[], None],
+        tier: str = "operator",
+        epoch: int = OPERATOR_EPOCH,
     ) -> None:
         """`publish` re-signs and gossips the node's record; it is called
-        whenever the assignment or capability below changes."""
+        whenever the assignment or capability below changes. `tier` and
+        `epoch` are the assignment's: an operator's pinned shard, or a
+        managed one the placement leader committed at `epoch`."""
         self.options = options
+        self.tier = tier
+        self.epoch = epoch
         self._engine = engine
         self._plane = plane
         self._drops = drops
@@ -115,16 +122,16 @@ class Admission:
         return self.report.manifest_digest if self.report else None
 
     def assignment(self) -> records.Assignment | None:
-        """The pinned operator assignment, once the manifest names the model."""
+        """The assignment being served, once the manifest names the model."""
         if self.model_name is None:
             return None
         return records.Assignment(
             model=self.model_name,
             layers=self.options.layers,
             recipe=self.options.recipe,  # type: ignore[arg-type]
-            tier="operator",
-            managed=False,
-            epoch=OPERATOR_EPOCH,
+            tier=self.tier,  # type: ignore[arg-type]
+            managed=self.tier == "managed",
+            epoch=self.epoch,
         )
 
     async def run(self) -> None:
@@ -230,3 +237,19 @@ def _backend_info(shard: ShardBackend) -> records.BackendInfo:
         device=shard.device,
         memory_bytes=int(free or 0),
     )
+
+
+def probe_backend(backend: str | None) -> records.BackendInfo | None:
+    """What a node without a shard offers: its backend, device and free
+    memory, which the placement leader sizes managed shards by. None when
+    the backend is not installed (the node then offers no capacity). Slow
+    (imports the backend): call it in a worker thread."""
+    name = backend or default_backend()
+    if not backend_available(name):
+        return None
+    try:
+        device = default_device(name)
+    except ImportError:
+        return None
+    free, _source = free_memory_bytes(device)
+    return records.BackendInfo(kind=name, device=device, memory_bytes=int(free or 0))  # type: ignore[arg-type]

@@ -39,6 +39,7 @@ from mesh.identity import node_id_text
 from runtime.chat import ChatError, ChatService, Generation, parse_chat_request
 from runtime.manifest import MANIFEST_FILE, ManifestError, artifact_files
 from runtime.raft_driver import NotLeader, ProposalFailed, RaftDriver
+from runtime.store import ModelStore
 
 log = logging.getLogger("shardmesh.api")
 
@@ -60,6 +61,7 @@ class NodeAPI(Protocol):
 
     raft: RaftDriver
     chat: ChatService
+    store: ModelStore
     fault_injection: bool
     isolated: bool
 
@@ -229,6 +231,12 @@ def create_app(node: NodeAPI) -> Starlette:
 
         return StreamingResponse(events(), media_type="text/event-stream")
 
+    async def model_manifest(request: Request) -> Response:
+        stored = node.store.get(request.path_params["name"])
+        if stored is None:
+            return error_response(404, "this node's store has no such model", code="not_found")
+        return FileResponse(stored.path / MANIFEST_FILE, media_type="application/json")
+
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": node.chat.models()})
 
@@ -359,6 +367,7 @@ def create_app(node: NodeAPI) -> Starlette:
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
             Route("/v1/network/artifacts/{digest}/{name}", artifact, methods=["GET"]),
+            Route("/v1/network/models/{name}/manifest", model_manifest, methods=["GET"]),
             Route("/v1/network/status", network_status, methods=["GET"]),
             Route("/v1/network/coverage", network_coverage, methods=["GET"]),
             Route("/v1/network/demand", network_demand, methods=["POST"]),

@@ -327,8 +327,14 @@ class ChatService:
         iterator of text deltas (the iterator sets finish_reason and counts
         tokens as it goes). Raises ChatError before anything is generated."""
         coverage = self.node.coverage_map()
-        variant = self._servable(coverage, request.model)
-        route = self._route(variant, frozenset())
+        try:
+            variant = self._servable(coverage, request.model)
+            route = self._route(variant, frozenset())
+        except ChatError as exc:
+            if exc.status == 503:  # demand for a model we cannot serve yet: place it
+                self.node.placement.count_demand(request.model, unserved=True)
+            raise
+        self.node.placement.count_demand(request.model, unserved=False)
         tokenizer = await self.artifacts.tokenizer(
             variant.manifest_digest, self._artifact_sources(variant)
         )
@@ -353,7 +359,8 @@ class ChatService:
 
     def _servable(self, coverage: CoverageMap, model: str) -> ModelCoverage:
         variant = coverage.best(model)
-        if variant is None and model not in self.node.assigned_models():
+        known = self.node.assigned_models() | self.node.stored_models()
+        if variant is None and model not in known:
             raise ChatError(
                 404,
                 f"the model {model!r} does not exist in this swarm",
@@ -375,14 +382,22 @@ class ChatService:
         """What a 503 `model_loading` says: covered layers, gaps, who is
         loading, whether a leader is known, and why we are waiting."""
         leader = self.node.raft.leader()
+        code, reason = self.node.placement.why_waiting(model)
+        if leader is None:
+            code, reason = "no_leader", "no placement leader is known yet"
+        elif code == "no_demand":  # stale by one request: this one was demand
+            code, reason = "demand_recorded", "demand was recorded; the leader places it next"
+        facts = self.node.placement.facts.get(model)
+        layers = variant.num_layers if variant else (facts.num_layers if facts else None)
         return {
             "model": model,
-            "layers": variant.num_layers if variant else None,
+            "layers": layers,
             "covered": [list(s) for s in variant.covered] if variant else [],
-            "gaps": [list(s) for s in variant.gaps] if variant else None,
+            "gaps": [list(s) for s in variant.gaps] if variant else _all_gap(layers),
             "loading": sorted(self.node.loading_nodes(model)),
             "leader": node_id_text(leader) if leader else None,
-            "waiting_for": "no leader" if leader is None else "coverage",
+            "waiting_for": code,
+            "reason": reason,
         }
 
     def _route(self, variant: ModelCoverage, avoid: frozenset[bytes]) -> Route:
@@ -524,6 +539,10 @@ class ChatService:
             return None
         found = reroute(variant, route, failed, self._route_inputs(frozenset(failed)))
         return None if isinstance(found, NoRoute) else found
+
+
+def _all_gap(layers: int | None) -> list[list[int]] | None:
+    return None if layers is None else [[0, layers]]
 
 
 def _model_json(name: str, status: str, variant: ModelCoverage | None) -> dict[str, Any]:

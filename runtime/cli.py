@@ -138,6 +138,19 @@ def build_parser() -> argparse.ArgumentParser:
         "--layers", type=_layer_span, default=None, metavar="A:B", help="the shard to serve"
     )
     node.add_argument(
+        "--models",
+        type=Path,
+        default=None,
+        metavar="STORE",
+        help="a folder of model directories the placement leader may ask this node to load",
+    )
+    node.add_argument(
+        "--managed",
+        action="store_true",
+        help="offer this node as spare capacity for managed placement (the default "
+        "without --model; one assignment per node, so not with --model)",
+    )
+    node.add_argument(
         "--recipe",
         default="fp32",
         choices=("fp32", "bf16", "fp16", "q8", "q4"),
@@ -358,6 +371,10 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if (args.model is None) != (args.layers is None):
         parser.error("--model and --layers go together")
+    if args.managed and args.model is not None:
+        parser.error("--managed offers a model-less node; a node with --model is pinned")
+    if args.models is not None and not args.models.is_dir():
+        parser.error(f"--models {args.models}: not a directory")
     try:
         serve = None
         if args.model is not None:
@@ -380,6 +397,8 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             advertise=args.advertise,
             fault_injection=args.fault_injection,
             serve=serve,
+            models=args.models.resolve() if args.models else None,
+            backend=args.backend,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -442,7 +442,7 @@ def _check_backend(run: _Run) -> dict[str, Any]:
             raise _Refused(
                 "backend_not_installed", f"backend {name}: import {module} failed ({exc}); {hint}"
             ) from None
-    run.device = _default_device(name)
+    run.device = default_device(name)
     versions = {}
     for dist in _BACKEND_DISTRIBUTIONS[name]:
         try:
@@ -452,7 +452,7 @@ def _check_backend(run: _Run) -> dict[str, Any]:
     return {"backend": name, "device": run.device, "versions": versions}
 
 
-def _default_device(backend: str) -> str:
+def default_device(backend: str) -> str:
     """The device load_shard will put a `backend` shard on."""
     if backend == "torch":
         from runtime.backends.torch_backend import default_device

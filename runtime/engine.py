@@ -54,6 +54,7 @@ class Engine:
         self.pipeline = Pipeline(plane, drops=drops, reply_address=reply_address)
         self._drops = drops
         self._nursery: trio.Nursery | None = None
+        self._hop_scope: trio.CancelScope | None = None
 
     @property
     def sessions(self) -> int:
@@ -83,8 +84,28 @@ class Engine:
             raise RuntimeError("attach() needs a running engine")
         if self.hop_server is not None:
             raise RuntimeError("this engine already serves a shard")
-        await self._nursery.start(hop_server.run)
+        self._hop_scope = trio.CancelScope()
+        await self._nursery.start(self._serve_hops, hop_server, self._hop_scope)
         self.hop_server = hop_server
+
+    def detach(self) -> None:
+        """Stop serving the attached shard (a managed assignment was
+        released or replaced): its sessions close, and later hop messages
+        are refused as a stale route."""
+        if self._hop_scope is not None:
+            self._hop_scope.cancel()
+        self._hop_scope = None
+        self.hop_server = None
+
+    @staticmethod
+    async def _serve_hops(
+        hop_server: HopServer,
+        scope: trio.CancelScope,
+        *,
+        task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED,
+    ) -> None:
+        with scope:
+            await hop_server.run(task_status=task_status)
 
     def dispatch(self, frames: list[bytes]) -> None:
         """Handle one received message; never raises for bad input."""

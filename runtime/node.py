@@ -60,12 +60,14 @@ from mesh.wire import (
     decode_envelope,
     encode_envelope,
 )
-from runtime.admission import Admission, ServeOptions
+from runtime.admission import Admission, ServeOptions, probe_backend
 from runtime.chat import ArtifactStore, ChatService
 from runtime.endpoints import HostPort, parse_hostport
 from runtime.engine import Engine
+from runtime.placement_driver import Placement
 from runtime.raft_driver import RaftDriver
 from runtime.statedir import StateDir
+from runtime.store import ModelStore
 
 log = logging.getLogger("shardmesh.node")
 
@@ -111,6 +113,12 @@ class NodeOptions:
     partition the node."""
     serve: ServeOptions | None = None
     """The operator's pinned shard (`--model --layers --recipe`), if any."""
+    models: Path | None = None
+    """The local model store (`--models STORE`): what the placement leader
+    may ask this node to load."""
+    backend: str | None = None
+    """`--backend` (default: the platform's) for managed shards and the
+    capacity a model-less node offers."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -189,6 +197,11 @@ class Node:
         self.engine: Engine
         self.admission: Admission | None = None
         self.chat: ChatService
+        self.placement: Placement
+        self.offered_backend: records.BackendInfo | None = None  # model-less nodes
+        self.store = ModelStore.scan(
+            options.models, options.serve.model_dir if options.serve else None
+        )
         self._control: Plane
         self._data: Plane
         self.leaving = False
@@ -443,11 +456,12 @@ class Node:
                         engine=self.engine,
                         plane=data,
                         drops=self.local_drops,
-                        publish=self._republish,
+                        publish=self.republish,
                     )
                 self.chat = ChatService(
-                    self, ArtifactStore(self.state.path / "artifacts", self._local_models())
+                    self, ArtifactStore(self.state.path / "artifacts", _LocalModels(self))
                 )
+                self.placement = Placement(self)
                 async with trio.open_nursery() as nursery:
                     api_url = await self._start_http(nursery)
                     self.addresses = {"control": control_addr, "data": data_addr, "api": api_url}
@@ -460,6 +474,9 @@ class Node:
                     await nursery.start(self.engine.run)
                     if self.admission is not None:
                         nursery.start_soon(self.admission.run)
+                    nursery.start_soon(self.placement.run)
+                    if options.serve is None:
+                        nursery.start_soon(self._offer_capacity)
                     self._flush()
                     self.state.write_ready(
                         {
@@ -509,29 +526,32 @@ class Node:
                     api=self.addresses["api"],
                 ),
                 started_at=self.started_at,
-                backend=admission.backend_info if admission else None,
+                backend=admission.backend_info if admission else self.offered_backend,
                 assignment=admission.assignment() if admission else None,
                 capability=admission.capability if admission else None,
-                models=tuple(sorted({name for name, _ in self._local_model_names()})),
+                models=self.store.names(),
+                # One assignment per node until multi-shard slots exist
+                # (ADR-0026): a node pinned by its operator has no spare slot.
+                spare=self.options.serve is None,
             )
         )
 
-    def _republish(self) -> None:
+    async def _offer_capacity(self) -> None:
+        """Find out (in a thread: it imports the backend) what this
+        model-less node can offer placement, then advertise it."""
+        self.offered_backend = await trio.to_thread.run_sync(probe_backend, self.options.backend)
+        if self.offered_backend is None:
+            log.warning("backend %s is not installed: offering no capacity", self.options.backend)
+        self.republish()
+
+    def republish(self) -> None:
         """Re-sign and gossip our record (admission changed what it says)."""
         self.membership.publish_record(self.record_body(), self._now())
         self._flush()
 
-    def _local_model_names(self) -> list[tuple[str, str]]:
-        """(model name, manifest digest) of the models on this node's disk."""
-        admission = self.admission
-        if admission is None or admission.model_name is None or admission.manifest_digest is None:
-            return []
-        return [(admission.model_name, admission.manifest_digest)]
-
-    def _local_models(self) -> dict[str, Path]:
-        """Manifest digest -> directory, for the models this node can hand
-        out tokenizer files of (filled in as admission learns the digest)."""
-        return _LocalModels(self)
+    @property
+    def data_plane(self) -> Plane:
+        return self._data
 
     # --- what the chat service and the API read ------------------------------------
 
@@ -575,7 +595,16 @@ class Node:
 
     def artifact_path(self, digest: str) -> Path | None:
         """The local directory of the model whose manifest digest is `digest`."""
-        return self._local_models().get(digest)
+        return self.store.by_digest(digest)
+
+    def stored_models(self) -> set[str]:
+        """Models some live member has in its store (placement could load them)."""
+        names: set[str] = set()
+        for view in self.membership.members():
+            record = self._decoded_record(view.record)
+            if str(view.state) in ("alive", "suspect") and record is not None:
+                names.update(record.models)
+        return names
 
     @property
     def fault_injection(self) -> bool:
@@ -660,6 +689,8 @@ class Node:
             "sessions": self.engine.sessions,
             "chat": dict(self.chat.counters),
             "admission": None if self.admission is None else self.admission.to_json(),
+            "placement": self.placement.to_json(),
+            "store": list(self.store.names()),
             "events": [
                 {
                     "kind": e["kind"],
@@ -673,18 +704,14 @@ class Node:
 
 
 class _LocalModels(dict[str, Path]):
-    """A live view: the admission learns the digest only once the doctor
-    has read the manifest, after the chat service was built."""
+    """The node's store as the chat service's digest -> directory lookup."""
 
     def __init__(self, node: Node) -> None:
         super().__init__()
         self._node = node
 
     def get(self, digest: str, default: Path | None = None) -> Path | None:  # type: ignore[override]
-        admission = self._node.admission
-        if admission is not None and admission.manifest_digest == digest:
-            return admission.options.model_dir
-        return default
+        return self._node.store.by_digest(digest) or default
 
 
 def _ago(now: float, then: float | None) -> float | None:

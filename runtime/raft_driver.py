@@ -41,7 +41,7 @@ import trio
 
 from consensus.codec import RaftDecodeError, RaftEncodeError, decode_raft, encode_raft
 from consensus.config import ConsensusConfig
-from consensus.ledger import Command, LedgerError, PlacementLedger, encode_command
+from consensus.ledger import ApplyResult, Command, LedgerError, PlacementLedger, encode_command
 from consensus.log import Entry, EntryKind
 from consensus.raft import Message, RaftNode, Ready, Role
 from consensus.storage import RaftStorage, StorageError
@@ -164,6 +164,9 @@ class RaftDriver:
             INBOX_CAPACITY
         )
         self._ticks = 0
+        self.on_apply: list[Callable[[ApplyResult], None]] = []
+        """Called with every applied command's result, in log order (the
+        placement history and the node's managed-assignment watcher)."""
 
     # --- inputs from the node -------------------------------------------------------
 
@@ -338,6 +341,9 @@ class RaftDriver:
         result = (
             self.ledger.apply(entry.index, entry.data) if entry.kind == EntryKind.COMMAND else None
         )
+        if result is not None:
+            for callback in self.on_apply:
+                callback(result)
         proposal = self._waiting.pop(entry.index, None)
         if proposal is None:
             return

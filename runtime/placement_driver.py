@@ -1,0 +1,357 @@
+"""Placement in the node: demand in, the leader's decisions out, shards loaded.
+
+`consensus.placement` decides (a pure function of the ledger, membership and
+the models' sizes); this module feeds it and carries out what it decides.
+Every node runs all three loops; only the leader proposes:
+
+* **demand** (`count_demand`, `_report_demand`): the chat entry counts every
+  request per model. Counts are sent to the leader as `RecordDemand` commands
+  (proposed directly when we lead, else posted to the leader's
+  `/v1/network/demand`) every `DEMAND_FLUSH_S`, and at once for a model that
+  could not be served, so placement starts within a round trip.
+* **placement** (`_place`): every `PLACEMENT_INTERVAL_S` the node builds the
+  policy input from its ledger replica and its membership view. Every node
+  keeps `explain()` (why a model waits) for its 503 bodies and status; the
+  leader also proposes, in order: the ledger records of operator-pinned
+  shards it sees in signed node records (ADR-0026's tiers live in the
+  ledger), `MarkAdmissionFailed` for managed assignments whose node reports
+  a failed doctor, then `decide()`'s assignments and releases.
+* **serving** (`_follow_assignment`): when the ledger gives this node a
+  managed assignment, it loads the span from its model store and runs the
+  doctor (`runtime.admission`) before advertising it; when the assignment
+  is released or replaced, it stops serving it.
+
+Sizes come from manifests: the node's own store, or fetched from a member
+that advertises the model (`/v1/network/models/{name}/manifest`).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections import Counter
+from typing import Any, Final
+
+import httpx
+import trio
+
+from consensus.ledger import Assign, Command, MarkAdmissionFailed, RecordDemand, Release
+from consensus.placement import (
+    WAIT_MESSAGES,
+    ModelFacts,
+    PlacementHistory,
+    PlacementInput,
+    PlacementPolicy,
+    decide,
+    explain,
+    node_view,
+)
+from mesh.identity import node_id_text
+from runtime.admission import Admission, ServeOptions
+from runtime.raft_driver import NotLeader, ProposalFailed
+from runtime.store import model_facts
+
+log = logging.getLogger("shardmesh.placement")
+
+PLACEMENT_INTERVAL_S: Final = 0.25
+"""One policy round per quarter second: the demand-to-commit target is 1 s,
+and a round on a 10,000-node snapshot costs ~25 ms of the leader's CPU."""
+DEMAND_FLUSH_S: Final = 0.5
+"""Served requests are batched this long into one `RecordDemand` per model;
+unserved ones are sent at once."""
+ASSIGNMENT_POLL_S: Final = 0.2
+"""How often a node compares the ledger's assignment with what it serves."""
+MANIFEST_RETRY_S: Final = 5.0
+"""After a failed manifest fetch, wait this long before asking again."""
+PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
+RECENT_DECISIONS: Final = 32
+
+
+class Placement:
+    """The node's placement loops (see the module doc); `run` in its nursery."""
+
+    def __init__(self, node: Any, policy: PlacementPolicy | None = None) -> None:
+        self.node = node
+        self.policy = policy or PlacementPolicy()
+        self.history = PlacementHistory()
+        self.facts: dict[str, ModelFacts] = {}
+        self.waiting: dict[str, str] = {}
+        self.decisions: collections.deque[dict[str, Any]] = collections.deque(
+            maxlen=RECENT_DECISIONS
+        )
+        self._demand: Counter[str] = Counter()
+        self._urgent = trio.Event()
+        self._fetch_after: dict[str, float] = {}
+        self._serving: tuple[str, tuple[int, int], str, int] | None = None
+        self._serving_scope: trio.CancelScope | None = None
+        node.raft.on_apply.append(self._observe)
+
+    def _observe(self, result: Any) -> None:
+        if result.accepted and result.command is not None:
+            self.history.observe(result.command)
+
+    # --- demand -------------------------------------------------------------------
+
+    def count_demand(self, model: str, *, unserved: bool) -> None:
+        """One chat request for `model` arrived here."""
+        self._demand[model] += 1
+        if unserved:
+            self._urgent.set()
+
+    async def run(self) -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._report_demand)
+            nursery.start_soon(self._place)
+            nursery.start_soon(self._follow_assignment, nursery)
+
+    async def _report_demand(self) -> None:
+        while True:
+            with trio.move_on_after(DEMAND_FLUSH_S):
+                await self._urgent.wait()
+            self._urgent = trio.Event()
+            pending, self._demand = self._demand, Counter()
+            for model, count in sorted(pending.items()):
+                if not await self._send_demand(model, count):
+                    self._demand[model] += count  # try again next flush
+
+    async def _send_demand(self, model: str, count: int) -> bool:
+        command = RecordDemand(model=model, count=count, at=time.time())
+        try:
+            await self.node.raft.propose(command)
+            return True
+        except NotLeader as exc:
+            leader = exc.leader
+        except ProposalFailed:
+            return False
+        url = self.node.member_api(leader) if leader is not None else None
+        if url is None:
+            return False
+        try:
+            async with httpx.AsyncClient(timeout=5.0) as client:
+                reply = await client.post(
+                    f"{url}/v1/network/demand", json={"model": model, "count": count}
+                )
+        except httpx.HTTPError:
+            return False
+        return reply.status_code == 200
+
+    # --- placement ------------------------------------------------------------------
+
+    async def _place(self) -> None:
+        while True:
+            await trio.sleep(PLACEMENT_INTERVAL_S)
+            snapshot = await self._snapshot()
+            self.waiting = explain(snapshot, self.policy)
+            if not self.node.raft.raft.is_leader:
+                continue
+            commands = self._pinned_records(snapshot) + self._admission_failures(snapshot)
+            if not commands:  # decide on a ledger that already knows the pinned shards
+                commands = [(d.command, d.code, d.reason) for d in decide(snapshot, self.policy)]
+            for command, code, reason in commands:
+                try:
+                    committed = await self.node.raft.propose(command)
+                except (NotLeader, ProposalFailed) as exc:
+                    log.info("placement round stopped: %s", exc)
+                    break
+                self._remember(command, code, reason, committed.index, committed.accepted)
+
+    def _remember(self, command: Command, code: str, reason: str, index: int, ok: bool) -> None:
+        node = getattr(command, "node", None)
+        entry = {
+            "command": type(command).__name__,
+            "node_id": node_id_text(node) if node else None,
+            "model": getattr(command, "model", None),
+            "layers": list(command.layers) if isinstance(command, Assign) else None,
+            "code": code,
+            "reason": reason,
+            "index": index,
+            "accepted": ok,
+            "at": time.time(),
+        }
+        self.decisions.append(entry)
+        log.info("placement: %s %s %s (%s)", entry["command"], entry["model"], code, reason)
+
+    async def _snapshot(self) -> PlacementInput:
+        node = self.node
+        ledger = node.raft.ledger
+        now, mono = time.time(), trio.current_time()
+        views = {}
+        wanted: set[str] = set(ledger.demand()) | {a.model for a in ledger.assignments()}
+        for member in node.membership.members():
+            record = node.decoded_record(member.node)
+            since = now - (mono - member.state_since)
+            views[member.node] = node_view(
+                str(member.state), since, record, ledger.assignment(member.node), now
+            )
+            if record is not None:
+                wanted.update(record.models)
+        for name in sorted(wanted - self.facts.keys()):
+            await self._learn_facts(name)
+        return PlacementInput.from_ledger(
+            ledger,
+            nodes=views,
+            models={n: f for n, f in self.facts.items() if n in wanted},
+            now=now,
+            has_quorum=node.raft.leader() is not None,
+            history=self.history,
+        )
+
+    async def _learn_facts(self, name: str) -> None:
+        """Sizes of `name` from our store, else from a member's manifest."""
+        stored = self.node.store.get(name)
+        if stored is not None:
+            self.facts[name] = model_facts(stored.manifest)
+            return
+        if trio.current_time() < self._fetch_after.get(name, 0.0):
+            return
+        for member in self.node.membership.members():
+            record = self.node.decoded_record(member.node)
+            url = self.node.member_api(member.node)
+            if record is None or url is None or name not in record.models:
+                continue
+            try:
+                async with httpx.AsyncClient(timeout=5.0) as client:
+                    reply = await client.get(f"{url}/v1/network/models/{name}/manifest")
+                reply.raise_for_status()
+                self.facts[name] = model_facts(reply.json())
+                return
+            except (httpx.HTTPError, ValueError, KeyError, TypeError):
+                continue
+        self._fetch_after[name] = trio.current_time() + MANIFEST_RETRY_S
+
+    def _pinned_records(self, snapshot: PlacementInput) -> list[tuple[Command, str, str]]:
+        """Ledger entries for operator-pinned shards announced in signed records."""
+        commands: list[tuple[Command, str, str]] = []
+        ledger = self.node.raft.ledger
+        for member in self.node.membership.members():
+            if str(member.state) not in ("alive", "suspect"):
+                continue
+            record = self.node.decoded_record(member.node)
+            wanted = record.assignment if record is not None else None
+            if wanted is None or wanted.tier not in PINNED_TIERS:
+                continue
+            held = ledger.assignment(member.node)
+            if held is not None and (held.model, held.layers, held.recipe, held.tier) == (
+                wanted.model,
+                wanted.layers,
+                wanted.recipe,
+                wanted.tier,
+            ):
+                continue
+            epoch = ledger.epoch(member.node)
+            if held is not None:
+                release = Release(
+                    member.node, held.model, held.epoch, "operator_reload", time.time()
+                )
+                commands.append((release, "operator_reload", "the operator restarted the node"))
+            assign = Assign(
+                node=member.node,
+                model=wanted.model,
+                layers=wanted.layers,
+                recipe=wanted.recipe,
+                tier=wanted.tier,
+                managed=False,
+                epoch=epoch + 1,
+                at=time.time(),
+            )
+            commands.append((assign, "pinned", f"the node was started with {wanted.model}"))
+        return commands
+
+    def _admission_failures(self, snapshot: PlacementInput) -> list[tuple[Command, str, str]]:
+        """Mark managed assignments whose node's signed report says its
+        doctor failed, so the policy releases them and tries another node."""
+        commands: list[tuple[Command, str, str]] = []
+        for assignment in self.node.raft.ledger.assignments():
+            if not assignment.managed or assignment.admission_failed_at is not None:
+                continue
+            record = self.node.decoded_record(assignment.node)
+            if record is None or record.capability is None or record.assignment is None:
+                continue
+            about = record.assignment
+            if (about.model, about.layers, about.epoch) != (
+                assignment.model,
+                assignment.layers,
+                assignment.epoch,
+            ) or record.capability.result != "failed":
+                continue
+            mark = MarkAdmissionFailed(
+                assignment.node, assignment.model, assignment.epoch, time.time()
+            )
+            commands.append((mark, "admission_failed", record.capability.failure or "failed"))
+        return commands
+
+    # --- serving what the ledger assigns us ----------------------------------------
+
+    async def _follow_assignment(self, nursery: trio.Nursery) -> None:
+        node = self.node
+        while True:
+            await trio.sleep(ASSIGNMENT_POLL_S)
+            mine = node.raft.ledger.assignment(node.node_id)
+            wanted = None
+            if mine is not None and mine.managed:
+                wanted = (mine.model, mine.layers, mine.recipe, mine.epoch)
+            if wanted == self._serving:
+                continue
+            if self._serving is not None:
+                log.info("managed assignment %s ended; no longer serving it", self._serving)
+                self._stop_serving()
+            if wanted is None:
+                continue
+            stored = node.store.get(wanted[0])
+            if stored is None:  # the leader thought we had it; say so by failing admission
+                log.error("assigned %s, which is not in this node's store", wanted[0])
+                continue
+            self._serving = wanted
+            self._serving_scope = trio.CancelScope()
+            admission = Admission(
+                ServeOptions(
+                    model_dir=stored.path,
+                    layers=wanted[1],
+                    recipe=wanted[2],
+                    backend=node.options.backend,
+                ),
+                engine=node.engine,
+                plane=node.data_plane,
+                drops=node.local_drops,
+                publish=node.republish,
+                tier="managed",
+                epoch=wanted[3],
+            )
+            node.admission = admission
+            nursery.start_soon(self._serve, admission, self._serving_scope)
+
+    @staticmethod
+    async def _serve(admission: Admission, scope: trio.CancelScope) -> None:
+        with scope:
+            await admission.run()
+
+    def _stop_serving(self) -> None:
+        if self._serving_scope is not None:
+            self._serving_scope.cancel()
+        self.node.engine.detach()
+        self.node.admission = None
+        self._serving = None
+        self._serving_scope = None
+        self.node.republish()
+
+    # --- views ----------------------------------------------------------------------
+
+    def why_waiting(self, model: str) -> tuple[str, str]:
+        """(code, text) for a 503 `model_loading` body."""
+        code = self.waiting.get(model, "unknown_model")
+        return code, WAIT_MESSAGES.get(code, code)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "waiting": dict(sorted(self.waiting.items())),
+            "decisions": list(self.decisions),
+            "models": {
+                name: {
+                    "num_layers": f.num_layers,
+                    "layer_bytes": f.layer_bytes,
+                    "recipe": f.recipe,
+                }
+                for name, f in sorted(self.facts.items())
+            },
+        }
