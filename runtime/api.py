@@ -35,9 +35,11 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from consensus.ledger import MAX_TEXT, Command, RecordDemand
-from mesh.identity import node_id_text
+from mesh.identity import NODE_ID_BYTES, node_id_text
+from mesh.records import RECIPES
 from runtime.chat import ChatError, ChatService, Generation, parse_chat_request
 from runtime.manifest import MANIFEST_FILE, ManifestError, artifact_files
+from runtime.placement_driver import AlreadyAssigned, Placement
 from runtime.raft_driver import NotLeader, ProposalFailed, RaftDriver
 from runtime.store import ModelStore
 
@@ -61,6 +63,7 @@ class NodeAPI(Protocol):
 
     raft: RaftDriver
     chat: ChatService
+    placement: Placement
     store: ModelStore
     fault_injection: bool
     isolated: bool
@@ -123,6 +126,31 @@ async def json_object(request: Request) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise BadRequest("the body must be a JSON object")
     return value
+
+
+def _bootstrap_fields(body: dict[str, Any]) -> tuple[bytes, str, tuple[int, int], str]:
+    """(node, model, layers, recipe) of a `POST /v1/nodes/assign` body."""
+    try:
+        node_id = bytes.fromhex(body.get("node_id", ""))
+    except (TypeError, ValueError):
+        node_id = b""
+    if len(node_id) != NODE_ID_BYTES:
+        raise BadRequest("node_id must be a node's 64-hex-digit id", "node_id")
+    model = body.get("model")
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_TEXT:
+        raise BadRequest(f"model must be a non-empty string of <= {MAX_TEXT} chars", "model")
+    layers = body.get("layers")
+    if (
+        not isinstance(layers, list)
+        or len(layers) != 2
+        or not all(type(x) is int for x in layers)
+        or not 0 <= layers[0] < layers[1]
+    ):
+        raise BadRequest("layers must be [a, b] with 0 <= a < b", "layers")
+    recipe = body.get("recipe", "fp32")
+    if recipe not in RECIPES:
+        raise BadRequest(f"recipe must be one of {sorted(RECIPES)}", "recipe")
+    return node_id, model, (layers[0], layers[1]), recipe
 
 
 def _demand_command(body: dict[str, Any]) -> RecordDemand:
@@ -230,6 +258,43 @@ def create_app(node: NodeAPI) -> Starlette:
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(events(), media_type="text/event-stream")
+
+    async def network_assign(request: Request) -> JSONResponse:
+        """Bootstrap: the best gap for a joining node, by its memory and store."""
+        try:
+            body = await json_object(request)
+            memory = body.get("memory_bytes")
+            if type(memory) is not int or memory < 0:
+                raise BadRequest("memory_bytes must be a non-negative integer", "memory_bytes")
+            models = body.get("models")
+            if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+                raise BadRequest("models must be an array of model names", "models")
+        except BadRequest as exc:
+            return error_response(400, str(exc), param=exc.param)
+        gap = node.placement.suggest(memory, models)
+        if gap is None:
+            return error_response(
+                404, "no gap of these models fits this node; stay spare", code="no_gap"
+            )
+        return JSONResponse(
+            {
+                "model": gap.model,
+                "layers": list(gap.layers),
+                "recipe": gap.recipe,
+                "demand_per_min": gap.demand_per_min,
+            }
+        )
+
+    async def nodes_assign(request: Request) -> JSONResponse:
+        """An operator (or `--auto-join`) assigns a node on its first join."""
+        try:
+            body = await json_object(request)
+            command = node.placement.bootstrap_command(*_bootstrap_fields(body))
+        except BadRequest as exc:
+            return error_response(400, str(exc), param=exc.param)
+        except AlreadyAssigned as exc:
+            return error_response(409, str(exc), code="already_assigned", param="node_id")
+        return await commit(request, command)
 
     async def model_manifest(request: Request) -> Response:
         stored = node.store.get(request.path_params["name"])
@@ -371,6 +436,8 @@ def create_app(node: NodeAPI) -> Starlette:
             Route("/v1/network/status", network_status, methods=["GET"]),
             Route("/v1/network/coverage", network_coverage, methods=["GET"]),
             Route("/v1/network/demand", network_demand, methods=["POST"]),
+            Route("/v1/network/assign", network_assign, methods=["POST"]),
+            Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),
             Route("/v1/debug/faults", debug_faults, methods=["POST"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},

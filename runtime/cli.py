@@ -145,6 +145,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="a folder of model directories the placement leader may ask this node to load",
     )
     node.add_argument(
+        "--auto-join",
+        action="store_true",
+        help="on first join, take the best gap for this node's memory and --models store "
+        "as a bootstrap (pinned) assignment",
+    )
+    node.add_argument(
         "--managed",
         action="store_true",
         help="offer this node as spare capacity for managed placement (the default "
@@ -371,8 +377,8 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if (args.model is None) != (args.layers is None):
         parser.error("--model and --layers go together")
-    if args.managed and args.model is not None:
-        parser.error("--managed offers a model-less node; a node with --model is pinned")
+    if (args.managed or args.auto_join) and args.model is not None:
+        parser.error("--managed and --auto-join are for model-less nodes; --model pins one")
     if args.models is not None and not args.models.is_dir():
         parser.error(f"--models {args.models}: not a directory")
     try:
@@ -399,6 +405,7 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             serve=serve,
             models=args.models.resolve() if args.models else None,
             backend=args.backend,
+            auto_join=args.auto_join,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -119,6 +119,8 @@ class NodeOptions:
     backend: str | None = None
     """`--backend` (default: the platform's) for managed shards and the
     capacity a model-less node offers."""
+    auto_join: bool = False
+    """`--auto-join`: take the placement's best gap as a bootstrap assignment."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:

@@ -31,6 +31,7 @@ import collections
 import logging
 import time
 from collections import Counter
+from collections.abc import Iterable
 from typing import Any, Final
 
 import httpx
@@ -39,10 +40,13 @@ import trio
 from consensus.ledger import Assign, Command, MarkAdmissionFailed, RecordDemand, Release
 from consensus.placement import (
     WAIT_MESSAGES,
+    GapSuggestion,
     ModelFacts,
+    NodeView,
     PlacementHistory,
     PlacementInput,
     PlacementPolicy,
+    best_gap,
     decide,
     explain,
     node_view,
@@ -66,6 +70,11 @@ MANIFEST_RETRY_S: Final = 5.0
 """After a failed manifest fetch, wait this long before asking again."""
 PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
 RECENT_DECISIONS: Final = 32
+AUTO_JOIN_POLL_S: Final = 0.5
+
+
+class AlreadyAssigned(Exception):
+    """A bootstrap assignment for a node that already holds one."""
 
 
 class Placement:
@@ -83,8 +92,9 @@ class Placement:
         self._demand: Counter[str] = Counter()
         self._urgent = trio.Event()
         self._fetch_after: dict[str, float] = {}
-        self._serving: tuple[str, tuple[int, int], str, int] | None = None
+        self._serving: tuple[str, tuple[int, int], str, int, str] | None = None
         self._serving_scope: trio.CancelScope | None = None
+        self._snapshot_cache: PlacementInput | None = None
         node.raft.on_apply.append(self._observe)
 
     def _observe(self, result: Any) -> None:
@@ -104,6 +114,8 @@ class Placement:
             nursery.start_soon(self._report_demand)
             nursery.start_soon(self._place)
             nursery.start_soon(self._follow_assignment, nursery)
+            if self.node.options.auto_join:
+                nursery.start_soon(self._auto_join)
 
     async def _report_demand(self) -> None:
         while True:
@@ -117,6 +129,12 @@ class Placement:
 
     async def _send_demand(self, model: str, count: int) -> bool:
         command = RecordDemand(model=model, count=count, at=time.time())
+        body = {"model": model, "count": count}
+        return await self._propose_anywhere(command, "/v1/network/demand", body)
+
+    async def _propose_anywhere(self, command: Command, path: str, body: dict[str, Any]) -> bool:
+        """Propose `command` if we lead, else post `body` to the leader's
+        `path` (the API endpoint that proposes the same command there)."""
         try:
             await self.node.raft.propose(command)
             return True
@@ -129,12 +147,68 @@ class Placement:
             return False
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
-                reply = await client.post(
-                    f"{url}/v1/network/demand", json={"model": model, "count": count}
-                )
+                reply = await client.post(f"{url}{path}", json=body)
         except httpx.HTTPError:
             return False
         return reply.status_code == 200
+
+    # --- bootstrap (ADR-0011 via ADR-0026) -----------------------------------------
+
+    def suggest(self, memory_bytes: int, models: Iterable[str]) -> GapSuggestion | None:
+        """`POST /v1/network/assign`: the best gap for a joining node."""
+        if self._snapshot_cache is None:
+            return None
+        view = NodeView("alive", memory_bytes=memory_bytes, models=frozenset(models), spare=True)
+        return best_gap(self._snapshot_cache, view, self.policy)
+
+    def bootstrap_command(
+        self, node: bytes, model: str, layers: tuple[int, int], recipe: str
+    ) -> Assign:
+        """The Assign that `POST /v1/nodes/assign` proposes: pinned once
+        accepted (tier bootstrap). AlreadyAssigned if the node holds one."""
+        ledger = self.node.raft.ledger
+        held = ledger.assignment(node)
+        if held is not None:
+            raise AlreadyAssigned(
+                f"node {node_id_text(node)[:12]} already holds {held.model} "
+                f"[{held.layers[0]}, {held.layers[1]}) as {held.tier}; bootstrap assignment "
+                "is for a node's first join"
+            )
+        return Assign(
+            node=node,
+            model=model,
+            layers=layers,
+            recipe=recipe,
+            tier="bootstrap",
+            managed=False,
+            epoch=ledger.epoch(node) + 1,
+            at=time.time(),
+        )
+
+    async def _auto_join(self) -> None:
+        """`--auto-join`: once a leader and a snapshot are known, take the
+        best gap for this node's memory and store, as a bootstrap assignment."""
+        node = self.node
+        while True:
+            await trio.sleep(AUTO_JOIN_POLL_S)
+            if node.raft.ledger.assignment(node.node_id) is not None:
+                return
+            backend = node.offered_backend
+            if backend is None or node.raft.leader() is None:
+                continue
+            gap = self.suggest(backend.memory_bytes, node.store.names())
+            if gap is None:
+                continue
+            command = self.bootstrap_command(node.node_id, gap.model, gap.layers, gap.recipe)
+            body = {
+                "node_id": node_id_text(node.node_id),
+                "model": gap.model,
+                "layers": list(gap.layers),
+                "recipe": gap.recipe,
+            }
+            if await self._propose_anywhere(command, "/v1/nodes/assign", body):
+                log.info("auto-join: took %s [%d, %d)", gap.model, *gap.layers)
+                return
 
     # --- placement ------------------------------------------------------------------
 
@@ -142,6 +216,7 @@ class Placement:
         while True:
             await trio.sleep(PLACEMENT_INTERVAL_S)
             snapshot = await self._snapshot()
+            self._snapshot_cache = snapshot
             self.waiting = explain(snapshot, self.policy)
             if not self.node.raft.raft.is_leader:
                 continue
@@ -289,12 +364,12 @@ class Placement:
             await trio.sleep(ASSIGNMENT_POLL_S)
             mine = node.raft.ledger.assignment(node.node_id)
             wanted = None
-            if mine is not None and mine.managed:
-                wanted = (mine.model, mine.layers, mine.recipe, mine.epoch)
+            if mine is not None and mine.tier != "operator":  # managed or bootstrap
+                wanted = (mine.model, mine.layers, mine.recipe, mine.epoch, mine.tier)
             if wanted == self._serving:
                 continue
             if self._serving is not None:
-                log.info("managed assignment %s ended; no longer serving it", self._serving)
+                log.info("assignment %s ended; no longer serving it", self._serving)
                 self._stop_serving()
             if wanted is None:
                 continue
@@ -315,7 +390,7 @@ class Placement:
                 plane=node.data_plane,
                 drops=node.local_drops,
                 publish=node.republish,
-                tier="managed",
+                tier=wanted[4],
                 epoch=wanted[3],
             )
             node.admission = admission

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,7 +72,7 @@ async def start_serving(
     return nodes
 
 
-def model_ready(name: str, observers: Sequence[LocalNode]):
+def model_ready(name: str, observers: Sequence[LocalNode]) -> Callable[[Views], bool]:
     def check(views: Views) -> bool:
         for node in observers:
             coverage = (views.get(node.name) or {}).get("coverage", {}).get(name)

@@ -10,6 +10,8 @@ model that only a pinned node holds has no spare capacity to go to, and the
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,7 @@ import httpx
 import pytest
 
 from runtime.localswarm import LocalNode, LocalSwarm, Views
+from runtime.safetensors_shard import SafetensorsReader
 from runtime.tinymodel import make_tiny_model
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
 
@@ -90,8 +93,10 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
         await wait_for(
             swarm,
             [a],
-            lambda views: (views["a"] or {}).get("placement", {}).get("waiting", {}).get("z")
-            == "no_spare_capacity",
+            lambda views: (
+                (views["a"] or {}).get("placement", {}).get("waiting", {}).get("z")
+                == "no_spare_capacity"
+            ),
             PLACE_TIMEOUT_S,
             "z explained",
         )
@@ -102,3 +107,109 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     assert ledger_entry(view, a) == pinned  # never retargeted, same epoch
     assert view["demand"]["y"]["count"] >= 2 and view["demand"]["z"]["count"] >= 1
     await assert_no_internal_errors(swarm, [a, b])
+
+
+@pytest.mark.slow
+async def test_bootstrap_assignment_by_operator_and_by_auto_join(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
+    x = make_tiny_model(tmp_path / "x", layers=8, name="x")
+    store_b, store_c = tmp_path / "store-b", tmp_path / "store-c"
+    make_tiny_model(store_b / "y", layers=8, seed=2, name="y")
+    make_tiny_model(store_c / "w", layers=8, seed=4, name="w")
+    a = swarm.new_node("a", args=["--model", str(x), "--layers", "0:8"])
+    b = swarm.new_node("b", args=["--models", str(store_b)])
+    c = swarm.new_node("c", args=["--models", str(store_c), "--auto-join"])
+    await swarm.start_ready(a, timeout=START_TIMEOUT_S)
+    await swarm.start_many([b, c], [a.control], timeout=START_TIMEOUT_S)
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        # The suggestion for a joining node with y in its store.
+        await wait_for(
+            swarm,
+            [b],
+            lambda views: "y" in (views["b"] or {}).get("placement", {}).get("models", {}),
+            PLACE_TIMEOUT_S,
+            "y's size known",
+        )
+        suggestion = await client.post(
+            b.api + "/v1/network/assign", json={"memory_bytes": 2**30, "models": ["y"]}
+        )
+        assert suggestion.status_code == 200, suggestion.text
+        assert suggestion.json()["model"] == "y" and suggestion.json()["layers"] == [0, 8]
+        nothing = await client.post(
+            b.api + "/v1/network/assign", json={"memory_bytes": 2**30, "models": ["nope"]}
+        )
+        assert nothing.status_code == 404 and nothing.json()["error"]["code"] == "no_gap"
+
+        # The operator assigns B on its first join, through a follower or not.
+        body = {"node_id": b.node_id, "model": "y", "layers": [0, 8], "recipe": "fp32"}
+        assigned = await client.post(b.api + "/v1/nodes/assign", json=body)
+        assert assigned.status_code == 200, assigned.text
+
+        def served(model: str) -> Callable[[Views], bool]:
+            def check(views: Views) -> bool:
+                coverage = (views["a"] or {}).get("coverage", {}).get(model)
+                return bool(coverage) and not coverage["gaps"]
+
+            return check
+
+        await wait_for(swarm, [a], served("y"), PLACE_TIMEOUT_S, "B admitted for y")
+        entry = ledger_entry(await swarm.status(a), b)
+        assert entry is not None and entry["tier"] == "bootstrap" and entry["managed"] is False
+        again = await client.post(a.api + "/v1/nodes/assign", json=body)
+        assert again.status_code == 409
+        assert again.json()["error"]["code"] == "already_assigned"
+        bad = await client.post(a.api + "/v1/nodes/assign", json={**body, "layers": [3, 1]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "layers"
+
+        # C joined with --auto-join and w in its store: it took w itself.
+        await wait_for(swarm, [a], served("w"), PLACE_TIMEOUT_S, "C auto-joined for w")
+        entry = ledger_entry(await swarm.status(a), c)
+        assert entry is not None and entry["model"] == "w" and entry["tier"] == "bootstrap"
+        response = await ask(client, a, "w")
+        assert response.status_code == 200, response.text
+    await assert_no_internal_errors(swarm, [a, b, c])
+
+
+@pytest.mark.slow
+async def test_a_spare_node_that_fails_its_doctor_is_passed_over_for_another(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
+    x = make_tiny_model(tmp_path / "x", layers=8, name="x")
+    store_bad, store_good = tmp_path / "store-bad", tmp_path / "store-good"
+    good = make_tiny_model(store_good / "y", layers=8, seed=2, name="y")
+    bad_copy = store_bad / "y"
+    shutil.copytree(good, bad_copy)
+    weights, offset, _ = SafetensorsReader(bad_copy).byte_range("model.layers.2.mlp.up_proj.weight")
+    data = bytearray(weights.read_bytes())
+    data[offset : offset + 32] = bytes(32)
+    weights.write_bytes(bytes(data))
+    a = swarm.new_node("a", args=["--model", str(x), "--layers", "0:8"])
+    bad = swarm.new_node("bad", args=["--models", str(store_bad)])
+    await swarm.start_ready(a, timeout=START_TIMEOUT_S)
+    await swarm.start_ready(bad, [a.control], timeout=START_TIMEOUT_S)
+
+    async with httpx.AsyncClient(timeout=60) as client:
+        await ask(client, a, "y")
+
+        def marked(views: Views) -> bool:
+            decisions = (views["a"] or {}).get("placement", {}).get("decisions", [])
+            return any(d["command"] == "MarkAdmissionFailed" for d in decisions)
+
+        await wait_for(swarm, [a], marked, PLACE_TIMEOUT_S, "the failed doctor marked")
+        good_node = swarm.new_node("good", args=["--models", str(store_good)])
+        await swarm.start_ready(good_node, [a.control], timeout=START_TIMEOUT_S)
+        await ask(client, a, "y")  # demand again: the first may have gone idle
+
+        def served(views: Views) -> bool:
+            coverage = (views["a"] or {}).get("coverage", {}).get("y")
+            return bool(coverage) and not coverage["gaps"]
+
+        await wait_for(swarm, [a], served, PLACE_TIMEOUT_S, "y served by the good node")
+        response = await ask(client, a, "y")
+        assert response.status_code == 200, response.text
+        assert response.json()["shardmesh"]["route"] == [good_node.node_id]
+    view = await swarm.status(a)
+    assert view["not_serving"].get(bad.node_id) in ("failed", "no_capability")
+    await assert_no_internal_errors(swarm, [a, bad, good_node])
