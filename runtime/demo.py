@@ -37,6 +37,7 @@ from runtime.status import format_status
 CONVERGE_TIMEOUT_S = 30.0
 SERVE_TIMEOUT_S = 90.0  # three doctors and a torch import each, on a busy CPU
 MODEL = "tiny-qwen3"
+SECOND_MODEL = "tiny-llama"  # in node3's store only: placed there on demand
 SHARDS = ("0:3", "3:6", "6:8")
 PROMPT = "Say hello to the swarm."
 ANSWER_TOKENS = 24
@@ -80,13 +81,18 @@ async def demo(root: Path, nodes: int, profile: str) -> None:
     model_dir = await trio.to_thread.run_sync(
         lambda: make_tiny_model(root / MODEL, layers=8, name=MODEL)
     )
+    store = root / "store"
+    await trio.to_thread.run_sync(
+        lambda: make_tiny_model(store / SECOND_MODEL, layers=4, family="llama", name=SECOND_MODEL)
+    )
+
+    def args(i: int) -> list[str]:
+        if i < len(SHARDS):
+            return ["--model", str(model_dir), "--layers", SHARDS[i]]
+        return ["--models", str(store)] if i == len(SHARDS) else []
+
     async with LocalSwarm(root / "swarm", profile=profile) as swarm:
-        members = [
-            swarm.new_node(
-                args=["--model", str(model_dir), "--layers", SHARDS[i]] if i < len(SHARDS) else []
-            )
-            for i in range(nodes)
-        ]
+        members = [swarm.new_node(args=args(i)) for i in range(nodes)]
         try:
             await _demo(swarm, members, profile)
         except BaseException:
@@ -101,6 +107,9 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     _say(
         f"{', '.join(m.name for m in members[: len(SHARDS)])} serve layers "
         f"{', '.join(SHARDS)} of the 8-layer {MODEL}; the others join model-less"
+        f" ({members[len(SHARDS)].name} with {SECOND_MODEL} in its --models store)"
+        if len(members) > len(SHARDS)
+        else ""
     )
     _say("each joins through the node started before it; the matrix shows who sees whom")
     _say("(rows: observer, columns: subject; A alive S suspect D dead L left . unknown)")
@@ -131,6 +140,8 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
         )
     _say(f"full membership at every node {took:.2f}s after the first start")
     await _chat(swarm, members)
+    if len(members) > len(SHARDS):
+        await _place_on_demand(swarm, members)
     _say()
     view = await swarm.status(members[0])
     assert view is not None
@@ -229,6 +240,48 @@ async def _chat(swarm: LocalSwarm, members: list[LocalNode]) -> None:
     )
     if not result.text:
         raise SwarmError("the chat answer was empty")
+
+
+async def _place_on_demand(swarm: LocalSwarm, members: list[LocalNode]) -> None:
+    """Ask for a model nobody serves: 503 model_loading, the leader places
+    it on the spare node that has it, its doctor admits it, and it answers."""
+    import httpx
+
+    entry = members[0]
+    body = {
+        "model": SECOND_MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "max_tokens": 8,
+        "temperature": 0,
+    }
+    _say()
+    _say(f"asking {entry.name} for {SECOND_MODEL}, which no node serves yet ...")
+    t0 = trio.current_time()
+    async with httpx.AsyncClient(timeout=60) as client:
+        first = await client.post(entry.api + "/v1/chat/completions", json=body)
+        error = first.json().get("error", {})
+        _say(
+            f"  HTTP {first.status_code} {error.get('type')}: {error.get('message')} "
+            f"(Retry-After {first.headers.get('retry-after')} s; waiting for "
+            f"{error.get('coverage', {}).get('waiting_for')})"
+        )
+        with trio.move_on_after(SERVE_TIMEOUT_S):
+            while True:
+                await trio.sleep(POLL_S)
+                retry = await client.post(entry.api + "/v1/chat/completions", json=body)
+                if retry.status_code == 200:
+                    break
+        if retry.status_code != 200:
+            raise SwarmError(f"{SECOND_MODEL} was not placed within {SERVE_TIMEOUT_S:.0f}s")
+    view = await swarm.status(entry)
+    assert view is not None
+    placed = [d for d in view["placement"]["decisions"] if d.get("model") == SECOND_MODEL]
+    for decision in placed:
+        _say(f"  leader: {decision['command']} {SECOND_MODEL}: {decision['reason']}")
+    _say(
+        f"  retried after {trio.current_time() - t0:.2f}s: HTTP 200 through "
+        f"{retry.json()['shardmesh']['route'][0][:12]} ({members[len(SHARDS)].name}, managed)"
+    )
 
 
 def run_demo(*, nodes: int = 5, profile: str = "local", keep: bool = False) -> int:

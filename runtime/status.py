@@ -95,6 +95,9 @@ def summary_line(status: dict[str, Any]) -> str:
     )
 
 
+RECENT_DECISIONS_SHOWN = 5
+
+
 def _spans(spans: list[list[int]]) -> str:
     return ", ".join(f"[{a}, {b})" for a, b in spans) or "none"
 
@@ -121,7 +124,22 @@ def format_status(status: dict[str, Any]) -> str:
         a, b = entry.get("layers", ["?", "?"])
         lines.append(
             f"assignment: {short(entry.get('node_id'))} {entry.get('model')} [{a}, {b}) "
-            f"{entry.get('recipe')} {entry.get('tier')} (epoch {entry.get('epoch')})"
+            f"{entry.get('recipe')} tier {entry.get('tier')} managed={entry.get('managed')} "
+            f"(epoch {entry.get('epoch')})"
+        )
+    placement = status.get("placement") or {}
+    waiting = {m: code for m, code in (placement.get("waiting") or {}).items() if code != "serving"}
+    if waiting:
+        lines.append(
+            "waiting: " + ", ".join(f"{model} ({code})" for model, code in sorted(waiting.items()))
+        )
+    for decision in (placement.get("decisions") or [])[-RECENT_DECISIONS_SHOWN:]:
+        where = f" on {short(decision['node_id'])}" if decision.get("node_id") else ""
+        layers = decision.get("layers")
+        span = f" [{layers[0]}, {layers[1]})" if layers else ""
+        lines.append(
+            f"placed: {decision['command']} {decision.get('model')}{span}{where}: "
+            f"{decision['code']} ({decision['reason']})"
         )
     demand = status.get("demand") or {}
     if demand:
