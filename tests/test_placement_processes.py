@@ -17,6 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
+import trio
 
 from runtime.localswarm import LocalNode, LocalSwarm, Views
 from runtime.safetensors_shard import SafetensorsReader
@@ -213,3 +214,55 @@ async def test_a_spare_node_that_fails_its_doctor_is_passed_over_for_another(
     view = await swarm.status(a)
     assert view["not_serving"].get(bad.node_id) in ("failed", "no_capability")
     await assert_no_internal_errors(swarm, [a, bad, good_node])
+
+
+@pytest.mark.slow
+async def test_a_dead_serving_node_is_replaced_from_spare_capacity_only(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
+    x = make_tiny_model(tmp_path / "x", layers=8, name="x")
+    store = tmp_path / "store"
+    y = make_tiny_model(store / "y", layers=8, seed=2, name="y")
+    entry = swarm.new_node("entry", args=["--model", str(x), "--layers", "0:8"])
+    pinned = swarm.new_node("pinned", args=["--model", str(y), "--layers", "0:8"])
+    spare = swarm.new_node("spare", args=["--models", str(store)])
+    await swarm.start_ready(entry, timeout=START_TIMEOUT_S)
+    await swarm.start_many([pinned, spare], [entry.control], timeout=START_TIMEOUT_S)
+
+    def served_by(node: LocalNode) -> Callable[[Views], bool]:
+        def check(views: Views) -> bool:
+            coverage = (views["entry"] or {}).get("coverage", {}).get("y")
+            return (
+                bool(coverage)
+                and not coverage["gaps"]
+                and not (views["entry"] or {}).get("not_serving", {}).get(node.node_id)
+            )
+
+        return check
+
+    await wait_for(swarm, [entry], served_by(pinned), PLACE_TIMEOUT_S, "y served")
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await ask(client, entry, "y")  # demand for y
+        assert response.status_code == 200, response.text
+        assert response.json()["shardmesh"]["route"] == [pinned.node_id]
+        before = ledger_entry(await swarm.status(entry), pinned)
+
+        pinned.kill()
+
+        def relocated(views: Views) -> bool:
+            decisions = (views["entry"] or {}).get("placement", {}).get("decisions", [])
+            return any(
+                d["command"] == "Assign" and d["node_id"] == spare.node_id for d in decisions
+            )
+
+        await wait_for(swarm, [entry], relocated, PLACE_TIMEOUT_S, "the gap relocated")
+        with trio.fail_after(PLACE_TIMEOUT_S):
+            while (response := await ask(client, entry, "y")).status_code != 200:
+                await trio.sleep(0.2)
+        assert response.json()["shardmesh"]["route"] == [spare.node_id]
+    view = await swarm.status(entry)
+    decision = next(d for d in view["placement"]["decisions"] if d.get("node_id") == spare.node_id)
+    assert decision["code"] in ("relocate", "demand_gap"), decision
+    assert ledger_entry(view, spare)["tier"] == "managed"
+    assert ledger_entry(view, pinned) == before  # a pinned assignment is never released
+    assert ledger_entry(view, entry)["model"] == "x"  # the pinned entry was never a candidate
