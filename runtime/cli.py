@@ -151,6 +151,14 @@ def build_parser() -> argparse.ArgumentParser:
         "as a bootstrap (pinned) assignment",
     )
     node.add_argument(
+        "--idle-release",
+        type=float,
+        default=None,
+        metavar="S",
+        help="when leading, release managed shards of models without demand for S seconds "
+        "(default 1800)",
+    )
+    node.add_argument(
         "--managed",
         action="store_true",
         help="offer this node as spare capacity for managed placement (the default "
@@ -406,6 +414,7 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             models=args.models.resolve() if args.models else None,
             backend=args.backend,
             auto_join=args.auto_join,
+            idle_release_s=args.idle_release,
         )
     except ValueError as exc:
         parser.error(str(exc))

@@ -418,9 +418,21 @@ class Placement:
         return code, WAIT_MESSAGES.get(code, code)
 
     def to_json(self) -> dict[str, Any]:
+        now = time.time()
+        cooldowns = {
+            node_id_text(a.node): round(a.assigned_at + self.policy.cooldown_s - now, 1)
+            for a in self.node.raft.ledger.assignments()
+            if a.managed and now < a.assigned_at + self.policy.cooldown_s
+        }
         return {
             "waiting": dict(sorted(self.waiting.items())),
             "decisions": list(self.decisions),
+            "cooldown_s": cooldowns,  # managed nodes not yet retargetable, seconds left
+            "policy": {
+                "idle_release_s": self.policy.idle_release_s,
+                "cooldown_s": self.policy.cooldown_s,
+                "demand_window_s": self.policy.demand_window_s,
+            },
             "models": {
                 name: {
                     "num_layers": f.num_layers,

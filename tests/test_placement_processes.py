@@ -25,6 +25,7 @@ from runtime.tinymodel import make_tiny_model
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
 
 PLACE_TIMEOUT_S = 60.0
+IDLE_RELEASE_S = 4.0
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
@@ -48,7 +49,13 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     store_a, store_b = tmp_path / "store-a", tmp_path / "store-b"
     make_tiny_model(store_a / "z", layers=8, seed=5, name="z")
     make_tiny_model(store_b / "y", layers=8, seed=2, name="y")
-    a = swarm.new_node("a", args=["--model", str(x), "--layers", "0:8", "--models", str(store_a)])
+    a = swarm.new_node(
+        "a",
+        args=[
+            *("--model", str(x), "--layers", "0:8", "--models", str(store_a)),
+            *("--idle-release", str(IDLE_RELEASE_S)),
+        ],
+    )
     b = swarm.new_node("b", args=["--models", str(store_b)])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
     await swarm.start_ready(b, [a.control], timeout=START_TIMEOUT_S)
@@ -107,6 +114,17 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     view = await swarm.status(a)
     assert ledger_entry(view, a) == pinned  # never retargeted, same epoch
     assert view["demand"]["y"]["count"] >= 2 and view["demand"]["z"]["count"] >= 1
+    assert view["placement"]["cooldown_s"][b.node_id] > 0
+
+    # Nobody asks for y any more: the leader releases B's managed shard.
+    def released(views: Views) -> bool:
+        return ledger_entry(views["a"], b) is None and "y" not in views["a"]["coverage"]
+
+    await wait_for(swarm, [a], released, IDLE_RELEASE_S + PLACE_TIMEOUT_S, "idle release")
+    view = await swarm.status(a)
+    release = [d for d in view["placement"]["decisions"] if d["command"] == "Release"]
+    assert release and release[-1]["code"] == "idle" and release[-1]["node_id"] == b.node_id
+    assert ledger_entry(view, a) == pinned
     await assert_no_internal_errors(swarm, [a, b])
 
 
