@@ -368,15 +368,19 @@ class ChatService:
                 param="model",
             )
         if variant is None or not variant.complete:
-            raise ChatError(
-                503,
-                f"the model {model!r} is not fully served yet",
-                type_="model_loading",
-                code="model_loading",
-                headers={"Retry-After": str(LOADING_RETRY_AFTER_S)},
-                extra={"coverage": self._loading_coverage(model, variant)},
-            )
+            raise self._loading(model, variant, f"the model {model!r} is not fully served yet")
         return variant
+
+    def _loading(self, model: str, variant: ModelCoverage | None, message: str) -> ChatError:
+        """A retryable 503 `model_loading` carrying the coverage."""
+        return ChatError(
+            503,
+            message,
+            type_="model_loading",
+            code="model_loading",
+            headers={"Retry-After": str(LOADING_RETRY_AFTER_S)},
+            extra={"coverage": self._loading_coverage(model, variant)},
+        )
 
     def _loading_coverage(self, model: str, variant: ModelCoverage | None) -> dict[str, Any]:
         """What a 503 `model_loading` says: covered layers, gaps, who is
@@ -404,14 +408,8 @@ class ChatService:
         inputs = self._route_inputs(avoid)
         found = find_route(variant, inputs)
         if isinstance(found, NoRoute):
-            raise ChatError(
-                503,
-                f"no chain can serve {variant.model!r} now: {found.message}",
-                type_="model_loading",
-                code="model_loading",
-                headers={"Retry-After": str(LOADING_RETRY_AFTER_S)},
-                extra={"coverage": self._loading_coverage(variant.model, variant)},
-            )
+            message = f"no chain can serve {variant.model!r} now: {found.message}"
+            raise self._loading(variant.model, variant, message)
         return found
 
     def _route_inputs(self, avoid: frozenset[bytes]) -> RouteInputs:
