@@ -590,16 +590,27 @@ class Node:
         return names
 
     def loading_nodes(self, model: str) -> list[str]:
-        """Live members assigned `model` whose capability is not (yet) admitted."""
+        """Live members assigned `model` (by their record or by the ledger)
+        whose capability for it is not admitted yet: loading, or in the doctor."""
+        ledger = self.raft.ledger
         loading = []
         for view in self.membership.members():
+            if str(view.state) not in ("alive", "suspect"):
+                continue
             record = self._decoded_record(view.record)
-            if str(view.state) not in ("alive", "suspect") or record is None:
-                continue
-            if record.assignment is None or record.assignment.model != model:
-                continue
-            capability = record.capability
-            if capability is None or capability.result != "admitted":
+            held = ledger.assignment(view.node)
+            assigned = (held is not None and held.model == model) or (
+                record is not None
+                and record.assignment is not None
+                and record.assignment.model == model
+            )
+            capability = record.capability if record is not None else None
+            admitted = (
+                capability is not None
+                and capability.result == "admitted"
+                and capability.model == model
+            )
+            if assigned and not admitted:
                 loading.append(node_id_text(view.node))
         return loading
 
