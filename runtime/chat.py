@@ -169,9 +169,12 @@ class ModelTokenizer:
     """A model's tokenizer and chat template (transformers' AutoTokenizer)."""
 
     def __init__(self, directory: Path) -> None:
-        from transformers import AutoTokenizer  # heavy: only when chat is used
+        from runtime.backends import IMPORT_LOCK
 
-        self._tok = AutoTokenizer.from_pretrained(str(directory))
+        with IMPORT_LOCK:  # transformers' lazy imports are not thread-safe
+            from transformers import AutoTokenizer  # heavy: only when chat is used
+
+            self._tok = AutoTokenizer.from_pretrained(str(directory))
         config = _read_json(directory / "config.json")
         generation = _read_json(directory / "generation_config.json")
         eos: set[int] = set()

@@ -46,7 +46,6 @@ digest_mismatch, load_failed, forward_failed, outputs_mismatch.
 from __future__ import annotations
 
 import hashlib
-import importlib
 import json
 import math
 import os
@@ -63,6 +62,7 @@ from runtime.backends import (
     REQUIRED_MODULES,
     backend_available,
     default_backend,
+    import_libraries,
     load_shard,
 )
 from runtime.backends.base import BackendError, ShardBackend, ShardSpec
@@ -437,7 +437,7 @@ def _check_backend(run: _Run) -> dict[str, Any]:
         raise _Refused("backend_not_installed", f"backend {name} is not installed; {hint}")
     for module in REQUIRED_MODULES[name]:
         try:
-            importlib.import_module(module)
+            import_libraries(module)
         except ImportError as exc:
             raise _Refused(
                 "backend_not_installed", f"backend {name}: import {module} failed ({exc}); {hint}"
@@ -454,10 +454,11 @@ def _check_backend(run: _Run) -> dict[str, Any]:
 
 def default_device(backend: str) -> str:
     """The device load_shard will put a `backend` shard on."""
+    import_libraries(*REQUIRED_MODULES[backend], f"runtime.backends.{backend}_backend")
     if backend == "torch":
-        from runtime.backends.torch_backend import default_device
+        from runtime.backends.torch_backend import default_device as torch_device
 
-        return default_device()
+        return torch_device()
     import mlx.core as mx
 
     return str(mx.default_device().type.name)

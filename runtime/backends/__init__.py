@@ -9,9 +9,11 @@ here, lazily, so a node without torch (a Mac running MLX) or without MLX
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import platform
 import sys
+import threading
 
 from runtime.backends.base import BackendError, ShardBackend, ShardSpec
 
@@ -24,6 +26,22 @@ _INSTALL_HINT = {
 }
 REQUIRED_MODULES = {"torch": ("torch", "transformers"), "mlx": ("mlx.core", "mlx_lm")}
 """What each backend imports to load a shard (the doctor imports them to check)."""
+
+
+IMPORT_LOCK = threading.RLock()
+"""Held while importing backend libraries or resolving transformers' lazy
+attributes. transformers' lazy module is not safe to resolve from two
+threads at once: a node importing torch for its capacity probe while its
+chat entry loads a tokenizer saw `ImportError: cannot import name
+'AutoTokenizer'` from a half-built module. Everything that may be first to
+touch these libraries takes this lock."""
+
+
+def import_libraries(*modules: str) -> None:
+    """Import `modules` under IMPORT_LOCK (cheap once they are loaded)."""
+    with IMPORT_LOCK:
+        for module in modules:
+            importlib.import_module(module)
 
 
 def default_backend() -> str:
@@ -57,6 +75,7 @@ def load_shard(spec: ShardSpec, backend: str | None = None) -> ShardBackend:
         raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if not backend_available(name):
         raise BackendError(f"backend {name} is not installed: {_INSTALL_HINT[name]}")
+    import_libraries(*REQUIRED_MODULES[name], f"runtime.backends.{name}_backend")
     if name == "torch":
         from runtime.backends.torch_backend import load_torch_shard
 
