@@ -485,7 +485,10 @@ class Node:
                     if self.admission is not None:
                         nursery.start_soon(self.admission.run)
                     nursery.start_soon(self.placement.run)
-                    if options.serve is None:
+                    if options.serve is None and self.store.names():
+                        # Placement can only give a node models from its
+                        # store: without one there is no capacity to offer
+                        # (and no reason to import a backend at all).
                         nursery.start_soon(self._offer_capacity)
                     self._flush()
                     self.state.write_ready(
