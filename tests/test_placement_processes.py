@@ -263,6 +263,13 @@ async def test_a_dead_serving_node_is_replaced_from_spare_capacity_only(
         response = await ask(client, entry, "y")  # demand for y
         assert response.status_code == 200, response.text
         assert response.json()["shardmesh"]["route"] == [pinned.node_id]
+        await wait_for(
+            swarm,
+            [entry],
+            lambda views: ledger_entry(views["entry"], pinned) is not None,
+            PLACE_TIMEOUT_S,
+            "the pinned shard in the ledger",
+        )
         before = ledger_entry(await swarm.status(entry), pinned)
 
         pinned.kill()
