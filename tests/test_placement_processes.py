@@ -271,6 +271,14 @@ async def test_a_dead_serving_node_is_replaced_from_spare_capacity_only(
             "the pinned shard in the ledger",
         )
         before = ledger_entry(await swarm.status(entry), pinned)
+        # Three voters first: with two, losing one leaves no quorum to place with.
+        await wait_for(
+            swarm,
+            [entry],
+            lambda views: len((views["entry"] or {}).get("raft", {}).get("voters", [])) == 3,
+            PLACE_TIMEOUT_S,
+            "three voters",
+        )
 
         pinned.kill()
 
