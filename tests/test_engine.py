@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+import torch
+import transformers
 import trio
 
 from mesh.transport import open_planes
@@ -32,9 +34,6 @@ from runtime.engine import Engine
 from runtime.hops import HopServer, encode_message, new_session_id
 from runtime.pipeline import Failure, Hop, Pipeline, PipelineError, Timeouts
 from runtime.sampling import SamplingParams
-
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
 
 pytest_plugins = ["tests.runtime_fixtures"]
 

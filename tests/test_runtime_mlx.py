@@ -17,23 +17,20 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import mlx.core as mx
 import numpy as np
 import pytest
+import torch
+import transformers
 
-pytest.importorskip("mlx_lm", reason="the MLX backend needs mlx and mlx-lm")
-torch = pytest.importorskip("torch")
-transformers = pytest.importorskip("transformers")
-
-import mlx.core as mx  # noqa: E402
-
-from runtime.backends import load_shard  # noqa: E402
-from runtime.backends.base import BackendError, ShardBackend, ShardSpec  # noqa: E402
-from runtime.backends.mlx_backend import MlxShard, load_mlx_shard  # noqa: E402
-from runtime.backends.torch_backend import load_torch_shard  # noqa: E402
-from runtime.manifest import probe_token_ids  # noqa: E402
-from runtime.recipes import RECIPES, SUPPORT, relative_error  # noqa: E402
-from runtime.safetensors_shard import SafetensorsReader  # noqa: E402
-from runtime.tinymodel import make_tiny_model  # noqa: E402
+from runtime.backends import load_shard
+from runtime.backends.base import BackendError, ShardBackend, ShardSpec
+from runtime.backends.mlx_backend import MlxShard, load_mlx_shard
+from runtime.backends.torch_backend import load_torch_shard
+from runtime.manifest import probe_token_ids
+from runtime.recipes import RECIPES, SUPPORT, relative_error
+from runtime.safetensors_shard import SafetensorsReader
+from runtime.tinymodel import make_tiny_model
 
 LAYERS = 8
 SPANS = ((0, 3), (3, 6), (6, 8))
