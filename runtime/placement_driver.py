@@ -373,11 +373,14 @@ class Placement:
                 self._stop_serving()
             if wanted is None:
                 continue
+            self._serving = wanted
             stored = node.store.get(wanted[0])
-            if stored is None:  # the leader thought we had it; say so by failing admission
+            if stored is None:
+                # The leader only assigns what our record says the store holds,
+                # so the store changed under us. Say it once; the assignment
+                # stays unadmitted until the policy's idle rule releases it.
                 log.error("assigned %s, which is not in this node's store", wanted[0])
                 continue
-            self._serving = wanted
             self._serving_scope = trio.CancelScope()
             admission = Admission(
                 ServeOptions(
