@@ -26,7 +26,18 @@ For each model:
   three sessions, prefill) on the 3-hop swarm;
 - `per_hop_overhead_ms`: (3-hop step time - 1-hop step time) / 2: the same
   layers are computed either way, so the difference is what the two extra
-  hops cost per decode step.
+  hops cost per decode step. It is split in two, from the nodes' own
+  timings (`hop` in `/v1/network/status`):
+  - `per_hop_compute_penalty_ms`: how much longer the same layers took to
+    compute, split over three processes, per extra hop. A hop idles while
+    the rest of the chain computes, and on a shared (virtual) machine a
+    process that slept computes slower when it wakes (cold caches and
+    cores): measured in one process with no network at all, a 2-layer
+    hidden-1024 forward takes ~10 ms back to back and ~12 ms after a 20 ms
+    sleep, a 3-layer tiny one ~1.0 ms and ~1.9 ms after a 6 ms sleep.
+  - `per_hop_messaging_ms`: the rest: ZeroMQ, the header codec, the node's
+    event loop, process wake-ups.
+  `hop_compute_ms_1hop` / `_3hop` are the per-node decode compute times.
 
 Swarm rates are measured at the client from the streamed chunks: (tokens -
 1) / (time of the last chunk - time of the first), the median over
@@ -136,12 +147,30 @@ async def _swarm(
         await swarm.wait_for(nodes[:1], ready, READY_TIMEOUT_S, f"{name} served")
         async with httpx.AsyncClient(timeout=300) as client:
             await _stream_once(client, nodes[0].api, name, tokens)  # warm-up
+            before = await _hop_stats(client, nodes)
             runs = [await _stream_once(client, nodes[0].api, name, tokens) for _ in range(requests)]
+            after = await _hop_stats(client, nodes)
     return {
         "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
         "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 2),
         "tokens": runs[0]["tokens"],
-    }
+        "hop_compute_ms": [
+            round(1000 * (a["decode_compute_s"] - b["decode_compute_s"])
+                  / max(1, a["decode_steps"] - b["decode_steps"]), 3)
+            for b, a in zip(before, after, strict=True)
+        ],
+    }  # fmt: skip
+
+
+async def _hop_stats(client: httpx.AsyncClient, nodes: Sequence[Any]) -> list[dict[str, Any]]:
+    """Each node's `hop` status: the forwards its shard computed, and how long
+    they took."""
+    stats = []
+    for node in nodes:
+        response = await client.get(f"{node.api}/v1/network/status")
+        response.raise_for_status()
+        stats.append(response.json()["hop"])
+    return stats
 
 
 def _single_process(model_dir: Path, tokens: int) -> float:
@@ -179,6 +208,11 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
         for hops in (1, 3)
     )  # fmt: skip
     per_hop = (1000 / three["decode_tok_s"] - 1000 / one["decode_tok_s"]) / 2
+    # The same layers run either way, so any difference in their summed
+    # compute time is what splitting them cost the shards themselves (a hop
+    # idles between its steps; see the module docstring), the rest of
+    # per_hop is messaging: ZeroMQ, codecs, wake-ups.
+    compute_penalty = (sum(three["hop_compute_ms"]) - sum(one["hop_compute_ms"])) / 2
     return {
         "model": {
             "layers": layers,
@@ -193,6 +227,10 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
         "swarm_1hop_vs_single": round(one["decode_tok_s"] / single, 3),
         "swarm_3hop_vs_single": round(three["decode_tok_s"] / single, 3),
         "per_hop_overhead_ms": round(per_hop, 3),
+        "per_hop_compute_penalty_ms": round(compute_penalty, 3),
+        "per_hop_messaging_ms": round(per_hop - compute_penalty, 3),
+        "hop_compute_ms_1hop": one["hop_compute_ms"],
+        "hop_compute_ms_3hop": three["hop_compute_ms"],
         "single_process_step_ms": round(1000 / single, 3),
         "ttft_ms": three["ttft_ms"],
         "ttft_1hop_ms": one["ttft_ms"],

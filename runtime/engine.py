@@ -22,7 +22,7 @@ Typical wiring::
 from __future__ import annotations
 
 from collections import Counter
-from typing import Final
+from typing import Any, Final
 
 import trio
 
@@ -61,6 +61,12 @@ class Engine:
         """Inference sessions open on this node as a hop (``/v1/network/status``)."""
         return 0 if self.hop_server is None else self.hop_server.sessions
 
+    @property
+    def hop_stats(self) -> dict[str, Any] | None:
+        """What the attached shard has computed (None: no shard), for
+        ``/v1/network/status``."""
+        return None if self.hop_server is None else self.hop_server.stats.to_json()
+
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Serve the data plane until cancelled or the plane closes."""
         async with trio.open_nursery() as nursery:
@@ -68,13 +74,17 @@ class Engine:
             if self.hop_server is not None:
                 await nursery.start(self.hop_server.run)
             task_status.started()
-            while True:
-                try:
-                    frames = await self.plane.receive()
-                except (trio.EndOfChannel, trio.ClosedResourceError):
-                    nursery.cancel_scope.cancel()
-                    return
-                self.dispatch(frames)
+            # The plane's reader calls dispatch itself (a scheduler round
+            # less per hop); this loop only drains what was queued before
+            # that, then waits for the plane to close.
+            self.plane.deliver_to(self.dispatch)
+            try:
+                while True:
+                    self.dispatch(await self.plane.receive())
+            except (trio.EndOfChannel, trio.ClosedResourceError):
+                nursery.cancel_scope.cancel()
+            finally:
+                self.plane.deliver_to(None)
 
     async def attach(self, hop_server: HopServer) -> None:
         """Start serving a shard on a running engine: a node admits its

@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import re
 import secrets
+import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -100,6 +101,7 @@ __all__ = [
     "OP_TOKEN",
     "BadMessage",
     "HopServer",
+    "HopStats",
     "encode_message",
     "new_session_id",
     "refuse_open",
@@ -253,6 +255,39 @@ REAP_FRACTION: Final = 4
 SESSION_QUEUE: Final = 4
 
 
+@dataclass
+class HopStats:
+    """Forwards this hop has computed, and the time they took (for
+    ``/v1/network/status``). Beside a chain's step latency these show where
+    its time goes: the shards' compute, or the hops between them."""
+
+    decode_steps: int = 0
+    decode_compute_s: float = 0.0
+    prefill_steps: int = 0
+    prefill_tokens: int = 0
+    prefill_compute_s: float = 0.0
+    reaped: int = 0  # sessions closed by the idle reaper
+
+    def count(self, tokens: int, seconds: float) -> None:
+        if tokens <= INLINE_MAX_TOKENS:
+            self.decode_steps += 1
+            self.decode_compute_s += seconds
+        else:
+            self.prefill_steps += 1
+            self.prefill_tokens += tokens
+            self.prefill_compute_s += seconds
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "decode_steps": self.decode_steps,
+            "decode_compute_s": round(self.decode_compute_s, 6),
+            "prefill_steps": self.prefill_steps,
+            "prefill_tokens": self.prefill_tokens,
+            "prefill_compute_s": round(self.prefill_compute_s, 6),
+            "reaped": self.reaped,
+        }
+
+
 @dataclass(eq=False)
 class _Session:
     """One conversation's state on this hop."""
@@ -271,6 +306,9 @@ class _Session:
     computing: bool = False
     # Position the next forward must start at, counting steps already queued.
     next_pos: int = 0
+    # Steps handed to the session's task and not finished: while any are,
+    # a new step must queue behind them, never run ahead in the receive loop.
+    queued: int = 0
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     inbox: trio.MemorySendChannel[tuple[int, int, np.ndarray]] | None = None
 
@@ -302,7 +340,7 @@ class HopServer:
         self.max_sessions = max_sessions
         self.max_budget = max_budget
         self.idle_timeout_s = idle_timeout_s
-        self.reaped = 0  # sessions closed by the idle reaper (a metric)
+        self.stats = HopStats()
         self._drops = drops
         self._sessions: dict[str, _Session] = {}
         # One forward at a time on this shard's device (see the module docstring).
@@ -428,7 +466,7 @@ class HopServer:
     def _reap(self, now: float) -> None:
         for session in list(self._sessions.values()):
             if not session.computing and now - session.last_used >= self.idle_timeout_s:
-                self.reaped += 1
+                self.stats.reaped += 1
                 self._close(session)
 
     # --- steps --------------------------------------------------------------
@@ -459,20 +497,27 @@ class HopServer:
         # A copy: the frame's bytes are read-only and torch refuses to wrap
         # read-only memory without a warning. One activation row per decode step.
         inputs = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+        session.next_pos = pos + shape[0]
+        session.last_used = trio.current_time()
+        if shape[0] <= INLINE_MAX_TOKENS and not session.queued and self._compute.available_tokens:
+            # Nothing of this session's is ahead of it and the shard is free.
+            self._run_now(session, step, pos, inputs)
+            return
         assert session.inbox is not None
         try:
             session.inbox.send_nowait((step, pos, inputs))
         except trio.WouldBlock:
+            session.next_pos = pos
             raise BadMessage(R_OVERLOADED, "too many steps queued for this session") from None
-        session.next_pos = pos + shape[0]
-        session.last_used = trio.current_time()
+        session.queued += 1
 
     async def _serve(
         self,
         session: _Session,
         inbox: trio.MemoryReceiveChannel[tuple[int, int, np.ndarray]],
     ) -> None:
-        """The session's task: run its steps in order, push each result on."""
+        """The session's task: run its queued steps in order (see
+        :meth:`_forward` for the steps that never queue)."""
         with session.scope:
             try:
                 async for step, pos, inputs in inbox:
@@ -491,29 +536,58 @@ class HopServer:
                                 limiter=self._compute,
                             )
                     except Exception as exc:  # a failing shard must not take the server down
-                        self._drops[f"engine.{R_SHARD_FAILED}"] += 1
-                        self._fail(session, step, R_SHARD_FAILED, f"{type(exc).__name__}: {exc}")
+                        self._shard_failed(session, step, exc)
                         return
                     finally:
                         session.computing = False
-                    session.last_used = trio.current_time()
-                    if isinstance(result, int):
-                        header = {"op": OP_TOKEN, "session": session.id, "step": step}
-                        self._send(session.reply, {**header, "token": result})
-                    else:
-                        assert session.next_addr is not None
-                        header = {"op": OP_FORWARD, "session": session.next_session}
-                        message = encode_message({**header, "step": step, "pos": pos}, result)
-                        self.plane.send(session.next_addr, message)
+                        session.queued -= 1
+                    self._push(session, step, pos, result)
             finally:
                 self._close(session)
+
+    def _run_now(self, session: _Session, step: int, pos: int, inputs: np.ndarray) -> None:
+        """Run a decode step right here in the receive loop, as the session's
+        task would, minus the hand-off: the step runs on the event loop
+        either way (``INLINE_MAX_TOKENS``), and skipping the queue and the
+        limiter's checkpoint saves two scheduler rounds per hop, which is
+        most of what a hop's Python costs beyond the forward itself."""
+        self._compute.acquire_nowait()
+        try:
+            result = self._compute_step(session, step, pos, inputs)
+        except Exception as exc:  # a failing shard must not take the server down
+            self._shard_failed(session, step, exc)
+            return
+        finally:
+            self._compute.release()
+        self._push(session, step, pos, result)
+
+    def _push(self, session: _Session, step: int, pos: int, result: int | np.ndarray) -> None:
+        """Send a step's result on: the token to the entry, or the
+        activations to the next hop."""
+        session.last_used = trio.current_time()
+        if isinstance(result, int):
+            header = {"op": OP_TOKEN, "session": session.id, "step": step}
+            self._send(session.reply, {**header, "token": result})
+        else:
+            assert session.next_addr is not None
+            header = {"op": OP_FORWARD, "session": session.next_session}
+            message = encode_message({**header, "step": step, "pos": pos}, result)
+            self.plane.send(session.next_addr, message)
+
+    def _shard_failed(self, session: _Session, step: int, exc: Exception) -> None:
+        self._drops[f"engine.{R_SHARD_FAILED}"] += 1
+        self._fail(session, step, R_SHARD_FAILED, f"{type(exc).__name__}: {exc}")
 
     def _compute_step(
         self, session: _Session, step: int, pos: int, inputs: np.ndarray
     ) -> int | np.ndarray:
         """The shard's forward, and on the last hop the sampled token."""
         positions = np.arange(pos, pos + inputs.shape[0], dtype=np.int64)
+        began = time.perf_counter()
         output = self.shard.forward(inputs, positions, session.cache)
+        # Only one forward runs at a time (the compute limiter), so this is
+        # the stats' only writer even when it runs in a worker thread.
+        self.stats.count(inputs.shape[0], time.perf_counter() - began)
         if session.sampling is None:
             return output
         return sample(output[-1], session.sampling, seed=session.seed, step=step)

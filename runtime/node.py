@@ -711,6 +711,7 @@ class Node:
             "not_serving": excluded_to_json(coverage),
             "drops": self.drops(),
             "sessions": self.engine.sessions,
+            "hop": self.engine.hop_stats,
             "chat": dict(self.chat.counters),
             "admission": None if self.admission is None else self.admission.to_json(),
             "placement": self.placement.to_json(),

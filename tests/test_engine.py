@@ -176,6 +176,13 @@ async def test_greedy_three_hops_equals_transformers_generate(
         chain = [node.as_hop() for node in hops]
         assert await collect(pipeline, chain) == reference[PROMPT]
         await settle(hops)  # closing released the session on every hop
+        # Every hop computed the prompt once and each later token once.
+        for node in hops:
+            stats = node.engine.hop_stats
+            assert stats is not None
+            assert (stats["prefill_steps"], stats["prefill_tokens"]) == (1, len(PROMPT))
+            assert stats["decode_steps"] == NEW_TOKENS - 1
+            assert stats["decode_compute_s"] > 0 and stats["prefill_compute_s"] > 0
         nursery.cancel_scope.cancel()
 
 
@@ -232,6 +239,82 @@ async def test_consumer_stopping_early_closes_every_session(
         nursery.cancel_scope.cancel()
 
 
+async def test_steps_behind_a_busy_shard_queue_and_run_in_order(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+) -> None:
+    """A decode step normally runs straight from the receive loop; while the
+    shard is busy (here: a capability re-check holding it) steps queue
+    behind it, and every step still runs exactly once, in order."""
+    shard = torch_shards[SPANS[0]]
+    decode_tokens = (11, 250, 3, 42)
+    cache = shard.new_cache()
+    expected = [shard.forward(np.array(PROMPT), np.arange(len(PROMPT)), cache)]
+    for i, token in enumerate(decode_tokens):
+        position = np.array([len(PROMPT) + i])
+        expected.append(shard.forward(np.array([token]), position, cache))
+
+    async with trio.open_nursery() as nursery:
+        hop = await start_node(nursery, "hop", shard)
+        drops: Counter[str] = Counter()
+        async with open_planes(LOOPBACK, LOOPBACK, drops=drops) as (_control, peer):
+
+            async def activations() -> np.ndarray:
+                with trio.fail_after(SETTLE_S):
+                    header, dtype, shape, raw = decode_tensor(await peer.receive())
+                assert header["op"] == "forward", header
+                return np.frombuffer(raw, dtype=dtype).reshape(shape)
+
+            session = new_session_id()
+            peer.send(
+                hop.address,
+                encode_message(
+                    {
+                        "op": "open",
+                        "session": session,
+                        "model": MODEL,
+                        "layers": list(SPANS[0]),
+                        "reply": peer.address,
+                        "budget": 64,
+                        "next": peer.address,  # this test plays the next hop too
+                        "next_session": new_session_id(),
+                        "sampling": None,
+                        "seed": 0,
+                    }
+                ),
+            )
+
+            def step(index: int, pos: int, tokens: Sequence[int]) -> list[Any]:
+                header = {"op": "forward", "session": session, "step": index, "pos": pos}
+                return encode_message(header, np.array(tokens, np.int64))
+
+            with trio.fail_after(SETTLE_S):
+                assert decode_tensor(await peer.receive())[0]["op"] == "opened"
+            peer.send(hop.address, step(0, 0, PROMPT))
+            got = [await activations()]
+
+            release = trio.Event()
+            holding = trio.Event()
+
+            def hold_shard() -> None:
+                trio.from_thread.run_sync(holding.set)
+                trio.from_thread.run(release.wait)
+
+            nursery.start_soon(hop.hop.on_shard, hold_shard)
+            await holding.wait()
+            for i, token in enumerate(decode_tokens[:3]):
+                peer.send(hop.address, step(i + 1, len(PROMPT) + i, [token]))
+            await trio.sleep(0.2)  # all three arrive while the shard is held
+            release.set()
+            got += [await activations() for _ in range(3)]
+            # The shard is free again: the next step runs from the receive loop.
+            peer.send(hop.address, step(4, len(PROMPT) + 3, decode_tokens[3:]))
+            got.append(await activations())
+        for want, have in zip(expected, got, strict=True):
+            np.testing.assert_array_equal(have, want)
+        assert not any(k.startswith("engine.") for k in hop.drops)
+        nursery.cancel_scope.cancel()
+
+
 # --- limits -----------------------------------------------------------------------
 
 
@@ -280,7 +363,7 @@ async def test_idle_sessions_are_reaped(
             assert [node.hop.sessions for node in hops] == [1, 1, 1]
             await trio.sleep(idle_s * 2)  # the consumer stalls; nothing is sent
             assert [node.hop.sessions for node in hops] == [0, 0, 0]
-            assert all(node.hop.reaped == 1 for node in hops)
+            assert all(node.hop.stats.reaped == 1 for node in hops)
             # The stalled stream's next step finds no session and fails.
             with pytest.raises(PipelineError, match="no token"):
                 await anext(tokens)

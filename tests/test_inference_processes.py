@@ -139,6 +139,9 @@ async def test_a_three_node_chain_answers_like_transformers_through_any_node(
         me = next(m for m in view["members"] if m["self"])
         assert me["record"]["capability"]["result"] == "admitted"
         assert me["record"]["assignment"]["tier"] == "operator"
+        # Four requests, each a prefill and count - 1 decode steps on every hop.
+        assert view["hop"]["prefill_steps"] == 4
+        assert view["hop"]["decode_steps"] == 4 * (count - 1)
     # Every session was closed when its request ended.
     assert set((await sessions(swarm, nodes)).values()) == {0}
     await assert_no_internal_errors(swarm, nodes)

@@ -42,6 +42,7 @@ async def test_status_document_and_errors(swarm: LocalSwarm) -> None:
         # The first node founded the Raft cluster: it leads, or is about to.
         assert doc["leader"] in (None, first.node_id)
         assert doc["ledger"] == [] and doc["demand"] == {} and doc["sessions"] == 0
+        assert doc["hop"] is None  # it serves no shard
         assert doc["coverage"] == {}  # no node has a capability report yet
         for member in doc["members"]:
             assert set(member) >= MEMBER_KEYS

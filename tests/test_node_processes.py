@@ -46,6 +46,8 @@ POLL_S = 0.05
 # A detection is observed by polling every node's API, so it is seen up to
 # one poll round (sleep + concurrent HTTP fetches) after it happened.
 OBSERVATION_SLACK_S = 0.5
+
+
 @pytest.mark.slow
 async def test_five_nodes_converge_detect_a_crash_and_take_back_a_restart(
     swarm: LocalSwarm,
