@@ -325,6 +325,7 @@ class Plane:
         )
         self._closed = False
         self._handler: Callable[[list[bytes]], None] | None = None
+        self._own_addresses = {address}
 
     # --- public API -----------------------------------------------------------
 
@@ -335,7 +336,8 @@ class Plane:
         cannot be sent is dropped and counted under ``"<plane>.<reason>"``
         (``send_queue_full``, ``oversized``, ``peer_queue_full``,
         ``unreachable``, ``evicted``, ``bad_address``, ``send_error``,
-        ``closed``; inbound adds ``oversized`` and ``malformed``). Raises only for
+        ``closed``; ``receive_queue_full`` for a message to this plane itself;
+        inbound adds ``oversized`` and ``malformed``). Raises only for
         programming errors (no frames, or a frame that is not bytes-like).
 
         Frames are handed to libzmq without copying where they are large, so
@@ -357,6 +359,9 @@ class Plane:
             return
         if self._closed:
             self._drop("closed")
+            return
+        if addr in self._own_addresses:
+            self._deliver_locally(frames)
             return
         if self._outbox_send.statistics().current_buffer_used == 0:
             # Nothing queued ahead of us: hand it to libzmq now rather than
@@ -380,6 +385,11 @@ class Plane:
         that). Raises ``trio.EndOfChannel`` once the plane has closed.
         """
         return await self._inbox_receive.receive()
+
+    def add_own_address(self, addr: str) -> None:
+        """Another name of this plane (the address it advertises, when that
+        differs from the bound one): messages to it never leave the process."""
+        self._own_addresses.add(addr)
 
     def deliver_to(self, handler: Callable[[list[bytes]], None] | None) -> None:
         """Hand each inbound message straight to ``handler`` from the plane's
@@ -435,6 +445,24 @@ class Plane:
             if handled >= DRAIN_BATCH:
                 handled = 0
                 await trio.lowlevel.checkpoint()
+
+    def _deliver_locally(self, frames: Sequence[bytes | memoryview]) -> None:
+        """A message to ourselves (an entry that is also its chain's first or
+        last hop) skips the sockets: a loopback round through libzmq's I/O
+        thread costs four thread wake-ups per message. It is queued for
+        receive(), never handled inside send(), so no caller re-enters its
+        own handler; like the network, the receiver gets its own copy."""
+        payload = [bytes(frame) for frame in frames]
+        size = sum(len(frame) for frame in payload)
+        try:
+            self._inbox_send.send_nowait(payload)
+        except trio.WouldBlock:
+            self._drop("receive_queue_full")
+            return
+        self.sent_messages += 1
+        self.sent_bytes += size
+        self.received_messages += 1
+        self.received_bytes += size
 
     # --- inbound ----------------------------------------------------------------
 

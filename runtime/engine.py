@@ -50,6 +50,8 @@ class Engine:
         """``reply_address`` is this node's advertised data address (default:
         the plane's bound address), where hops send this entry's replies."""
         self.plane = plane
+        if reply_address is not None:
+            plane.add_own_address(reply_address)
         self.hop_server = hop_server
         self.pipeline = Pipeline(plane, drops=drops, reply_address=reply_address)
         self._drops = drops

@@ -81,6 +81,23 @@ def dead_address() -> str:
     return f"tcp://127.0.0.1:{port}"
 
 
+async def test_a_message_to_itself_never_touches_the_sockets() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(1, drops) as (a,):
+        body = bytearray(b"world")
+        a.send(a.address, [b"hello", memoryview(body)])
+        body[:] = b"WORLD"  # the receiver got its own copy
+        advertised = "tcp://192.0.2.7:7001"  # a name only this plane knows itself by
+        a.add_own_address(advertised)
+        a.send(advertised, [b"advertised"])
+        with trio.fail_after(WAIT_S):
+            assert await a.receive() == [b"hello", b"world"]
+            assert await a.receive() == [b"advertised"]
+        assert a.peer_count == 0  # no connection was made
+        assert a.sent_messages == a.received_messages == 2
+    assert not drops
+
+
 async def test_two_planes_exchange_multiframe_messages_both_ways() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with planes(2, drops) as (a, b):
