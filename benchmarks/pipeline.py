@@ -38,6 +38,10 @@ For each model:
   - `per_hop_messaging_ms`: the rest: ZeroMQ, the header codec, the node's
     event loop, process wake-ups.
   `hop_compute_ms_1hop` / `_3hop` are the per-node decode compute times.
+- `idle_control`: the control for that penalty, with no swarm and no
+  network: the middle hop's shard in this process, its decode forward timed
+  back to back (`hot_ms`) and after sleeping as long as the 3-hop chain's
+  middle hop waits between its steps (`after_idle_ms`).
 
 Swarm rates are measured at the client from the streamed chunks: (tokens -
 1) / (time of the last chunk - time of the first), the median over
@@ -190,6 +194,51 @@ def _single_process(model_dir: Path, tokens: int) -> float:
     return (tokens - 1) / best
 
 
+def _idle_control(
+    model_dir: Path, span: tuple[int, int], threads: int, idle_s: float, steps: int = 40
+) -> dict[str, Any]:
+    """The middle hop's shard, here in one process with no network at all:
+    decode forwards back to back, then each after sleeping as long as a hop
+    of the 3-hop chain waits for its next step. The difference is what this
+    machine charges a process for idling, whatever the process does."""
+    import torch
+
+    from runtime.backends import load_shard
+    from runtime.backends.base import ShardSpec
+
+    shard = load_shard(ShardSpec(model_dir, span[0], span[1], "fp32"), "torch")
+    rng = np.random.default_rng(0)
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)  # what a node of the swarm computes with
+    try:
+
+        def median_forward_ms(sleep_s: float) -> float:
+            cache = shard.new_cache()
+            prompt = rng.standard_normal((16, shard.hidden_size), dtype=np.float32)
+            shard.forward(prompt, np.arange(16), cache)
+            times = []
+            for i in range(steps):
+                if sleep_s:
+                    time.sleep(sleep_s)
+                inputs = rng.standard_normal((1, shard.hidden_size), dtype=np.float32)
+                began = time.perf_counter()
+                shard.forward(inputs, np.array([16 + i]), cache)
+                times.append(time.perf_counter() - began)
+            return 1000 * statistics.median(times)
+
+        hot = median_forward_ms(0.0)
+        after_idle = median_forward_ms(idle_s)
+    finally:
+        torch.set_num_threads(saved_threads)
+    return {
+        "span": list(span),
+        "idle_ms": round(1000 * idle_s, 3),
+        "hot_ms": round(hot, 3),
+        "after_idle_ms": round(after_idle, 3),
+        "slowdown": round(after_idle / hot, 3),
+    }
+
+
 def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]:
     layers, hidden, intermediate, threads = MODELS[name]
     model_dir = make_tiny_model(
@@ -213,6 +262,9 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
     # idles between its steps; see the module docstring), the rest of
     # per_hop is messaging: ZeroMQ, codecs, wake-ups.
     compute_penalty = (sum(three["hop_compute_ms"]) - sum(one["hop_compute_ms"])) / 2
+    middle = tuple(int(x) for x in spans(layers, 3)[1].split(":"))
+    idle_ms = 1000 / three["decode_tok_s"] - three["hop_compute_ms"][1]
+    control = _idle_control(model_dir, middle, threads, max(0.0, idle_ms) / 1000)
     return {
         "model": {
             "layers": layers,
@@ -231,6 +283,7 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
         "per_hop_messaging_ms": round(per_hop - compute_penalty, 3),
         "hop_compute_ms_1hop": one["hop_compute_ms"],
         "hop_compute_ms_3hop": three["hop_compute_ms"],
+        "idle_control": control,
         "single_process_step_ms": round(1000 / single, 3),
         "ttft_ms": three["ttft_ms"],
         "ttft_1hop_ms": one["ttft_ms"],
