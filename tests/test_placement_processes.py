@@ -161,7 +161,12 @@ async def test_bootstrap_assignment_by_operator_and_by_auto_join(
         )
         assert nothing.status_code == 404 and nothing.json()["error"]["code"] == "no_gap"
 
-        # The operator assigns B on its first join, through a follower or not.
+        # The operator assigns B on its first join, through a follower or not
+        # (one that knows the leader: until then it answers 503 no_leader).
+        await wait_for(
+            swarm, [b], lambda views: (views["b"] or {}).get("leader") is not None,
+            PLACE_TIMEOUT_S, "B knows the leader",
+        )  # fmt: skip
         body = {"node_id": b.node_id, "model": "y", "layers": [0, 8], "recipe": "fp32"}
         assigned = await client.post(b.api + "/v1/nodes/assign", json=body)
         assert assigned.status_code == 200, assigned.text
