@@ -17,7 +17,10 @@ Two models (random, from `runtime.tinymodel`, written to a temp dir):
 For each model:
 - `single_process_decode_tok_s`: transformers' own `AutoModelForCausalLM`
   in this process, greedy, its own DynamicCache, a manual step loop (the
-  anchor; see `benchmarks.runtime`);
+  anchor; see `benchmarks.runtime`). It is measured before, between and
+  after the two swarms (`single_process_runs_tok_s`, the median reported);
+  each `swarm_*_vs_single` divides by the mean of the two measurements
+  around that swarm, so the machine's drift during a run cancels;
 - `swarm_1hop_decode_tok_s`: one node process holding every layer, asked by
   a streaming chat request from this process (the entry is the hop);
 - `swarm_3hop_decode_tok_s`: three node processes holding [0, L/3), ...,
@@ -61,7 +64,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -177,7 +180,9 @@ async def _hop_stats(client: httpx.AsyncClient, nodes: Sequence[Any]) -> list[di
     return stats
 
 
-def _single_process(model_dir: Path, tokens: int) -> float:
+def _single_process(model_dir: Path, tokens: int) -> Callable[[], float]:
+    """The anchor, loaded once: each call decodes `tokens` greedily three
+    times and returns the best rate (tokens per second)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -187,11 +192,15 @@ def _single_process(model_dir: Path, tokens: int) -> float:
         MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
     )
     prompt = np.asarray(prompt, dtype=np.int64)
-    best = float("inf")
-    for _ in range(3):
-        _tokens, _prefill, decode = transformers_greedy(model, prompt, tokens)
-        best = min(best, decode)
-    return (tokens - 1) / best
+
+    def measure() -> float:
+        best = float("inf")
+        for _ in range(3):
+            _tokens, _prefill, decode = transformers_greedy(model, prompt, tokens)
+            best = min(best, decode)
+        return (tokens - 1) / best
+
+    return measure
 
 
 def _idle_control(
@@ -248,14 +257,26 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
         hidden_size=hidden,
         intermediate_size=intermediate,
     )
-    single = _single_process(model_dir, tokens)
-    one, three = (
-        trio.run(
+    anchor = _single_process(model_dir, tokens)
+
+    def swarm(hops: int) -> dict[str, Any]:
+        return trio.run(
             _swarm, root / f"{name}-{hops}hop", model_dir, name, layers, hops, threads,
             tokens, requests,
-        )
-        for hops in (1, 3)
-    )  # fmt: skip
+        )  # fmt: skip
+
+    # The anchor is measured before, between and after the swarms, and each
+    # swarm is compared with the two measurements around it: this machine's
+    # speed drifts within a run, and a ratio of two rates taken a minute
+    # apart would carry that drift.
+    singles = [anchor()]
+    one = swarm(1)
+    singles.append(anchor())
+    three = swarm(3)
+    singles.append(anchor())
+    single = statistics.median(singles)
+    single_one = statistics.mean(singles[:2])
+    single_three = statistics.mean(singles[1:])
     per_hop = (1000 / three["decode_tok_s"] - 1000 / one["decode_tok_s"]) / 2
     # The same layers run either way, so any difference in their summed
     # compute time is what splitting them cost the shards themselves (a hop
@@ -274,10 +295,11 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
         },
         "tokens": one["tokens"],
         "single_process_decode_tok_s": round(single, 2),
+        "single_process_runs_tok_s": [round(rate, 2) for rate in singles],
         "swarm_1hop_decode_tok_s": one["decode_tok_s"],
         "swarm_3hop_decode_tok_s": three["decode_tok_s"],
-        "swarm_1hop_vs_single": round(one["decode_tok_s"] / single, 3),
-        "swarm_3hop_vs_single": round(three["decode_tok_s"] / single, 3),
+        "swarm_1hop_vs_single": round(one["decode_tok_s"] / single_one, 3),
+        "swarm_3hop_vs_single": round(three["decode_tok_s"] / single_three, 3),
         "per_hop_overhead_ms": round(per_hop, 3),
         "per_hop_compute_penalty_ms": round(compute_penalty, 3),
         "per_hop_messaging_ms": round(per_hop - compute_penalty, 3),

@@ -246,9 +246,12 @@ class _Attempt:
         if waiting:
             raise _StepFailed(frozenset(self.node_of[s] for s in waiting), "open timed out")
 
-    async def step(self, prompt: Sequence[int], tokens: Sequence[int], timeouts: Timeouts) -> int:
-        """Produce token ``len(tokens)``: a prefill of the whole history on
-        this chain's first step (a replay after failover), else one decode."""
+    def send_step(
+        self, prompt: Sequence[int], tokens: Sequence[int], timeouts: Timeouts
+    ) -> tuple[int, float]:
+        """Start producing token ``len(tokens)``: a prefill of the whole
+        history on this chain's first step (a replay after failover), else
+        one decode. Returns the step and how long to wait for its token."""
         step = len(tokens)
         if self.prefilled:
             inputs = np.array(tokens[-1:], dtype=np.int64)
@@ -261,6 +264,10 @@ class _Attempt:
             self.prefilled = True
         header = {"op": OP_FORWARD, "session": self.sessions[0], "step": step, "pos": pos}
         self.pipeline.plane.send(self.chain[0].address, encode_message(header, inputs))
+        return step, timeout
+
+    async def receive_token(self, step: int, timeout: float) -> int:
+        """The token of ``step``, from the last hop."""
         last_session = self.sessions[-1]
         with trio.move_on_after(timeout):
             while True:
@@ -368,11 +375,21 @@ class Pipeline:
             attempt = _Attempt(self, chain, model, len(prompt) + limit, params, seed)
             try:
                 await attempt.open(timeouts.open_s)
-                while len(tokens) < limit:
-                    token = await attempt.step(prompt, tokens, timeouts)
+                pending = attempt.send_step(prompt, tokens, timeouts)
+                while True:
+                    token = await attempt.receive_token(*pending)
                     tokens.append(token)
+                    if len(tokens) < limit:
+                        # The next step goes out before this token goes to
+                        # the caller, so the chain computes while the caller
+                        # detokenizes and streams. If the caller stops here
+                        # (an end-of-sequence token, a stop sequence), that
+                        # step is wasted work, and its late token a
+                        # stale_reply.
+                        pending = attempt.send_step(prompt, tokens, timeouts)
                     yield token
-                return
+                    if len(tokens) == limit:
+                        return
             except _StepFailed as exc:
                 failure = Failure(attempt.nodes, exc.suspects, exc.reason, len(tokens))
             finally:

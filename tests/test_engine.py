@@ -236,6 +236,11 @@ async def test_consumer_stopping_early_closes_every_session(
                     break
         assert got == reference[PROMPT][:3]
         await settle(hops)
+        # The step after the last token taken was already sent when the
+        # consumer stopped (the chain computes while the caller streams):
+        # the first hop, which hears it before the close, computed it.
+        first = hops[0].engine.hop_stats
+        assert first is not None and first["decode_steps"] == 3
         nursery.cancel_scope.cancel()
 
 
@@ -350,6 +355,7 @@ async def test_busy_when_the_session_limit_is_reached(
 
 async def test_idle_sessions_are_reaped(
     torch_shards: dict[tuple[int, int], ShardBackend],
+    reference: dict[tuple[int, ...], list[int]],
 ) -> None:
     idle_s = 0.2
     async with trio.open_nursery() as nursery:
@@ -364,7 +370,10 @@ async def test_idle_sessions_are_reaped(
             await trio.sleep(idle_s * 2)  # the consumer stalls; nothing is sent
             assert [node.hop.sessions for node in hops] == [0, 0, 0]
             assert all(node.hop.stats.reaped == 1 for node in hops)
-            # The stalled stream's next step finds no session and fails.
+            # The step sent ahead before the stall was computed before the
+            # reaping, so its token still arrives; the step after it finds
+            # no session and fails.
+            assert await anext(tokens) == reference[PROMPT][1]
             with pytest.raises(PipelineError, match="no token"):
                 await anext(tokens)
         assert hops[0].drops["engine.unknown_session"] == 1
