@@ -356,7 +356,9 @@ class Pipeline:
         ``context_window`` positions (the model's), or fills the window when
         ``params.max_tokens`` is None. End-of-sequence tokens and stop
         sequences are the caller's business: it stops iterating, and the
-        sessions are closed.
+        sessions are closed. One step is always in flight while the caller
+        holds a token (the next one is sent before it is yielded), so a
+        caller that stops early has cost the chain one step more.
 
         Raises :class:`PipelineError` when a step fails and ``reroute`` is
         absent, returns ``None``, or has been asked ``max_reroutes`` times
