@@ -98,6 +98,29 @@ async def test_a_message_to_itself_never_touches_the_sockets() -> None:
     assert not drops
 
 
+async def test_a_handler_takes_messages_from_the_reader_until_it_is_cleared() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(2, drops) as (a, b):
+        a.send(b.address, [b"queued before"])
+        with trio.fail_after(WAIT_S):
+            while b.received_messages < 1:
+                await trio.sleep(0.01)
+        handled: list[list[bytes]] = []
+        b.deliver_to(handled.append)
+        a.send(b.address, [b"to the handler", b"2"])
+        with trio.fail_after(WAIT_S):
+            while not handled:
+                await trio.sleep(0.01)
+            assert handled == [[b"to the handler", b"2"]]
+            assert await b.receive() == [b"queued before"]  # stays queued
+        b.deliver_to(None)
+        a.send(b.address, [b"queued again"])
+        with trio.fail_after(WAIT_S):
+            assert await b.receive() == [b"queued again"]
+        assert len(handled) == 1
+    assert not drops
+
+
 async def test_two_planes_exchange_multiframe_messages_both_ways() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with planes(2, drops) as (a, b):
