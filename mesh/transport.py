@@ -394,7 +394,8 @@ class Plane:
     def deliver_to(self, handler: Callable[[list[bytes]], None] | None) -> None:
         """Hand each inbound message straight to ``handler`` from the plane's
         reader task instead of queueing it for :meth:`receive` (None: queue
-        again). Messages queued before the call stay queued.
+        again). Messages queued before the call stay queued, and messages the
+        plane sends itself are always queued (see :meth:`send`).
 
         This saves a scheduler round per message, which matters to a
         latency-bound reader: the engine gets one message per hop per decode

@@ -77,8 +77,9 @@ class Engine:
                 await nursery.start(self.hop_server.run)
             task_status.started()
             # The plane's reader calls dispatch itself (a scheduler round
-            # less per hop); this loop only drains what was queued before
-            # that, then waits for the plane to close.
+            # less per hop). This loop gets what was queued before that and
+            # what the node sends itself (an entry that is its own first or
+            # last hop), and ends when the plane closes.
             self.plane.deliver_to(self.dispatch)
             try:
                 while True:
