@@ -341,7 +341,10 @@ class Plane:
         programming errors (no frames, or a frame that is not bytes-like).
 
         Frames are handed to libzmq without copying where they are large, so
-        the caller must not modify a buffer after passing it here.
+        the caller must not modify a buffer after passing it here. A message
+        to this plane itself (its address, or one given to
+        :meth:`add_own_address`) is copied into its own receive queue and
+        never touches a socket.
         """
         if not frames:
             raise ValueError("a message needs at least one frame")
