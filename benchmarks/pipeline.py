@@ -35,9 +35,7 @@ For each model:
     compute, split over three processes, per extra hop. A hop idles while
     the rest of the chain computes, and on a shared (virtual) machine a
     process that slept computes slower when it wakes (cold caches and
-    cores): measured in one process with no network at all, a 2-layer
-    hidden-1024 forward takes ~10 ms back to back and ~12 ms after a 20 ms
-    sleep, a 3-layer tiny one ~1.0 ms and ~1.9 ms after a 6 ms sleep.
+    cores); `idle_control` below measures that apart from any swarm.
   - `per_hop_messaging_ms`: the rest: ZeroMQ, the header codec, the node's
     event loop, process wake-ups.
   `hop_compute_ms_1hop` / `_3hop` are the per-node decode compute times.
@@ -73,7 +71,7 @@ import numpy as np
 import trio
 
 from benchmarks.runtime import transformers_greedy
-from runtime.localswarm import LocalSwarm
+from runtime.localswarm import LocalNode, LocalSwarm
 from runtime.tinymodel import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
@@ -90,9 +88,9 @@ MODELS = {
 }
 
 
-def spans(layers: int, hops: int) -> list[str]:
+def spans(layers: int, hops: int) -> list[tuple[int, int]]:
     cuts = [round(i * layers / hops) for i in range(hops + 1)]
-    return [f"{a}:{b}" for a, b in itertools.pairwise(cuts)]
+    return list(itertools.pairwise(cuts))
 
 
 async def _stream_once(client: httpx.AsyncClient, api: str, name: str, tokens: int) -> dict:
@@ -142,7 +140,7 @@ async def _swarm(
     async with LocalSwarm(root, profile="local", extra_env=env) as swarm:
         nodes = [
             swarm.new_node(args=["--model", str(model_dir), "--layers", span])
-            for span in spans(layers, hops)
+            for span in (f"{a}:{b}" for a, b in spans(layers, hops))
         ]
         await swarm.start_ready(nodes[0], timeout=60)
         await swarm.start_many(nodes[1:], [nodes[0].control], timeout=60)
@@ -169,7 +167,7 @@ async def _swarm(
     }  # fmt: skip
 
 
-async def _hop_stats(client: httpx.AsyncClient, nodes: Sequence[Any]) -> list[dict[str, Any]]:
+async def _hop_stats(client: httpx.AsyncClient, nodes: Sequence[LocalNode]) -> list[dict[str, Any]]:
     """Each node's `hop` status: the forwards its shard computed, and how long
     they took."""
     stats = []
@@ -283,7 +281,7 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
     # idles between its steps; see the module docstring), the rest of
     # per_hop is messaging: ZeroMQ, codecs, wake-ups.
     compute_penalty = (sum(three["hop_compute_ms"]) - sum(one["hop_compute_ms"])) / 2
-    middle = tuple(int(x) for x in spans(layers, 3)[1].split(":"))
+    middle = spans(layers, 3)[1]
     idle_ms = 1000 / three["decode_tok_s"] - three["hop_compute_ms"][1]
     control = _idle_control(model_dir, middle, threads, max(0.0, idle_ms) / 1000)
     return {

@@ -269,7 +269,7 @@ class HopStats:
     reaped: int = 0  # sessions closed by the idle reaper
 
     def count(self, tokens: int, seconds: float) -> None:
-        if tokens <= INLINE_MAX_TOKENS:
+        if tokens == 1:  # a decode step; more tokens are a prefill or a replay
             self.decode_steps += 1
             self.decode_compute_s += seconds
         else:
@@ -301,13 +301,12 @@ class _Session:
     seed: int
     cache: KVCache
     last_used: float
-    # True while a step runs in a worker thread (never reaped meanwhile: a long
-    # prefill on slow hardware is not idleness).
-    computing: bool = False
     # Position the next forward must start at, counting steps already queued.
     next_pos: int = 0
     # Steps handed to the session's task and not finished: while any are,
-    # a new step must queue behind them, never run ahead in the receive loop.
+    # a new step must queue behind them, never run ahead in the receive loop,
+    # and the session is not idle (a long prefill on slow hardware, or steps
+    # waiting for a busy shard, are never reaped).
     queued: int = 0
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     inbox: trio.MemorySendChannel[tuple[int, int, np.ndarray]] | None = None
@@ -465,7 +464,7 @@ class HopServer:
 
     def _reap(self, now: float) -> None:
         for session in list(self._sessions.values()):
-            if not session.computing and now - session.last_used >= self.idle_timeout_s:
+            if not session.queued and now - session.last_used >= self.idle_timeout_s:
                 self.stats.reaped += 1
                 self._close(session)
 
@@ -497,19 +496,19 @@ class HopServer:
         # A copy: the frame's bytes are read-only and torch refuses to wrap
         # read-only memory without a warning. One activation row per decode step.
         inputs = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
-        session.next_pos = pos + shape[0]
-        session.last_used = trio.current_time()
         if shape[0] <= INLINE_MAX_TOKENS and not session.queued and self._compute.available_tokens:
             # Nothing of this session's is ahead of it and the shard is free.
+            session.next_pos = pos + shape[0]
             self._run_now(session, step, pos, inputs)
             return
         assert session.inbox is not None
         try:
             session.inbox.send_nowait((step, pos, inputs))
         except trio.WouldBlock:
-            session.next_pos = pos
             raise BadMessage(R_OVERLOADED, "too many steps queued for this session") from None
+        session.next_pos = pos + shape[0]
         session.queued += 1
+        session.last_used = trio.current_time()
 
     async def _serve(
         self,
@@ -521,7 +520,6 @@ class HopServer:
         with session.scope:
             try:
                 async for step, pos, inputs in inbox:
-                    session.computing = True
                     try:
                         if inputs.shape[0] <= INLINE_MAX_TOKENS:
                             async with self._compute:
@@ -539,7 +537,6 @@ class HopServer:
                         self._shard_failed(session, step, exc)
                         return
                     finally:
-                        session.computing = False
                         session.queued -= 1
                     self._push(session, step, pos, result)
             finally:
