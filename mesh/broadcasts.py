@@ -20,22 +20,14 @@ MAX_SKIPPED = 16
 the message is closed; bounds the scan when the budget is nearly spent."""
 
 
-class _Entry:
-    __slots__ = ("size", "transmits", "update")
-
-    def __init__(self, update: Update, size: int) -> None:
-        self.update = update
-        self.size = size
-        self.transmits = 0
-
-
 class BroadcastQueue:
     """Pending updates, bucketed by how often each has been sent."""
 
     def __init__(self) -> None:
-        # _levels[t] holds the entries sent t times, oldest first (dicts keep
-        # insertion order); an entry moves up one level each time it is sent.
-        self._levels: list[dict[Hashable, _Entry]] = [{}]
+        # _levels[t] maps key -> (update, size) for the updates sent t times,
+        # oldest first (dicts keep insertion order); an update moves up one
+        # level each time it is sent, so its level is its transmit count.
+        self._levels: list[dict[Hashable, tuple[Update, int]]] = [{}]
         self._level_of: dict[Hashable, int] = {}
 
     def __len__(self) -> int:
@@ -49,39 +41,54 @@ class BroadcastQueue:
         level = self._level_of.pop(key, None)
         if level is not None:
             del self._levels[level][key]
-        self._levels[0][key] = _Entry(update, size)
+        self._levels[0][key] = (update, size)
         self._level_of[key] = 0
 
     def take(self, budget: int, limit: int) -> tuple[Update, ...]:
         """Updates for one message of at most `budget` bytes (at least one
         update if any is queued); each taken update counts one transmit and
         leaves the queue after `limit` of them."""
-        chosen: list[tuple[int, Hashable, _Entry]] = []
+        taken: list[Update] = []
+        # (level, keys picked from it): the scan reads, the moves come after,
+        # since a dict cannot change while it is iterated.
+        picks: list[tuple[int, list[Hashable]]] = []
         skipped = 0
         for level, bucket in enumerate(self._levels):
             if not bucket:
                 continue
-            for key in reversed(bucket):
-                entry = bucket[key]
-                if entry.size > budget and chosen:
+            keys: list[Hashable] = []
+            for key, (update, size) in reversed(bucket.items()):
+                if size > budget and taken:
                     skipped += 1
                     if skipped > MAX_SKIPPED:
                         break
                     continue
-                chosen.append((level, key, entry))
-                budget -= entry.size
+                keys.append(key)
+                taken.append(update)
+                budget -= size
                 if budget <= 0:
                     break
+            if keys:
+                picks.append((level, keys))
             if budget <= 0 or skipped > MAX_SKIPPED:
                 break
-        for level, key, entry in chosen:
-            del self._levels[level][key]
-            entry.transmits += 1
-            if entry.transmits >= limit:
+        for level, keys in picks:
+            self._promote(level, keys, limit)
+        return tuple(taken)
+
+    def _promote(self, level: int, keys: list[Hashable], limit: int) -> None:
+        """Count one more transmit for `keys`, all now at `level`."""
+        bucket = self._levels[level]
+        sent = level + 1
+        if sent >= limit:
+            for key in keys:
+                del bucket[key]
                 del self._level_of[key]
-                continue
-            if entry.transmits == len(self._levels):
-                self._levels.append({})
-            self._levels[entry.transmits][key] = entry
-            self._level_of[key] = entry.transmits
-        return tuple(entry.update for _, _, entry in chosen)
+            return
+        if sent == len(self._levels):
+            self._levels.append({})
+        above = self._levels[sent]
+        level_of = self._level_of
+        for key in keys:
+            above[key] = bucket.pop(key)
+            level_of[key] = sent
