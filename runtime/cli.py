@@ -22,6 +22,10 @@ from pathlib import Path
 from runtime.endpoints import EndpointError, HostPort, api_url, parse_hostport
 
 PROG = "shardmesh"
+CHAT_WAIT_S = 300.0
+"""How long `chat` keeps asking while the swarm places and loads the model:
+the request is the demand that gets it placed, and a model of a few GB
+takes minutes to load on a volunteer's disk. Each wait prints why."""
 
 
 def _hostport(text: str) -> HostPort:  # argparse `type=`: a bad value becomes a usage error
@@ -52,6 +56,16 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= 0")
     return value
 
 
@@ -238,6 +252,16 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--max-tokens", type=int, default=None, metavar="N")
     chat.add_argument("--temperature", type=float, default=None, metavar="T")
     chat.add_argument("--seed", type=int, default=None, metavar="S")
+    chat.add_argument(
+        "--wait",
+        type=_seconds,
+        default=CHAT_WAIT_S,
+        metavar="SECONDS",
+        help=(
+            "while the swarm is still placing or loading the model, keep asking for this "
+            f"long, showing its progress (default {CHAT_WAIT_S:.0f}; 0: fail at once)"
+        ),
+    )
 
     demo = commands.add_parser(
         "demo",
@@ -431,11 +455,19 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _run_chat(args: argparse.Namespace) -> int:
     import trio
 
-    from runtime.chat_client import ChatClientError, stream_chat
+    from runtime.chat_client import ChatClientError, ModelLoading, describe_loading, stream_chat
 
     def show(text: str) -> None:
         sys.stdout.write(text)
         sys.stdout.flush()
+
+    def waiting(loading: ModelLoading, retry_in: float) -> None:
+        print(
+            f"{PROG} chat: waiting for {describe_loading(loading)} (asking again in "
+            f"{retry_in:.0f} s)",
+            file=sys.stderr,
+            flush=True,
+        )
 
     try:
         result = trio.run(
@@ -447,6 +479,8 @@ def _run_chat(args: argparse.Namespace) -> int:
                 temperature=args.temperature,
                 seed=args.seed,
                 on_text=show,
+                wait_s=args.wait,
+                on_wait=waiting,
             )
         )
     except ChatClientError as exc:

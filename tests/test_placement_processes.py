@@ -11,6 +11,7 @@ model that only a pinned node holds has no spare capacity to go to, and the
 from __future__ import annotations
 
 import shutil
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,42 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     assert release and release[-1]["code"] == "idle" and release[-1]["node_id"] == b.node_id
     assert ledger_entry(view, a) == pinned
     await assert_no_internal_errors(swarm, [a, b])
+
+
+@pytest.mark.slow
+async def test_the_chat_cli_waits_while_demand_places_the_model_then_streams(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
+    store = tmp_path / "store"
+    make_tiny_model(store / "y", layers=8, seed=2, name="y")
+    node = swarm.new_node("b", args=["--models", str(store)])
+    await swarm.start_ready(node, timeout=START_TIMEOUT_S)
+    cli = [sys.executable, "-m", "runtime.cli", "chat", "--api", node.api, "--model", "y"]
+    options = ["--max-tokens", "8", "--temperature", "0", "--wait", str(PLACE_TIMEOUT_S)]
+    with trio.fail_after(PLACE_TIMEOUT_S + 30):
+        done = await trio.run_process(
+            [*cli, *options, MESSAGES[0]["content"]],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    stderr = done.stderr.decode()
+    assert done.returncode == 0, stderr
+    # Nothing held y before this request asked for it: the CLI was told so,
+    # said what it waited for, and asked again until the answer came.
+    assert "shardmesh chat: waiting for y: 0/8 layers served" in stderr, stderr
+    assert "completion tokens]" in stderr
+    async with httpx.AsyncClient(timeout=60) as client:
+        same = await ask(client, node, "y")
+    assert same.status_code == 200, same.text
+    assert done.stdout.decode() == same.json()["choices"][0]["message"]["content"] + "\n"
+
+    # A name nobody has is no reason to wait: it fails at once, saying why.
+    unknown = [*cli[:-1], "nope", "hello"]
+    with trio.fail_after(10):
+        refused = await trio.run_process(unknown, capture_stderr=True, check=False)
+    assert refused.returncode == 1
+    assert "404 model_not_found" in refused.stderr.decode()
 
 
 @pytest.mark.slow
