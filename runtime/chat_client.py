@@ -125,13 +125,8 @@ async def _stream_once(
 
 def _refusal(response: httpx.Response) -> ChatClientError:
     text = _error_text(response)
-    if response.status_code != 503:
-        return ChatClientError(text)
-    try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
-        return ChatClientError(text)
-    if not isinstance(error, dict) or error.get("code") != "model_loading":
+    error = _error_object(response)
+    if response.status_code != 503 or error is None or error.get("code") != "model_loading":
         return ChatClientError(text)
     coverage = error.get("coverage")
     return ModelLoading(
@@ -159,8 +154,8 @@ def describe_loading(loading: ModelLoading) -> str:
         if isinstance(span, list) and len(span) == 2 and all(type(x) is int for x in span):
             covered += span[1] - span[0]
     parts = [f"{covered}/{layers} layers served" if isinstance(layers, int) else "not served"]
-    loading_nodes = coverage.get("loading") or []
-    if loading_nodes:
+    loading_nodes = coverage.get("loading")
+    if isinstance(loading_nodes, list) and loading_nodes:
         parts.append(f"{len(loading_nodes)} node(s) loading")
     reason = coverage.get("reason")
     if reason:
@@ -169,12 +164,21 @@ def describe_loading(loading: ModelLoading) -> str:
 
 
 def _error_text(response: httpx.Response) -> str:
-    try:
-        error = response.json()["error"]
-    except (ValueError, KeyError, TypeError):
+    error = _error_object(response)
+    if error is None or not isinstance(error.get("message"), str):
         return f"HTTP {response.status_code}: {response.text[:200]}"
     text = (
         f"HTTP {response.status_code} {error.get('code') or error.get('type')}: {error['message']}"
     )
     retry = response.headers.get("retry-after")
     return text + (f" (retry after {retry} s)" if retry else "")
+
+
+def _error_object(response: httpx.Response) -> dict[str, Any] | None:
+    """The OpenAI-shaped `error` object of a refusal, if it has one."""
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else None
