@@ -186,7 +186,17 @@ def _completion_json(generation: Generation, text: str) -> dict[str, Any]:
             }
         ],
         "usage": _usage(generation),
-        "shardmesh": {"route": generation.route, "reroutes": generation.reroutes},
+        "shardmesh": _shardmesh_json(generation),
+    }
+
+
+def _shardmesh_json(generation: Generation) -> dict[str, Any]:
+    """Our extension to a completion (OpenAI clients ignore unknown fields):
+    the chain it ran through, its failovers, and where its time went."""
+    return {
+        "route": generation.route,
+        "reroutes": generation.reroutes,
+        "timing": generation.timing_json(),
     }
 
 
@@ -199,14 +209,19 @@ def _usage(generation: Generation) -> dict[str, int]:
 
 
 def _chunk(generation: Generation, delta: dict[str, Any], finish: str | None) -> str:
-    body = {
+    return f"data: {json.dumps(_chunk_json(generation, delta, finish))}\n\n"
+
+
+def _chunk_json(
+    generation: Generation, delta: dict[str, Any], finish: str | None
+) -> dict[str, Any]:
+    return {
         "id": generation.id,
         "object": "chat.completion.chunk",
         "created": generation.created,
         "model": generation.model,
         "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
     }
-    return f"data: {json.dumps(body)}\n\n"
 
 
 def create_app(node: NodeAPI) -> Starlette:
@@ -244,7 +259,9 @@ def create_app(node: NodeAPI) -> Starlette:
                 error = {"message": exc.message, "type": "server_error", "code": exc.code}
                 yield f"data: {json.dumps({'error': error})}\n\n"
                 return
-            yield _chunk(generation, {}, generation.finish_reason)
+            last = _chunk_json(generation, {}, generation.finish_reason)
+            last["shardmesh"] = _shardmesh_json(generation)
+            yield f"data: {json.dumps(last)}\n\n"
             if chat.include_usage:
                 usage = {
                     "id": generation.id,

@@ -44,7 +44,7 @@ import trio
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
-from runtime.pipeline import Failure, Hop, PipelineError
+from runtime.pipeline import ChainTiming, Failure, Hop, PipelineError
 from runtime.sampling import SamplingParamError, SamplingParams, StopScanner
 
 log = logging.getLogger("shardmesh.chat")
@@ -294,6 +294,49 @@ class Generation:
     finish_reason: str | None = None
     route: list[str] = field(default_factory=list)
     reroutes: int = 0
+    # Where the time went (`timing_json`): the entry's clock (trio time) for
+    # the request and its tokens, and the hops' own clocks for their compute.
+    accepted_at: float = 0.0
+    first_token_at: float | None = None
+    last_token_at: float | None = None
+    hops: ChainTiming = field(default_factory=ChainTiming)
+
+    def timing_json(self) -> dict[str, Any]:
+        """The response's `shardmesh.timing`: time to the first token and per
+        later token as the entry saw them; each hop's compute (the prefill
+        that began its chain, and the mean decode step); and what a decode
+        step cost beyond the hops' compute (messaging, queues, the entry).
+        Hop figures describe the chain that finished the completion."""
+        ttft_ms = decode_ms = beyond_ms = None
+        first, last = self.first_token_at, self.last_token_at
+        if first is not None:
+            ttft_ms = (first - self.accepted_at) * 1e3
+        if first is not None and last is not None and self.completion_tokens > 1:
+            decode_ms = (last - first) / (self.completion_tokens - 1) * 1e3
+        chain, steps = self.hops, self.hops.decode_steps
+        hops = []
+        for node, prefill_us, decode_us in zip(
+            chain.nodes, chain.prefill_us, chain.decode_us, strict=True
+        ):
+            hops.append(
+                {
+                    "node_id": node,
+                    "prefill_ms": _ms(prefill_us / 1e3),
+                    "decode_ms_per_step": _ms(decode_us / steps / 1e3) if steps else None,
+                }
+            )
+        if decode_ms is not None and steps:
+            beyond_ms = decode_ms - sum(chain.decode_us) / steps / 1e3
+        return {
+            "ttft_ms": _ms(ttft_ms),
+            "decode_ms_per_token": _ms(decode_ms),
+            "decode_ms_beyond_compute": _ms(beyond_ms),
+            "hops": hops,
+        }
+
+
+def _ms(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
 
 
 class ChatService:
@@ -329,6 +372,7 @@ class ChatService:
         """Route and start one completion; the generation record and an
         iterator of text deltas (the iterator sets finish_reason and counts
         tokens as it goes). Raises ChatError before anything is generated."""
+        accepted_at = trio.current_time()
         coverage = self.node.coverage_map()
         try:
             variant = self._servable(coverage, request.model)
@@ -356,6 +400,7 @@ class ChatService:
             created=int(time.time()),
             prompt_tokens=len(prompt),
             route=[node_id_text(n) for n in route.node_ids],
+            accepted_at=accepted_at,
         )
         deltas = self._deltas(request, variant, route, tokenizer, prompt, generation)
         return generation, deltas
@@ -473,11 +518,15 @@ class ChatService:
             seed=seed,
             context_window=tokenizer.context_window,
             reroute=on_failure,
+            timing=generation.hops,
         )
         try:
             async with aclosing(stream) as tokens:
                 async for token in tokens:
                     generation.completion_tokens += 1
+                    generation.last_token_at = trio.current_time()
+                    if generation.first_token_at is None:
+                        generation.first_token_at = generation.last_token_at
                     if token in tokenizer.eos_ids:
                         generation.finish_reason = "stop"
                         break

@@ -48,6 +48,7 @@ class ChatResult:
     text: str
     finish_reason: str | None
     usage: dict[str, int] | None
+    shardmesh: dict[str, Any] | None = None  # route, reroutes, timing (final chunk)
 
 
 async def stream_chat(
@@ -97,6 +98,7 @@ async def _stream_once(
     parts: list[str] = []
     finish = None
     usage = None
+    extension = None
     try:
         async with (
             httpx.AsyncClient(timeout=CHAT_TIMEOUT_S) as client,
@@ -112,6 +114,7 @@ async def _stream_once(
                 if "error" in chunk:
                     raise ChatClientError(chunk["error"].get("message", "the stream failed"))
                 usage = chunk.get("usage") or usage
+                extension = chunk.get("shardmesh") or extension
                 for choice in chunk.get("choices", []):
                     text = choice.get("delta", {}).get("content") or ""
                     if text:
@@ -120,7 +123,7 @@ async def _stream_once(
                     finish = choice.get("finish_reason") or finish
     except httpx.HTTPError as exc:
         raise ChatClientError(f"cannot talk to {api}: {exc}") from exc
-    return ChatResult("".join(parts), finish, usage)
+    return ChatResult("".join(parts), finish, usage, extension)
 
 
 def _refusal(response: httpx.Response) -> ChatClientError:

@@ -24,9 +24,10 @@ open       entry → hop  session, model (text), layers [a, b], reply (the entry
                         or {temperature, top_p, top_k} on the last hop), seed
 opened     hop → entry  session
 busy       hop → entry  session, reason (session limit reached; try another node)
-forward    → hop        session, step, pos: token ids int64 [T] into the first
-                        hop, hidden states float32 [T, H] into the others
-token      hop → entry  session (the last hop's), step, token
+forward    → hop        session, step, pos, compute_us (optional, see below):
+                        token ids int64 [T] into the first hop, hidden states
+                        float32 [T, H] into the others
+token      hop → entry  session (the last hop's), step, token, compute_us
 error      hop → entry  session, step (or null), reason
 close      entry → hop  session (idempotent; no reply)
 =========  ===========  =========================================================
@@ -35,6 +36,10 @@ close      entry → hop  session (idempotent; no reply)
 token), so the last hop can sample with a generator seeded by (seed, step):
 a replay after failover draws exactly the tokens an uninterrupted run would.
 ``pos`` is the absolute position of the first of the T inputs.
+``compute_us`` lists, in chain order, how long each hop so far took to
+compute this step (microseconds, by its own clock); each hop appends its own
+before pushing on, so the entry learns where a step's time went (compute at
+each hop, or the hops between them) at the cost of a few header bytes.
 
 Why the hop behaves as it does
 ==============================
@@ -102,6 +107,7 @@ __all__ = [
     "BadMessage",
     "HopServer",
     "HopStats",
+    "compute_us_field",
     "encode_message",
     "new_session_id",
     "refuse_open",
@@ -130,6 +136,9 @@ _SESSION_ID = re.compile(r"[0-9a-f]{32}")
 # header from making us hold or echo kilobytes.
 MAX_NAME_CHARS: Final = 256
 MAX_REASON_CHARS: Final = 300
+MAX_CHAIN_HOPS: Final = 256
+"""Most per-hop timings a step may carry: a hop holds at least one layer and
+no model we know of has more layers; bounds what a header makes us parse."""
 _MAX_INT: Final = 2**63 - 1
 
 # Drop reasons (counted as "engine.<reason>" in the node's drops).
@@ -183,6 +192,20 @@ def uint_field(header: Mapping[str, Any], key: str) -> int:
     if type(value) is not int or not 0 <= value <= _MAX_INT:
         raise BadMessage(R_BAD_FIELD, f"{key} must be a non-negative integer")
     return value
+
+
+def compute_us_field(header: Mapping[str, Any]) -> tuple[int, ...]:
+    """The per-hop compute times a step carries (none before the first hop)."""
+    value = header.get("compute_us", [])
+    if (
+        type(value) is not list
+        or len(value) > MAX_CHAIN_HOPS
+        or not all(type(us) is int and 0 <= us <= _MAX_INT for us in value)
+    ):
+        raise BadMessage(
+            R_BAD_FIELD, f"compute_us must list at most {MAX_CHAIN_HOPS} non-negative integers"
+        )
+    return tuple(value)
 
 
 def text_field(header: Mapping[str, Any], key: str, limit: int) -> str:
@@ -257,9 +280,10 @@ SESSION_QUEUE: Final = 4
 
 @dataclass
 class HopStats:
-    """Forwards this hop has computed, and the time they took (for
-    ``/v1/network/status``). Beside a chain's step latency these show where
-    its time goes: the shards' compute, or the hops between them."""
+    """Forwards this hop has computed, and the time they took, sampling
+    included on the last hop (for ``/v1/network/status``). Beside a chain's
+    step latency these show where its time goes: the shards' compute, or the
+    hops between them."""
 
     decode_steps: int = 0
     decode_compute_s: float = 0.0
@@ -288,6 +312,18 @@ class HopStats:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class _Step:
+    """One forward of a session's: ``inputs`` at positions ``pos`` onwards,
+    towards token ``step``; ``compute_us`` is what the hops before this one
+    spent on it."""
+
+    step: int
+    pos: int
+    inputs: np.ndarray
+    compute_us: tuple[int, ...]
+
+
 @dataclass(eq=False)
 class _Session:
     """One conversation's state on this hop."""
@@ -309,7 +345,7 @@ class _Session:
     # waiting for a busy shard, are never reaped).
     queued: int = 0
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
-    inbox: trio.MemorySendChannel[tuple[int, int, np.ndarray]] | None = None
+    inbox: trio.MemorySendChannel[_Step] | None = None
 
 
 class HopServer:
@@ -411,7 +447,7 @@ class HopServer:
             raise
         # The engine starts run() before it reads the plane, and both end together.
         assert self._nursery is not None, "HopServer.run is not running"
-        send, receive = trio.open_memory_channel[tuple[int, int, np.ndarray]](SESSION_QUEUE)
+        send, receive = trio.open_memory_channel[_Step](SESSION_QUEUE)
         session.inbox = send
         self._sessions[session_id] = session
         self._nursery.start_soon(self._serve, session, receive, name=f"hop.session.{session_id}")
@@ -481,6 +517,7 @@ class HopServer:
         """Validate a step and queue it for the session's task."""
         step = uint_field(header, "step")
         pos = uint_field(header, "pos")
+        compute_us = compute_us_field(header)
         shard = self.shard
         if shard.is_first:
             ok = dtype == "int64" and len(shape) == 1
@@ -496,14 +533,15 @@ class HopServer:
         # A copy: the frame's bytes are read-only and torch refuses to wrap
         # read-only memory without a warning. One activation row per decode step.
         inputs = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
+        work = _Step(step, pos, inputs, compute_us)
         if shape[0] <= INLINE_MAX_TOKENS and not session.queued and self._compute.available_tokens:
             # Nothing of this session's is ahead of it and the shard is free.
             session.next_pos = pos + shape[0]
-            self._run_now(session, step, pos, inputs)
+            self._run_now(session, work)
             return
         assert session.inbox is not None
         try:
-            session.inbox.send_nowait((step, pos, inputs))
+            session.inbox.send_nowait(work)
         except trio.WouldBlock:
             raise BadMessage(R_OVERLOADED, "too many steps queued for this session") from None
         session.next_pos = pos + shape[0]
@@ -513,36 +551,31 @@ class HopServer:
     async def _serve(
         self,
         session: _Session,
-        inbox: trio.MemoryReceiveChannel[tuple[int, int, np.ndarray]],
+        inbox: trio.MemoryReceiveChannel[_Step],
     ) -> None:
         """The session's task: run its queued steps in order (see
         :meth:`_forward` for the steps that never queue)."""
         with session.scope:
             try:
-                async for step, pos, inputs in inbox:
+                async for work in inbox:
                     try:
-                        if inputs.shape[0] <= INLINE_MAX_TOKENS:
+                        if work.inputs.shape[0] <= INLINE_MAX_TOKENS:
                             async with self._compute:
-                                result = self._compute_step(session, step, pos, inputs)
+                                result, took_us = self._compute_step(session, work)
                         else:
-                            result = await trio.to_thread.run_sync(
-                                self._compute_step,
-                                session,
-                                step,
-                                pos,
-                                inputs,
-                                limiter=self._compute,
+                            result, took_us = await trio.to_thread.run_sync(
+                                self._compute_step, session, work, limiter=self._compute
                             )
                     except Exception as exc:  # a failing shard must not take the server down
-                        self._shard_failed(session, step, exc)
+                        self._shard_failed(session, work.step, exc)
                         return
                     finally:
                         session.queued -= 1
-                    self._push(session, step, pos, result)
+                    self._push(session, work, result, took_us)
             finally:
                 self._close(session)
 
-    def _run_now(self, session: _Session, step: int, pos: int, inputs: np.ndarray) -> None:
+    def _run_now(self, session: _Session, work: _Step) -> None:
         """Run a decode step right here in the receive loop, as the session's
         task would, minus the hand-off: the step runs on the event loop
         either way (``INLINE_MAX_TOKENS``), and skipping the queue and the
@@ -550,44 +583,52 @@ class HopServer:
         most of what a hop's Python costs beyond the forward itself."""
         self._compute.acquire_nowait()
         try:
-            result = self._compute_step(session, step, pos, inputs)
+            result, took_us = self._compute_step(session, work)
         except Exception as exc:  # a failing shard must not take the server down
-            self._shard_failed(session, step, exc)
+            self._shard_failed(session, work.step, exc)
             return
         finally:
             self._compute.release()
-        self._push(session, step, pos, result)
+        self._push(session, work, result, took_us)
 
-    def _push(self, session: _Session, step: int, pos: int, result: int | np.ndarray) -> None:
+    def _push(self, session: _Session, work: _Step, result: int | np.ndarray, took_us: int) -> None:
         """Send a step's result on: the token to the entry, or the
-        activations to the next hop."""
+        activations to the next hop, with this hop's time appended."""
         session.last_used = trio.current_time()
+        compute_us = [*work.compute_us, took_us]
         if isinstance(result, int):
-            header = {"op": OP_TOKEN, "session": session.id, "step": step}
-            self._send(session.reply, {**header, "token": result})
+            header = {"op": OP_TOKEN, "session": session.id, "step": work.step}
+            self._send(session.reply, {**header, "token": result, "compute_us": compute_us})
         else:
             assert session.next_addr is not None
-            header = {"op": OP_FORWARD, "session": session.next_session}
-            message = encode_message({**header, "step": step, "pos": pos}, result)
-            self.plane.send(session.next_addr, message)
+            header = {
+                "op": OP_FORWARD,
+                "session": session.next_session,
+                "step": work.step,
+                "pos": work.pos,
+                "compute_us": compute_us,
+            }
+            self.plane.send(session.next_addr, encode_message(header, result))
 
     def _shard_failed(self, session: _Session, step: int, exc: Exception) -> None:
         self._drops[f"engine.{R_SHARD_FAILED}"] += 1
         self._fail(session, step, R_SHARD_FAILED, f"{type(exc).__name__}: {exc}")
 
-    def _compute_step(
-        self, session: _Session, step: int, pos: int, inputs: np.ndarray
-    ) -> int | np.ndarray:
-        """The shard's forward, and on the last hop the sampled token."""
-        positions = np.arange(pos, pos + inputs.shape[0], dtype=np.int64)
+    def _compute_step(self, session: _Session, work: _Step) -> tuple[int | np.ndarray, int]:
+        """The shard's forward, and on the last hop the sampled token; with
+        the microseconds it took."""
+        tokens = work.inputs.shape[0]
+        positions = np.arange(work.pos, work.pos + tokens, dtype=np.int64)
         began = time.perf_counter()
-        output = self.shard.forward(inputs, positions, session.cache)
+        output = self.shard.forward(work.inputs, positions, session.cache)
+        result: int | np.ndarray = output
+        if session.sampling is not None:
+            result = sample(output[-1], session.sampling, seed=session.seed, step=work.step)
+        took = time.perf_counter() - began
         # Only one forward runs at a time (the compute limiter), so this is
         # the stats' only writer even when it runs in a worker thread.
-        self.stats.count(inputs.shape[0], time.perf_counter() - began)
-        if session.sampling is None:
-            return output
-        return sample(output[-1], session.sampling, seed=session.seed, step=step)
+        self.stats.count(tokens, took)
+        return result, round(took * 1e6)
 
     def _fail(self, session: _Session, step: object, reason: str, detail: str) -> None:
         """Tell the entry this session failed, and end it."""

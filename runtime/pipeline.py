@@ -41,7 +41,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import numpy as np
@@ -58,6 +58,7 @@ from runtime.hops import (
     OP_OPENED,
     OP_TOKEN,
     BadMessage,
+    compute_us_field,
     encode_message,
     new_session_id,
     sampling_header,
@@ -69,6 +70,7 @@ from runtime.sampling import SEED_MODULUS, SamplingParams
 __all__ = [
     "DEFAULT_TIMEOUTS",
     "MAX_REROUTES",
+    "ChainTiming",
     "Failure",
     "Hop",
     "Pipeline",
@@ -119,6 +121,39 @@ class Failure:
 
 
 Reroute = Callable[[Failure], Awaitable[Sequence[Hop] | None]]
+
+
+@dataclass
+class ChainTiming:
+    """Where a generation's compute went, hop by hop, by the hops' own clocks
+    (each token carries every hop's time for its step).
+
+    It describes the chain that produced the last token: a failover starts
+    it afresh, since the new chain may have other hops. ``prefill_us`` is
+    per hop for the step that produced the chain's first token (the prompt,
+    or the replay after a failover); ``decode_us`` sums the one-token steps
+    after it, ``decode_steps`` counts them.
+    """
+
+    nodes: list[str] = field(default_factory=list)
+    prefill_us: list[int] = field(default_factory=list)
+    decode_us: list[int] = field(default_factory=list)
+    decode_steps: int = 0
+
+    def restart(self, chain: Sequence[Hop]) -> None:
+        self.nodes = [hop.node_id for hop in chain]
+        self.prefill_us = [0] * len(chain)
+        self.decode_us = [0] * len(chain)
+        self.decode_steps = 0
+
+    def add(self, compute_us: Sequence[int], *, prefill: bool) -> None:
+        if len(compute_us) != len(self.nodes):
+            return  # a hop that did not report: nothing to attribute
+        if prefill:
+            self.prefill_us = list(compute_us)
+        else:
+            self.decode_us = [a + b for a, b in zip(self.decode_us, compute_us, strict=True)]
+            self.decode_steps += 1
 
 
 class PipelineError(Exception):
@@ -178,6 +213,7 @@ class _Reply:
     step: int | None = None
     token: int | None = None
     reason: str = ""
+    compute_us: tuple[int, ...] = ()
 
 
 class _StepFailed(Exception):
@@ -266,15 +302,14 @@ class _Attempt:
         self.pipeline.plane.send(self.chain[0].address, encode_message(header, inputs))
         return step, timeout
 
-    async def receive_token(self, step: int, timeout: float) -> int:
-        """The token of ``step``, from the last hop."""
+    async def receive_token(self, step: int, timeout: float) -> _Reply:
+        """The ``token`` reply of ``step``, from the last hop."""
         last_session = self.sessions[-1]
         with trio.move_on_after(timeout):
             while True:
                 reply = await self.inbox.receive()
                 if reply.op == OP_TOKEN and reply.session == last_session and reply.step == step:
-                    assert reply.token is not None
-                    return reply.token
+                    return reply
                 if reply.op == OP_ERROR:
                     raise _StepFailed(
                         frozenset({self.node_of[reply.session]}), f"error: {reply.reason}"
@@ -315,7 +350,11 @@ class Pipeline:
             reply = _Reply(op=op, session=session)
             if op == OP_TOKEN:
                 reply = _Reply(
-                    op, session, step=uint_field(header, "step"), token=uint_field(header, "token")
+                    op,
+                    session,
+                    step=uint_field(header, "step"),
+                    token=uint_field(header, "token"),
+                    compute_us=compute_us_field(header),
                 )
             elif op in (OP_BUSY, OP_ERROR):
                 reason = header.get("reason")
@@ -346,6 +385,7 @@ class Pipeline:
         reroute: Reroute | None = None,
         timeouts: Timeouts = DEFAULT_TIMEOUTS,
         max_reroutes: int = MAX_REROUTES,
+        timing: ChainTiming | None = None,
     ) -> AsyncIterator[int]:
         """Yield the token ids generated from ``prompt_ids`` through ``chain``
         (hops in layer order, covering every layer).
@@ -360,6 +400,8 @@ class Pipeline:
         holds a token (the next one is sent before it is yielded), so a
         caller that stops early has cost the chain one step more.
 
+        ``timing``, when given, is kept up to date as tokens arrive.
+
         Raises :class:`PipelineError` when a step fails and ``reroute`` is
         absent, returns ``None``, or has been asked ``max_reroutes`` times
         already; ``ValueError`` for a malformed chain, an empty prompt, a
@@ -373,13 +415,20 @@ class Pipeline:
         seed %= SEED_MODULUS  # clients may send negative seeds; sample() reduces alike
         tokens: list[int] = []
         reroutes = 0
+        timing = timing or ChainTiming()
         while len(tokens) < limit:
             attempt = _Attempt(self, chain, model, len(prompt) + limit, params, seed)
+            timing.restart(chain)
             try:
                 await attempt.open(timeouts.open_s)
                 pending = attempt.send_step(prompt, tokens, timeouts)
+                first_of_chain = True
                 while True:
-                    token = await attempt.receive_token(*pending)
+                    reply = await attempt.receive_token(*pending)
+                    timing.add(reply.compute_us, prefill=first_of_chain)
+                    first_of_chain = False
+                    assert reply.token is not None
+                    token = reply.token
                     tokens.append(token)
                     if len(tokens) < limit:
                         # The next step goes out before this token goes to

@@ -32,7 +32,7 @@ from runtime.backends import load_shard
 from runtime.backends.base import ShardBackend, ShardSpec
 from runtime.engine import Engine
 from runtime.hops import HopServer, encode_message, new_session_id
-from runtime.pipeline import Failure, Hop, Pipeline, PipelineError, Timeouts
+from runtime.pipeline import ChainTiming, Failure, Hop, Pipeline, PipelineError, Timeouts
 from runtime.sampling import SamplingParams
 
 pytest_plugins = ["tests.runtime_fixtures"]
@@ -174,15 +174,24 @@ async def test_greedy_three_hops_equals_transformers_generate(
     async with trio.open_nursery() as nursery:
         pipeline, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
         chain = [node.as_hop() for node in hops]
-        assert await collect(pipeline, chain) == reference[PROMPT]
+        timing = ChainTiming()
+        assert await collect(pipeline, chain, timing=timing) == reference[PROMPT]
         await settle(hops)  # closing released the session on every hop
-        # Every hop computed the prompt once and each later token once.
-        for node in hops:
+        # Every hop computed the prompt once and each later token once...
+        assert timing.nodes == ["hop0", "hop1", "hop2"]
+        assert timing.decode_steps == NEW_TOKENS - 1
+        for node, prefill_us, decode_us in zip(
+            hops, timing.prefill_us, timing.decode_us, strict=True
+        ):
             stats = node.engine.hop_stats
             assert stats is not None
             assert (stats["prefill_steps"], stats["prefill_tokens"]) == (1, len(PROMPT))
             assert stats["decode_steps"] == NEW_TOKENS - 1
             assert stats["decode_compute_s"] > 0 and stats["prefill_compute_s"] > 0
+            # ...and the times its tokens carried back are the hop's own
+            # (each step's rounded to the microsecond).
+            assert abs(prefill_us - stats["prefill_compute_s"] * 1e6) <= 1
+            assert abs(decode_us - stats["decode_compute_s"] * 1e6) <= NEW_TOKENS
         nursery.cancel_scope.cancel()
 
 
@@ -460,14 +469,17 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
                 assert await reply() == {"op": "opened", "session": session}
                 return session
 
-            for inputs, pos, reason in (
-                (np.zeros((1, 64), np.float32), 0, "bad_payload"),  # hidden into the first hop
-                (np.array([1, 2], np.int64), 5, "bad_position"),
-                (np.arange(65, dtype=np.int64), 0, "budget_exceeded"),
-                (np.array([100_000], np.int64), 0, "shard_failed"),  # token id out of range
+            one = np.array([1], np.int64)
+            for inputs, pos, extra, reason in (
+                (np.zeros((1, 64), np.float32), 0, {}, "bad_payload"),  # hidden into hop 0
+                (np.array([1, 2], np.int64), 5, {}, "bad_position"),
+                (np.arange(65, dtype=np.int64), 0, {}, "budget_exceeded"),
+                (np.array([100_000], np.int64), 0, {}, "shard_failed"),  # id out of range
+                (one, 0, {"compute_us": [-5]}, "bad_field"),
+                (one, 0, {"compute_us": list(range(257))}, "bad_field"),  # past MAX_CHAIN_HOPS
             ):
                 session = await open_session()
-                step = {"op": "forward", "session": session, "step": 0, "pos": pos}
+                step = {"op": "forward", "session": session, "step": 0, "pos": pos, **extra}
                 peer.send(to, _raw(step, inputs))
                 answer = await reply()
                 assert answer["op"] == "error" and answer["session"] == session
@@ -482,7 +494,7 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
             "engine.malformed_cbor": 1,
             "engine.unknown_op": 1,
             "engine.unknown_session": 1,
-            "engine.bad_field": 3,
+            "engine.bad_field": 5,
             "engine.wrong_shard": 1,
             "engine.bad_payload": 1,
             "engine.bad_position": 1,
@@ -535,8 +547,16 @@ async def test_failover_mid_stream_continues_with_identical_tokens(
             assert expected != reference[PROMPT]  # sampling really sampled
 
         first_chain = [a.as_hop(), b1.as_hop(), c.as_hop()]
+        timing = ChainTiming()
         stream = pipeline.generate(
-            MODEL, first_chain, PROMPT, params, seed=SEED, reroute=reroute, timeouts=FAST
+            MODEL,
+            first_chain,
+            PROMPT,
+            params,
+            seed=SEED,
+            reroute=reroute,
+            timeouts=FAST,
+            timing=timing,
         )
         got: list[int] = []
         async with aclosing(stream) as tokens:
@@ -549,6 +569,10 @@ async def test_failover_mid_stream_continues_with_identical_tokens(
         assert len(failures) == 1
         assert failures[0].step == kill_after
         assert failures[0].nodes == {"a", "b1", "c"}
+        # Timing describes the chain that finished: the replay was its prefill.
+        assert timing.nodes == ["a", "b2", "c"]
+        assert timing.decode_steps == NEW_TOKENS - kill_after - 1
+        assert all(us > 0 for us in timing.prefill_us + timing.decode_us)
         await settle([a, b2, c])
         nursery.cancel_scope.cancel()
 

@@ -112,7 +112,18 @@ async def test_a_three_node_chain_answers_like_transformers_through_any_node(
             )
             assert body["usage"]["completion_tokens"] == count
             assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + count
-            assert len(body["shardmesh"]["route"]) == 3
+            route = body["shardmesh"]["route"]
+            assert len(route) == 3
+            # Where the time went: every hop of the route reported its compute,
+            # and a chain's steps run one hop after another, so the entry saw
+            # each token take at least the hops' compute put together.
+            timing = body["shardmesh"]["timing"]
+            assert [hop["node_id"] for hop in timing["hops"]] == route
+            assert all(hop["prefill_ms"] > 0 for hop in timing["hops"])
+            per_step = [hop["decode_ms_per_step"] for hop in timing["hops"]]
+            assert all(ms > 0 for ms in per_step)
+            assert timing["ttft_ms"] > 0 and 0 < sum(per_step) <= timing["decode_ms_per_token"]
+            assert timing["decode_ms_beyond_compute"] >= 0
 
         models = (await client.get(nodes[0].api + "/v1/models")).json()["data"]
         assert [(m["id"], m["status"]) for m in models] == [(MODEL, "ready")]
@@ -191,6 +202,7 @@ async def test_killing_a_hop_mid_stream_does_not_break_the_stream(
     parts: list[str] = []
     killed: LocalNode | None = None
     finish = None
+    extension: dict[str, Any] = {}
     async with (
         httpx.AsyncClient(timeout=60) as client,
         client.stream("POST", first.api + "/v1/chat/completions", json=body) as response,
@@ -204,6 +216,7 @@ async def test_killing_a_hop_mid_stream_does_not_break_the_stream(
             choice = chunk["choices"][0]
             parts.append(choice["delta"].get("content") or "")
             finish = choice["finish_reason"] or finish
+            extension = chunk.get("shardmesh", extension)  # on the final chunk
             if killed is None and len(parts) > 3:
                 # Kill whichever middle node this stream runs through.
                 busy = await sessions(swarm, middles)
@@ -214,6 +227,10 @@ async def test_killing_a_hop_mid_stream_does_not_break_the_stream(
     assert finish in ("length", "stop")
     assert (await swarm.status(first))["chat"]["reroutes"] >= 1
     survivor = next(n for n in middles if n is not killed)
+    # The final chunk names the chain that finished the stream, and its timing.
+    assert extension["reroutes"] >= 1
+    assert killed.node_id not in extension["route"] and survivor.node_id in extension["route"]
+    assert [hop["node_id"] for hop in extension["timing"]["hops"]] == extension["route"]
     await assert_no_internal_errors(swarm, [first, survivor, nodes[3]])
 
 

@@ -151,7 +151,8 @@ async def test_the_chat_cli_waits_while_demand_places_the_model_then_streams(
     # Nothing held y before this request asked for it: the CLI was told so,
     # said what it waited for, and asked again until the answer came.
     assert "shardmesh chat: waiting for y: 0/8 layers served" in stderr, stderr
-    assert "completion tokens]" in stderr
+    assert "completion tokens; first token " in stderr  # timing from the final chunk
+    assert "ms/token through 1 hop]" in stderr
     async with httpx.AsyncClient(timeout=60) as client:
         same = await ask(client, node, "y")
     assert same.status_code == 200, same.text
