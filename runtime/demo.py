@@ -240,6 +240,14 @@ async def _chat(swarm: LocalSwarm, members: list[LocalNode]) -> None:
     )
     if not result.text:
         raise SwarmError("the chat answer was empty")
+    timing = (result.shardmesh or {}).get("timing") or {}
+    if timing.get("decode_ms_per_token") is not None:
+        hops = " + ".join(f"{hop['decode_ms_per_step']:.2f}" for hop in timing["hops"])
+        _say(
+            f"where the time went: first token {timing['ttft_ms']:.0f} ms; each later token "
+            f"{timing['decode_ms_per_token']:.2f} ms = hops' compute {hops} ms + "
+            f"{timing['decode_ms_beyond_compute']:.2f} ms messaging and entry"
+        )
 
 
 async def _place_on_demand(swarm: LocalSwarm, members: list[LocalNode]) -> None:

@@ -24,6 +24,7 @@ async def test_demo_runs_and_exits_0() -> None:
     assert "full membership at every node" in out
     assert "tiny-qwen3 fully covered" in out
     assert "tokens streamed through node0, node1, node2]" in out
+    assert "where the time went: first token " in out
     assert "coverage: tiny-qwen3 (8 layers): covered [0, 8); gaps none" in out
     assert "HTTP 503 model_loading" in out and "HTTP 200 through" in out
     assert "tiny-llama [0, 4) fp32 tier managed managed=True" in out
