@@ -306,7 +306,8 @@ class Generation:
         later token as the entry saw them; each hop's compute (the prefill
         that began its chain, and the mean decode step); and what a decode
         step cost beyond the hops' compute (messaging, queues, the entry).
-        Hop figures describe the chain that finished the completion."""
+        Hop figures describe the chain that finished the completion; after a
+        failover the entry's per-token figure includes the stall."""
         ttft_ms = decode_ms = beyond_ms = None
         first, last = self.first_token_at, self.last_token_at
         if first is not None:
