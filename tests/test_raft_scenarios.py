@@ -505,6 +505,53 @@ def test_add_learner_promote_to_voter_then_remove_a_voter() -> None:
     assert commands(net, B)[-1] == b"after"
 
 
+def _cut_off_mid_promotion(reaches: frozenset[bytes]) -> Network:
+    """A leads; B was promoted to voter; A then proposes promoting C, and that
+    entry reaches only `reaches` before A is cut off from both."""
+    net = Network([A])
+    net.elect(A)
+    for learner in (B, C):
+        net.add_node(learner, voters=frozenset())
+        assert net.nodes[A].propose_config(add_learner=learner) is not None
+        net.tick(2)
+    assert net.nodes[A].propose_config(add_voter=B) is not None
+    net.tick(2)
+    assert net.nodes[B].voters == {A, B}
+    assert net.nodes[A].propose_config(add_voter=C) is not None
+    promotion = net.nodes[A].last_index
+
+    def lost(m: Message) -> bool:
+        carries = isinstance(m, AppendEntries) and any(e.index == promotion for e in m.entries)
+        return carries and m.to not in reaches
+
+    net.nodes[A].tick()
+    net.deliver(lost)
+    net.isolate(A)
+    return net
+
+
+def test_a_promotion_that_reached_either_follower_lets_the_two_elect() -> None:
+    # Whichever of B and C holds the newer configuration {A, B, C}, the two
+    # of them are its majority: the one that holds it campaigns, and the
+    # other votes for it even while it is still a learner in its own eyes
+    # (a vote is asked of whoever the candidate's configuration names).
+    for holder in (B, C):
+        net = _cut_off_mid_promotion(frozenset({holder}))
+        assert net.nodes[holder].voters == {A, B, C}
+        leader = net.tick_until_leader([B, C], limit=20 * net.config.election_ticks)
+        assert net.nodes[leader].voters == {A, B, C}
+
+
+def test_a_promotion_that_reached_no_one_leaves_no_majority_on_the_cut_side() -> None:
+    # B and C hold {A, B} with C a learner: B needs A's vote, C never
+    # campaigns. No leader is right here, and the process tests wait until
+    # every node holds the full configuration before they cut a leader off.
+    net = _cut_off_mid_promotion(frozenset())
+    assert net.nodes[B].voters == net.nodes[C].voters == {A, B}
+    net.tick(20 * net.config.election_ticks, nodes=[B, C])
+    assert not net.nodes[B].is_leader and not net.nodes[C].is_leader
+
+
 def test_removed_leader_steps_down_once_the_change_commits() -> None:
     net = Network([A, B, C])
     net.elect(A)
