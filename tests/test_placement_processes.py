@@ -50,14 +50,14 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     store_a, store_b = tmp_path / "store-a", tmp_path / "store-b"
     make_tiny_model(store_a / "z", layers=8, seed=5, name="z")
     make_tiny_model(store_b / "y", layers=8, seed=2, name="y")
+    # Both nodes get the short idle release: the policy is whoever leads, and
+    # on a loaded machine leadership can move to B mid-test (a CI run where it
+    # did sat on B's default of 1800 s and never released y).
+    idle = ("--idle-release", str(IDLE_RELEASE_S))
     a = swarm.new_node(
-        "a",
-        args=[
-            *("--model", str(x), "--layers", "0:8", "--models", str(store_a)),
-            *("--idle-release", str(IDLE_RELEASE_S)),
-        ],
+        "a", args=["--model", str(x), "--layers", "0:8", "--models", str(store_a), *idle]
     )
-    b = swarm.new_node("b", args=["--models", str(store_b)])
+    b = swarm.new_node("b", args=["--models", str(store_b), *idle])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
     await swarm.start_ready(b, [a.control], timeout=START_TIMEOUT_S)
 
