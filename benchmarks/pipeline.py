@@ -1,7 +1,7 @@
 """Pipeline benchmark: chat through real node processes on loopback, side by
 side with the same model decoding in one process, all in one run.
 
-    python -m benchmarks.pipeline [--json] [--tokens N] [--requests N] [--skip-large]
+    python -m benchmarks.pipeline [--json] [--tokens N] [--requests N] [--skip-large] [--pin]
 
 Two models (random, from `runtime.tinymodel`, written to a temp dir):
 
@@ -49,6 +49,15 @@ Swarm rates are measured at the client from the streamed chunks: (tokens -
 `--requests` requests after one warm-up request. The swarms run the `local`
 profile; every process shares this machine's cores with the others.
 
+`--pin` (Linux) splits the cores this process may use into four equal,
+disjoint sets: one for this process (the client, the anchor and the idle
+control) and one for each node, so that no two processes share a core or
+its caches; the large model then computes with one set's worth of threads,
+everywhere. It needs at least four cores (eight for two threads each), and
+answers the question the unpinned run on a small shared machine cannot:
+what a hop costs when each node has cores of its own, as on a real swarm.
+`pinned_cores` in the JSON says which sets were used (null: unpinned).
+
 The last line printed is one JSON object.
 """
 
@@ -62,7 +71,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +95,20 @@ MODELS = {
     "tiny": (8, 64, 128, 1),
     "large": (6, 1024, 4096, os.cpu_count() or 1),
 }
+
+
+PIN_GROUPS = 4
+"""Core sets under --pin: this process, then one per node of the 3-hop chain."""
+
+
+def pin_sets(available: Iterable[int], groups: int = PIN_GROUPS) -> list[frozenset[int]]:
+    """`available` cores split into `groups` disjoint sets of equal size,
+    lowest first (leftover cores go unused, so every set is alike)."""
+    cores = sorted(available)
+    size = len(cores) // groups
+    if size < 1:
+        raise ValueError(f"--pin needs at least {groups} cores; this process may use {len(cores)}")
+    return [frozenset(cores[i * size : (i + 1) * size]) for i in range(groups)]
 
 
 def spans(layers: int, hops: int) -> list[tuple[int, int]]:
@@ -135,12 +158,16 @@ async def _swarm(
     threads: int,
     tokens: int,
     requests: int,
+    node_cores: Sequence[frozenset[int]] | None,
 ) -> dict[str, Any]:
     env = {"OMP_NUM_THREADS": str(threads)}
     async with LocalSwarm(root, profile="local", extra_env=env) as swarm:
         nodes = [
-            swarm.new_node(args=["--model", str(model_dir), "--layers", span])
-            for span in (f"{a}:{b}" for a, b in spans(layers, hops))
+            swarm.new_node(
+                args=["--model", str(model_dir), "--layers", f"{a}:{b}"],
+                cpus=None if node_cores is None else node_cores[i],
+            )
+            for i, (a, b) in enumerate(spans(layers, hops))
         ]
         await swarm.start_ready(nodes[0], timeout=60)
         await swarm.start_many(nodes[1:], [nodes[0].control], timeout=60)
@@ -246,8 +273,22 @@ def _idle_control(
     }
 
 
-def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]:
+def measure(
+    root: Path,
+    name: str,
+    tokens: int,
+    requests: int,
+    pinned: Sequence[frozenset[int]] | None = None,
+) -> dict[str, Any]:
+    """One model's figures; `pinned` is `pin_sets`' answer under --pin (this
+    process is already on the first set)."""
     layers, hidden, intermediate, threads = MODELS[name]
+    if pinned is not None:
+        import torch
+
+        if name != "tiny":  # the tiny model gains nothing from threads
+            threads = len(pinned[1])
+        torch.set_num_threads(threads)  # the anchor computes as a node does
     model_dir = make_tiny_model(
         root / name,
         layers=layers,
@@ -260,7 +301,7 @@ def measure(root: Path, name: str, tokens: int, requests: int) -> dict[str, Any]
     def swarm(hops: int) -> dict[str, Any]:
         return trio.run(
             _swarm, root / f"{name}-{hops}hop", model_dir, name, layers, hops, threads,
-            tokens, requests,
+            tokens, requests, None if pinned is None else pinned[1:],
         )  # fmt: skip
 
     # The anchor is measured before, between and after the swarms, and each
@@ -316,19 +357,34 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--tokens", type=int, default=48, help="tokens per request (default 48)")
     parser.add_argument("--requests", type=int, default=5, help="measured requests (default 5)")
     parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
+    parser.add_argument(
+        "--pin", action="store_true", help="give this process and each node cores of its own"
+    )
     args = parser.parse_args(argv)
     if args.tokens < 4 or args.requests < 1:
         parser.error("--tokens must be >= 4 and --requests >= 1")
+    pinned = None
+    if args.pin:
+        if not hasattr(os, "sched_setaffinity"):
+            parser.error("--pin needs Linux (os.sched_setaffinity)")
+        try:
+            pinned = pin_sets(os.sched_getaffinity(0))
+        except ValueError as exc:
+            parser.error(str(exc))
+        os.sched_setaffinity(0, pinned[0])
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardmesh-pipeline-") as tmp:
         root = Path(tmp)
-        tiny = measure(root, "tiny", args.tokens, args.requests)
-        large = None if args.skip_large else measure(root, "large", args.tokens, args.requests)
+        tiny = measure(root, "tiny", args.tokens, args.requests, pinned)
+        large = (
+            None if args.skip_large else measure(root, "large", args.tokens, args.requests, pinned)
+        )
     result: dict[str, Any] = {
         "benchmark": "pipeline",
         **{k: v for k, v in tiny.items() if k != "model"},
         "tiny_model": tiny["model"],
         "large": large,
+        "pinned_cores": None if pinned is None else [sorted(cores) for cores in pinned],
         "target_per_hop_overhead_ms": TARGET_PER_HOP_MS,
         "meets_per_hop_target": tiny["per_hop_overhead_ms"] <= TARGET_PER_HOP_MS,
         "target_large_3hop_vs_single": TARGET_LARGE_3HOP_RATIO,

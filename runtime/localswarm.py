@@ -45,10 +45,16 @@ class LocalNode:
     """One `shardmesh node` subprocess and what it reported when ready."""
 
     def __init__(
-        self, name: str, state_dir: Path, log_path: Path, args: Sequence[str] = ()
+        self,
+        name: str,
+        state_dir: Path,
+        log_path: Path,
+        args: Sequence[str] = (),
+        cpus: frozenset[int] | None = None,
     ) -> None:
         self.name = name
         self.args = list(args)  # this node's own flags (e.g. --model), kept across restarts
+        self.cpus = cpus  # the cores it may run on (None: any), kept across restarts
         self.state_dir = state_dir
         self.log_path = log_path
         self.process: trio.Process | None = None
@@ -142,11 +148,21 @@ class LocalSwarm:
 
     # --- starting ------------------------------------------------------------
 
-    def new_node(self, name: str | None = None, args: Sequence[str] = ()) -> LocalNode:
+    def new_node(
+        self,
+        name: str | None = None,
+        args: Sequence[str] = (),
+        cpus: Iterable[int] | None = None,
+    ) -> LocalNode:
         """A node slot with its own state dir (not started yet); `args` are
-        extra flags for this node only."""
+        extra flags for this node only. `cpus` pins its process (every
+        thread: compute, ZeroMQ, the event loop) to those cores, so nodes
+        sharing a machine stop sharing caches and cores (Linux only)."""
+        if cpus is not None and not hasattr(os, "sched_setaffinity"):
+            raise SwarmError("pinning nodes to cores needs Linux (os.sched_setaffinity)")
         name = name or f"node{len(self.nodes)}"
-        node = LocalNode(name, self.root / name, self.root / f"{name}.log", args)
+        pinned = None if cpus is None else frozenset(cpus)
+        node = LocalNode(name, self.root / name, self.root / f"{name}.log", args, pinned)
         self.nodes.append(node)
         return node
 
@@ -185,6 +201,10 @@ class LocalSwarm:
             stderr=subprocess.STDOUT,
             env=env,
         )
+        if node.cpus is not None:
+            # Right after the spawn, while the interpreter is still starting:
+            # every thread it creates later (torch's, libzmq's) inherits this.
+            os.sched_setaffinity(node.process.pid, node.cpus)
 
     async def wait_ready(self, node: LocalNode, timeout: float = 20.0) -> dict[str, Any]:
         """Wait until `node` wrote its ready file and its API answers."""

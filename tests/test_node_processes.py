@@ -7,8 +7,10 @@ bounded by `trio.fail_after`; the `swarm` fixture kills whatever is left.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import cbor2
@@ -113,6 +115,28 @@ async def test_sigterm_leaves_gracefully_and_exits_zero(swarm: LocalSwarm) -> No
     assert took < MembershipConfig.local().suspicion_min_timeout(3)
     codes = [await swarm.stop(node) for node in rest]
     assert codes == [0, 0]
+
+
+async def test_a_pinned_node_runs_every_thread_on_its_cores(swarm: LocalSwarm) -> None:
+    # The pipeline benchmark's --pin gives each node its own cores; all of a
+    # node's threads (event loop, libzmq's I/O thread, hypercorn's) must obey.
+    core = min(os.sched_getaffinity(0))
+    node = swarm.new_node(cpus=[core])
+    await swarm.start_ready(node, timeout=START_TIMEOUT_S)
+    assert node.process is not None
+    tasks = Path(f"/proc/{node.process.pid}/task")
+    allowed = {
+        line.split(":", 1)[1].strip()
+        for task in tasks.iterdir()
+        for line in (task / "status").read_text().splitlines()
+        if line.startswith("Cpus_allowed_list:")
+    }
+    assert len(list(tasks.iterdir())) > 1  # really several threads
+    assert allowed == {str(core)}
+    # Kept across a restart, like the node's own flags.
+    assert await swarm.stop(node) == 0
+    await swarm.start_ready(node, timeout=START_TIMEOUT_S)
+    assert os.sched_getaffinity(node.process.pid) == {core}
 
 
 # --- bad input ----------------------------------------------------------------
