@@ -30,7 +30,7 @@ For each model:
 - `per_hop_overhead_ms`: (3-hop step time - 1-hop step time) / 2: the same
   layers are computed either way, so the difference is what the two extra
   hops cost per decode step. It is split in two, from the nodes' own
-  timings (`hop` in `/v1/network/status`):
+  timings (each completion's `shardmesh.timing`):
   - `per_hop_compute_penalty_ms`: how much longer the same layers took to
     compute, split over three processes, per extra hop. A hop idles while
     the rest of the chain computes, and on a shared (virtual) machine a
@@ -80,7 +80,7 @@ import numpy as np
 import trio
 
 from benchmarks.runtime import transformers_greedy
-from runtime.localswarm import LocalNode, LocalSwarm
+from runtime.localswarm import LocalSwarm
 from runtime.tinymodel import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
@@ -127,7 +127,7 @@ async def _stream_once(client: httpx.AsyncClient, api: str, name: str, tokens: i
     }
     sent = time.perf_counter()
     first = last = None
-    usage = None
+    usage = timing = None
     async with client.stream("POST", f"{api}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
             await response.aread()
@@ -137,15 +137,17 @@ async def _stream_once(client: httpx.AsyncClient, api: str, name: str, tokens: i
                 continue
             chunk = json.loads(line.removeprefix("data: "))
             usage = chunk.get("usage") or usage
+            timing = chunk.get("shardmesh", {}).get("timing") or timing  # on the final chunk
             if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
                 last = time.perf_counter()
                 first = first or last
-    assert first is not None and last is not None and usage is not None
+    assert first is not None and last is not None and usage is not None and timing is not None
     count = usage["completion_tokens"]
     return {
         "ttft_ms": (first - sent) * 1000,
         "decode_tok_s": (count - 1) / (last - first) if last > first else float("nan"),
         "tokens": count,
+        "hop_decode_ms": [hop["decode_ms_per_step"] for hop in timing["hops"]],
     }
 
 
@@ -179,30 +181,17 @@ async def _swarm(
         await swarm.wait_for(nodes[:1], ready, READY_TIMEOUT_S, f"{name} served")
         async with httpx.AsyncClient(timeout=300) as client:
             await _stream_once(client, nodes[0].api, name, tokens)  # warm-up
-            before = await _hop_stats(client, nodes)
             runs = [await _stream_once(client, nodes[0].api, name, tokens) for _ in range(requests)]
-            after = await _hop_stats(client, nodes)
     return {
         "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
         "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 2),
         "tokens": runs[0]["tokens"],
+        # Each hop's mean decode compute, by its own clock: the median over requests.
         "hop_compute_ms": [
-            round(1000 * (a["decode_compute_s"] - b["decode_compute_s"])
-                  / max(1, a["decode_steps"] - b["decode_steps"]), 3)
-            for b, a in zip(before, after, strict=True)
+            round(statistics.median(per_hop), 3)
+            for per_hop in zip(*(r["hop_decode_ms"] for r in runs), strict=True)
         ],
-    }  # fmt: skip
-
-
-async def _hop_stats(client: httpx.AsyncClient, nodes: Sequence[LocalNode]) -> list[dict[str, Any]]:
-    """Each node's `hop` status: the forwards its shard computed, and how long
-    they took."""
-    stats = []
-    for node in nodes:
-        response = await client.get(f"{node.api}/v1/network/status")
-        response.raise_for_status()
-        stats.append(response.json()["hop"])
-    return stats
+    }
 
 
 def _single_process(model_dir: Path, tokens: int) -> Callable[[], float]:

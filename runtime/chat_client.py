@@ -127,8 +127,8 @@ async def _stream_once(
 
 
 def _refusal(response: httpx.Response) -> ChatClientError:
-    text = _error_text(response)
     error = _error_object(response)
+    text = _error_text(response, error)
     if response.status_code != 503 or error is None or error.get("code") != "model_loading":
         return ChatClientError(text)
     coverage = error.get("coverage")
@@ -166,8 +166,7 @@ def describe_loading(loading: ModelLoading) -> str:
     return f"{coverage.get('model', 'the model')}: " + "; ".join(parts)
 
 
-def _error_text(response: httpx.Response) -> str:
-    error = _error_object(response)
+def _error_text(response: httpx.Response, error: dict[str, Any] | None) -> str:
     if error is None or not isinstance(error.get("message"), str):
         return f"HTTP {response.status_code}: {response.text[:200]}"
     text = (

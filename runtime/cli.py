@@ -502,19 +502,16 @@ def _run_chat(args: argparse.Namespace) -> int:
 
 def _chat_timing(result: ChatResult) -> str:
     """ "; first token 28 ms, 9.1 ms/token through 3 hops", from the final
-    chunk's `shardmesh.timing`, or nothing if the server sent none."""
+    chunk's `shardmesh.timing`, or nothing if the server sent no such figures
+    (another OpenAI server, or a one-token answer)."""
     timing = (result.shardmesh or {}).get("timing")
     if not isinstance(timing, dict):
         return ""
     ttft, per_token, hops = (timing.get(k) for k in ("ttft_ms", "decode_ms_per_token", "hops"))
-    text = ""
-    if isinstance(ttft, int | float):
-        text += f"; first token {ttft:.0f} ms"
-    if isinstance(per_token, int | float):
-        text += f", {per_token:.1f} ms/token"
-    if isinstance(hops, list) and text:
-        text += f" through {len(hops)} hop{'s' if len(hops) != 1 else ''}"
-    return text
+    if not (isinstance(ttft, int | float) and isinstance(per_token, int | float)):
+        return ""
+    through = f" through {len(hops)} hop{'s' * (len(hops) != 1)}" if isinstance(hops, list) else ""
+    return f"; first token {ttft:.0f} ms, {per_token:.1f} ms/token{through}"
 
 
 def _run_status(args: argparse.Namespace) -> int:
