@@ -22,7 +22,12 @@ import trio
 from runtime.localswarm import LocalNode, LocalSwarm, Views
 from runtime.safetensors_shard import SafetensorsReader
 from runtime.tinymodel import make_tiny_model
-from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
+from tests.swarm_helpers import (
+    CONVERGE_TIMEOUT_S,
+    START_TIMEOUT_S,
+    assert_no_internal_errors,
+    wait_for,
+)
 
 MODEL = "tiny"
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
@@ -272,8 +277,15 @@ async def test_a_corrupt_node_is_refused_and_never_routed(
     doctor = view["admission"]["doctor"]
     assert doctor["failed_check"] == "tensors" and doctor["reason"] == "digest_mismatch"
     assert name in doctor["message"]
-    others = await swarm.views([nodes[0]])
-    assert others["first"]["not_serving"][bad.node_id] == "failed"
+    # The failed report reaches the others by gossip, a little after the node
+    # itself holds it; until then they know no report of it at all.
+    await wait_for(
+        swarm,
+        [nodes[0]],
+        lambda views: views["first"]["not_serving"].get(bad.node_id) == "failed",
+        CONVERGE_TIMEOUT_S,
+        "the failed report reaching first",
+    )
 
     async with httpx.AsyncClient(timeout=60) as client:
         for _ in range(4):
