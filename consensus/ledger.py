@@ -12,6 +12,8 @@ It records, per ADR-0026, who serves what and why:
   only grows per node, and when it was made (the policy's cooldown clock);
 * the **demand table**: raw request counts and first/last times per model
   (how demand decays is policy, decided later);
+* the swarm's **policy settings** (`consensus.policy`): the knobs an
+  operator changed from their defaults, so every leader decides alike;
 * counts of rejected commands per reason, so a bad proposer is visible.
 
 Rules enforced at apply time (the policy on the leader should never propose
@@ -47,6 +49,7 @@ from typing import Any, Final, NoReturn
 
 import cbor2
 
+from consensus.policy import POLICY_FIELDS, PlacementPolicy, settings_error, with_settings
 from mesh.identity import NODE_ID_BYTES
 from mesh.records import RECIPES, TIERS, Tier
 from mesh.wire import DecodeError, decode_strict_cbor
@@ -64,7 +67,8 @@ MAX_TEXT: Final = 256
 """Model names, reasons: long enough for a manifest name, short enough to log."""
 MAX_INT: Final = 2**63 - 1
 """Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
-SNAPSHOT_VERSION: Final = 1
+SNAPSHOT_VERSION: Final = 2
+"""Version 2 added the policy settings; version 1 snapshots are still read."""
 
 
 class LedgerError(Exception):
@@ -189,7 +193,37 @@ class MarkAdmissionFailed:
         object.__setattr__(self, "at", _check_at(self.at))
 
 
-Command = Assign | Release | RecordDemand | MarkAdmissionFailed
+@dataclass(frozen=True, slots=True)
+class SetPolicy:
+    """Set these policy knobs, swarm-wide, from `at` on: (name, value)
+    pairs, sorted by name, each name once. Knobs not named keep their value."""
+
+    settings: tuple[tuple[str, int | float], ...]
+    at: float
+
+    def __post_init__(self) -> None:
+        if type(self.settings) not in (tuple, list) or not self.settings:
+            _fail(f"settings must be a non-empty list of [name, value] pairs: {self.settings!r}")
+        pairs = []
+        for pair in self.settings:
+            if type(pair) not in (tuple, list) or len(pair) != 2:
+                _fail(f"a setting is a [name, value] pair, got {pair!r}")
+            name, value = pair
+            _check_text("setting name", name, POLICY_FIELDS)
+            if POLICY_FIELDS[name] is float and type(value) is int:
+                value = float(value)  # one knob value, one encoding
+            pairs.append((name, value))
+        names = [name for name, _ in pairs]
+        if names != sorted(set(names)):
+            _fail(f"settings must be sorted by name, each once, got {names}")
+        error = settings_error(dict(pairs), PlacementPolicy())
+        if error is not None:
+            _fail(error)
+        object.__setattr__(self, "settings", tuple(pairs))
+        object.__setattr__(self, "at", _check_at(self.at))
+
+
+Command = Assign | Release | RecordDemand | MarkAdmissionFailed | SetPolicy
 
 # Append-only: never renumber or reuse an id; 0 is reserved.
 _TYPE_IDS: Final[Mapping[type, int]] = {
@@ -197,6 +231,7 @@ _TYPE_IDS: Final[Mapping[type, int]] = {
     Release: 2,
     RecordDemand: 3,
     MarkAdmissionFailed: 4,
+    SetPolicy: 5,
 }
 _TYPES_BY_ID: Final = {v: k for k, v in _TYPE_IDS.items()}
 
@@ -206,8 +241,13 @@ def encode_command(command: Command) -> bytes:
     values: list[Any] = [_TYPE_IDS[type(command)]]
     for f in fields(command):
         value = getattr(command, f.name)
-        values.append(list(value) if isinstance(value, tuple) else value)
+        values.append(_as_lists(value))
     return cbor2.dumps(values, canonical=True)
+
+
+def _as_lists(value: Any) -> Any:
+    """Tuples (layers, settings) as the CBOR arrays they are on the wire."""
+    return [_as_lists(v) for v in value] if isinstance(value, tuple) else value
 
 
 def _loads(data: object, max_bytes: int) -> Any:
@@ -293,6 +333,7 @@ REASON_PINNED: Final = "pinned"
 REASON_NO_ASSIGNMENT: Final = "no_assignment"
 REASON_WRONG_EPOCH: Final = "wrong_epoch"
 REASON_WRONG_MODEL: Final = "wrong_model"
+REASON_BAD_POLICY: Final = "bad_policy"
 
 
 class _Reject(Exception):
@@ -312,6 +353,7 @@ class PlacementLedger:
         self._epochs: dict[bytes, int] = {}
         self._demand: dict[str, Demand] = {}
         self._rejected: dict[str, int] = {}
+        self._settings: dict[str, int | float] = {}
 
     def __eq__(self, other: object) -> bool:
         """Equal when their snapshots are byte-identical (the determinism contract)."""
@@ -351,6 +393,8 @@ class PlacementLedger:
                     self._record_demand(command)
                 case MarkAdmissionFailed():
                     self._mark_failed(command)
+                case SetPolicy():
+                    self._set_policy(command)
         except _Reject as rej:
             return self._rejected_result(index, command, rej.reason, rej.detail)
         return ApplyResult(index, command, True)
@@ -420,6 +464,15 @@ class PlacementLedger:
                 max(old.last_at, cmd.at),
             )
 
+    def _set_policy(self, cmd: SetPolicy) -> None:
+        settings = {**self._settings, **dict(cmd.settings)}
+        # Each knob was checked alone when decoded; together with the
+        # settings already in force they must still make a valid policy.
+        error = settings_error(settings, PlacementPolicy())
+        if error is not None:
+            raise _Reject(REASON_BAD_POLICY, error)
+        self._settings = {name: settings[name] for name in sorted(settings)}
+
     # -- reading -------------------------------------------------------------
 
     def assignments(self) -> tuple[Assignment, ...]:
@@ -437,6 +490,14 @@ class PlacementLedger:
     def demand(self) -> dict[str, Demand]:
         """Demand per model, ordered by model name."""
         return {m: self._demand[m] for m in sorted(self._demand)}
+
+    def policy(self) -> PlacementPolicy:
+        """The swarm's placement policy: the defaults with its settings applied."""
+        return with_settings(PlacementPolicy(), self._settings)
+
+    def policy_settings(self) -> dict[str, int | float]:
+        """The knobs the swarm set (a committed `SetPolicy`), by name."""
+        return dict(self._settings)
 
     def rejected(self) -> dict[str, int]:
         """How many committed commands were rejected, per reason code."""
@@ -465,14 +526,18 @@ class PlacementLedger:
             },
             "ledger_applied_index": self.applied_index,
             "ledger_rejected": self.rejected(),
+            "policy_settings": self.policy_settings(),
         }
 
     # -- snapshots -----------------------------------------------------------
 
     def snapshot(self) -> bytes:
         """Canonical CBOR of the whole state: equal ledgers give equal bytes."""
+        return self._snapshot(SNAPSHOT_VERSION)
+
+    def _snapshot(self, version: int) -> bytes:
         state = [
-            SNAPSHOT_VERSION,
+            version,
             self.applied_index,
             [
                 [
@@ -492,18 +557,23 @@ class PlacementLedger:
             [[m, d.count, d.first_at, d.last_at] for m, d in self.demand().items()],
             [[r, c] for r, c in self.rejected().items()],
         ]
+        if version >= 2:
+            state.append([[name, value] for name, value in self._settings.items()])
         return cbor2.dumps(state, canonical=True)
 
     @classmethod
     def restore(cls, data: bytes) -> PlacementLedger:
         """Rebuild a ledger from `snapshot()` bytes; `LedgerError` if they are not exactly that."""
         value = _loads(data, MAX_SNAPSHOT_BYTES)
-        try:
-            version, applied, assignments, epochs, demand, rejected = value
-        except (TypeError, ValueError):
-            _fail("a ledger snapshot is a 6-element array")
-        if version != SNAPSHOT_VERSION:
-            _fail(f"ledger snapshot version {version!r}, this build reads {SNAPSHOT_VERSION}")
+        sizes = {1: 6, SNAPSHOT_VERSION: 7}  # version 2 appended the policy settings
+        if type(value) is not list or not value or type(value[0]) is not int:
+            _fail("a ledger snapshot is an array that starts with its version")
+        if sizes.get(value[0]) != len(value):
+            _fail(
+                f"ledger snapshot version {value[0]} with {len(value)} items; this build "
+                f"reads version 1 (6 items) and {SNAPSHOT_VERSION} (7)"
+            )
+        version, applied, assignments, epochs, demand, rejected, *settings = value
         ledger = cls(applied_index=_check_int("applied_index", applied))
         try:
             for node, epoch in epochs:
@@ -522,8 +592,10 @@ class PlacementLedger:
                 )
             for reason, count in rejected:
                 ledger._rejected[_check_text("reason", reason)] = _check_int("count", count, 1)
+            if settings and settings[0]:
+                ledger._settings = dict(SetPolicy(settings[0], 0.0).settings)
         except (TypeError, ValueError) as exc:
             _fail(f"malformed ledger snapshot: {exc}")
-        if ledger.snapshot() != data:
+        if ledger._snapshot(version) != data:
             _fail("ledger snapshot is not in canonical form (duplicates, order or encoding)")
         return ledger

@@ -105,6 +105,7 @@ from consensus.ledger import (
     PlacementLedger,
     Release,
 )
+from consensus.policy import PlacementPolicy
 from consensus.voters import MemberState
 from mesh.coverage import SERVING_STATES
 from mesh.identity import node_id_text
@@ -162,70 +163,6 @@ WAIT_MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
     }
 )
 """Human text per `explain` reason, for the 503 `model_loading` body and status."""
-
-
-@dataclass(frozen=True, slots=True)
-class PlacementPolicy:
-    """Knobs and their defaults, each with why."""
-
-    demand_window_s: float = 300.0
-    """Demand-rate window and decay time constant (see the module doc). Five
-    minutes smooths a chat user's bursts while a model abandoned for half an
-    hour has decayed to e**-6 of its rate."""
-    idle_release_s: float = 1800.0
-    """A managed assignment whose model had no request (and no new placement)
-    for this long is released. Loading a shard and passing doctor costs
-    minutes; half an hour of silence is long enough that the capacity is
-    worth more to the next model than the chance of the same user returning."""
-    cooldown_s: float = 600.0
-    """A managed assignment must be older than this before the safety policy
-    may retarget it: a node that loaded a shard minutes ago has not repaid
-    its load time, and demand that swings faster would make nodes thrash."""
-    min_copies_left: int = 3
-    """ADR-0026 / the Qwen PRD: a retarget leaves the old model at least this
-    many admitted copies, so it still survives two failures."""
-    retarget_demand_ratio: float = 1.5
-    """ADR-0026: the new model's demand rate must be at least this multiple
-    of the old one's; below it the gain does not repay a reload."""
-    requests_per_copy_per_min: float = 20.0
-    """One extra copy of a model per this many requests per minute. A chat
-    answer of ~200 tokens at ~20 tokens/s holds a chain ~10 s; a chain that
-    interleaves ~4 sessions serves ~24 requests a minute, 20 leaves headroom."""
-    max_copies: int = 4
-    """Copies placed for demand are capped so one hot model cannot take the
-    whole spare pool from the next model to be asked for."""
-    admission_backoff_s: float = 60.0
-    """A node that failed doctor for a model is not offered that model again
-    for this long after its first failure (doubling per further failure): a
-    broken driver or a corrupt local copy does not fix itself in seconds."""
-    max_admission_backoff_s: float = 3600.0
-    """The back-off's ceiling: an hour, so a node whose operator fixed it is
-    retried the same day without an operator having to intervene."""
-    release_cooldown_s: float = 30.0
-    """A node whose managed assignment was released rests this long before a
-    new one, so it can unload and publish its model-less record, and so no
-    node bounces between models on consecutive rounds."""
-    dead_grace_s: float = 60.0
-    """Membership must say "dead" this long before a managed assignment is
-    released. SWIM already waited out suspicion; this covers a crash and
-    restart, which reloads the same shard faster than a new node would."""
-
-    def __post_init__(self) -> None:
-        if self.min_copies_left < 1 or self.max_copies < 1:
-            raise ValueError("min_copies_left and max_copies must be >= 1")
-        if self.retarget_demand_ratio < 1 or self.requests_per_copy_per_min <= 0:
-            raise ValueError("need retarget_demand_ratio >= 1 and requests_per_copy_per_min > 0")
-        durations = (
-            self.demand_window_s,
-            self.idle_release_s,
-            self.cooldown_s,
-            self.admission_backoff_s,
-            self.max_admission_backoff_s,
-            self.release_cooldown_s,
-            self.dead_grace_s,
-        )
-        if min(durations) < 0 or self.demand_window_s == 0:
-            raise ValueError("durations must be >= 0 and demand_window_s > 0")
 
 
 @dataclass(frozen=True, slots=True)

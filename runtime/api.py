@@ -7,6 +7,9 @@ Every node answers the same API: a client can point at any node.
 * `GET /v1/network/status`, `GET /v1/network/coverage[?model=M]`;
 * `POST /v1/network/demand` records chat demand in the placement ledger:
   any node accepts it and forwards it to the Raft leader;
+* `GET /v1/network/policy` shows the swarm's placement policy;
+  `POST /v1/network/policy` (knob -> value) commits new settings for the
+  whole swarm, forwarded to the leader like demand;
 * `GET /v1/network/artifacts/{digest}/{file}`: the manifest, config and
   tokenizer files of a model this node holds, for entries that lack them
   (they verify every file against the digest).
@@ -34,7 +37,8 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from consensus.ledger import MAX_TEXT, Command, RecordDemand
+from consensus.ledger import MAX_TEXT, Command, RecordDemand, SetPolicy
+from consensus.policy import PlacementPolicy, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.records import RECIPES
 from runtime.chat import ChatError, ChatService, Generation, parse_chat_request
@@ -161,6 +165,21 @@ def _demand_command(body: dict[str, Any]) -> RecordDemand:
     if type(count) is not int or not 1 <= count <= MAX_DEMAND_COUNT:
         raise BadRequest(f"count must be an integer in [1, {MAX_DEMAND_COUNT}]", "count")
     return RecordDemand(model=model, count=count, at=time.time())
+
+
+def _policy_command(body: dict[str, Any], current: PlacementPolicy) -> SetPolicy:
+    """The SetPolicy of a `POST /v1/network/policy` body: each knob checked
+    alone (a 400 naming it), then all of them with the settings in force."""
+    if not body:
+        raise BadRequest('name at least one setting, e.g. {"idle_release_s": 600}')
+    for name, value in body.items():
+        error = settings_error({name: value}, PlacementPolicy())
+        if error is not None:
+            raise BadRequest(error, name)
+    error = settings_error(body, current)
+    if error is not None:
+        raise BadRequest(f"with the settings in force: {error}")
+    return SetPolicy(tuple(sorted(body.items())), time.time())
 
 
 def _chat_error(exc: ChatError) -> JSONResponse:
@@ -350,16 +369,18 @@ def create_app(node: NodeAPI) -> Starlette:
             return error_response(
                 503, str(exc), code="proposal_failed", headers={"Retry-After": "1"}
             )
-        return JSONResponse(
-            {
-                "index": committed.index,
-                "term": committed.term,
-                "accepted": committed.accepted,
-                "reason": committed.reason or None,
-                "detail": committed.detail or None,
-                "leader": node_id_text(node.raft.node_id),
-            }
-        )
+        reply = {
+            "index": committed.index,
+            "term": committed.term,
+            "accepted": committed.accepted,
+            "reason": committed.reason or None,
+            "detail": committed.detail or None,
+            "leader": node_id_text(node.raft.node_id),
+        }
+        if isinstance(command, SetPolicy):  # applied here: the swarm's policy from now on
+            reply["policy"] = policy_json(node.raft.ledger.policy())
+            reply["settings"] = node.raft.ledger.policy_settings()
+        return JSONResponse(reply)
 
     async def forward_to_leader(request: Request, exc: NotLeader) -> JSONResponse:
         leader = exc.leader
@@ -395,6 +416,18 @@ def create_app(node: NodeAPI) -> Starlette:
     async def network_demand(request: Request) -> JSONResponse:
         try:
             command = _demand_command(await json_object(request))
+        except BadRequest as exc:
+            return error_response(400, str(exc), param=exc.param)
+        return await commit(request, command)
+
+    async def network_policy(request: Request) -> JSONResponse:
+        ledger = node.raft.ledger
+        if request.method == "GET":
+            return JSONResponse(
+                {"policy": policy_json(ledger.policy()), "settings": ledger.policy_settings()}
+            )
+        try:
+            command = _policy_command(await json_object(request), ledger.policy())
         except BadRequest as exc:
             return error_response(400, str(exc), param=exc.param)
         return await commit(request, command)
@@ -453,6 +486,7 @@ def create_app(node: NodeAPI) -> Starlette:
             Route("/v1/network/status", network_status, methods=["GET"]),
             Route("/v1/network/coverage", network_coverage, methods=["GET"]),
             Route("/v1/network/demand", network_demand, methods=["POST"]),
+            Route("/v1/network/policy", network_policy, methods=["GET", "POST"]),
             Route("/v1/network/assign", network_assign, methods=["POST"]),
             Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),
             Route("/v1/debug/faults", debug_faults, methods=["POST"]),

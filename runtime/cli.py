@@ -73,6 +73,15 @@ def _seconds(text: str) -> float:
     return value
 
 
+def _setting(text: str) -> tuple[str, int | float]:
+    from runtime.policy_client import parse_setting
+
+    try:
+        return parse_setting(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _layer_span(text: str) -> tuple[int, int]:
     """`A:B` -> (A, B). Only the syntax is checked here: whether the span
     fits the model is the doctor's `span` check, reported like any refusal."""
@@ -167,14 +176,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="on first join, take the best gap for this node's memory and --models store "
         "as a bootstrap (pinned) assignment",
-    )
-    node.add_argument(
-        "--idle-release",
-        type=float,
-        default=None,
-        metavar="S",
-        help="when leading, release managed shards of models without demand for S seconds "
-        "(default 1800)",
     )
     node.add_argument(
         "--managed",
@@ -353,6 +354,33 @@ def build_parser() -> argparse.ArgumentParser:
         "--name", default=None, help="model name (default: kept from an existing manifest)"
     )
 
+    policy = commands.add_parser(
+        "policy",
+        help="show or change the swarm's placement policy",
+        description=(
+            "Show the placement policy every leader uses (one set of knobs for the whole "
+            "swarm, kept in the placement ledger), or change knobs with --set: any node "
+            "forwards the change to the leader, which commits it for every node."
+        ),
+    )
+    policy.add_argument("--api", required=True, type=_url, metavar="URL", help="any node's API")
+    policy.add_argument(
+        "--set",
+        dest="settings",
+        action="append",
+        default=[],
+        type=_setting,
+        metavar="NAME=VALUE",
+        help="change a knob, e.g. idle_release_s=600 (repeatable; one commit for all)",
+    )
+    policy.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    policy.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=10.0,
+        help="seconds to wait for an answer, and for a leader while one is elected (default 10)",
+    )
+
     doctor = commands.add_parser(
         "doctor",
         help="check that this machine computes a shard correctly (node admission)",
@@ -444,7 +472,6 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             models=args.models.resolve() if args.models else None,
             backend=args.backend,
             auto_join=args.auto_join,
-            idle_release_s=args.idle_release,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -523,6 +550,28 @@ def _run_status(args: argparse.Namespace) -> int:
         print(f"{PROG} status: error: {exc}", file=sys.stderr)
         return 1
     print(render(status, as_json=args.json))
+    return 0
+
+
+def _run_policy(args: argparse.Namespace) -> int:
+    import json
+
+    from runtime.policy_client import PolicyError, fetch_policy, render_policy, set_policy
+
+    try:
+        if args.settings:  # the leader's answer: the asked node may not have applied it yet
+            answer = set_policy(args.api, dict(args.settings), timeout=args.timeout)
+        else:
+            answer = fetch_policy(args.api, timeout=args.timeout)
+    except PolicyError as exc:
+        print(f"{PROG} policy: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+        return 0
+    if args.settings:
+        print(f"committed at index {answer['index']} by leader {answer['leader'][:12]}")
+    print(render_policy(answer["policy"], answer["settings"]))
     return 0
 
 
@@ -618,6 +667,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_chat(args)
     if args.command == "simulate":
         return _run_simulate(args)
+    if args.command == "policy":
+        return _run_policy(args)
     if args.command == "tiny-model":
         return _run_tiny_model(args)
     if args.command == "manifest":

@@ -29,7 +29,6 @@ then everything is cancelled and the process exits 0.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import os
 import random
@@ -46,7 +45,6 @@ import trio
 import zmq
 
 from consensus.config import ConsensusConfig
-from consensus.placement import PlacementPolicy
 from consensus.storage import RaftStorage, StorageError
 from mesh import records
 from mesh.config import MembershipConfig
@@ -123,9 +121,6 @@ class NodeOptions:
     capacity a model-less node offers."""
     auto_join: bool = False
     """`--auto-join`: take the placement's best gap as a bootstrap assignment."""
-    idle_release_s: float | None = None
-    """`--idle-release`: when leading, release managed assignments of models
-    idle this long (default: the policy's)."""
 
     def __post_init__(self) -> None:
         if self.profile not in PROFILES:
@@ -468,10 +463,7 @@ class Node:
                 self.chat = ChatService(
                     self, ArtifactStore(self.state.path / "artifacts", _LocalModels(self))
                 )
-                policy = PlacementPolicy()
-                if options.idle_release_s is not None:
-                    policy = dataclasses.replace(policy, idle_release_s=options.idle_release_s)
-                self.placement = Placement(self, policy)
+                self.placement = Placement(self)
                 async with trio.open_nursery() as nursery:
                     api_url = await self._start_http(nursery)
                     self.addresses = {"control": control_addr, "data": data_addr, "api": api_url}

@@ -51,6 +51,7 @@ from consensus.placement import (
     explain,
     node_view,
 )
+from consensus.policy import policy_json
 from mesh.identity import node_id_text
 from runtime.admission import Admission, ServeOptions
 from runtime.raft_driver import NotLeader, ProposalFailed
@@ -80,9 +81,8 @@ class AlreadyAssigned(Exception):
 class Placement:
     """The node's placement loops (see the module doc); `run` in its nursery."""
 
-    def __init__(self, node: Any, policy: PlacementPolicy | None = None) -> None:
+    def __init__(self, node: Any) -> None:
         self.node = node
-        self.policy = policy or PlacementPolicy()
         self.history = PlacementHistory()
         self.facts: dict[str, ModelFacts] = {}
         self.waiting: dict[str, str] = {}
@@ -96,6 +96,12 @@ class Placement:
         self._serving_scope: trio.CancelScope | None = None
         self._snapshot_cache: PlacementInput | None = None
         node.raft.on_apply.append(self._observe)
+
+    @property
+    def policy(self) -> PlacementPolicy:
+        """The swarm's policy, as committed in the ledger (`shardmesh policy`):
+        every node decides and explains with the same knobs, whoever leads."""
+        return self.node.raft.ledger.policy()
 
     def _observe(self, result: Any) -> None:
         if result.accepted and result.command is not None:
@@ -431,11 +437,7 @@ class Placement:
             "waiting": dict(sorted(self.waiting.items())),
             "decisions": list(self.decisions),
             "cooldown_s": cooldowns,  # managed nodes not yet retargetable, seconds left
-            "policy": {
-                "idle_release_s": self.policy.idle_release_s,
-                "cooldown_s": self.policy.cooldown_s,
-                "demand_window_s": self.policy.demand_window_s,
-            },
+            "policy": policy_json(self.policy),
             "models": {
                 name: {
                     "num_layers": f.num_layers,

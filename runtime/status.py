@@ -147,6 +147,10 @@ def format_status(status: dict[str, Any]) -> str:
             "demand: "
             + ", ".join(f"{model}={d.get('count')}" for model, d in sorted(demand.items()))
         )
+    settings = status.get("policy_settings") or {}
+    if settings:
+        knobs = ", ".join(f"{name}={value}" for name, value in sorted(settings.items()))
+        lines.append(f"policy: {knobs} (the rest default; see `shardmesh policy`)")
     lines.append(f"sessions: {status.get('sessions', 0)}")
     lines.append(format_drops(status.get("drops", {})))
     return "\n".join(lines)

@@ -51,6 +51,10 @@ async def run_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
         (["status"], "--api"),
         (["status", "--api", "localhost"], "is not HOST:PORT"),
         (["demo", "--nodes", "1"], "at least 2 nodes"),
+        (["policy", "--api", "127.0.0.1:1", "--set", "nope=1"], "expected NAME=VALUE"),
+        (["policy", "--api", "127.0.0.1:1", "--set", "idle_release_s"], "expected NAME=VALUE"),
+        (["policy", "--api", "127.0.0.1:1", "--set", "max_copies=2.5"], "takes an integer"),
+        (["policy", "--api", "127.0.0.1:1", "--set", "cooldown_s=soon"], "takes a number"),
     ],
 )
 def test_bad_arguments_exit_2_with_usage(
@@ -111,6 +115,36 @@ async def test_status_json_and_table_against_a_running_node(swarm: LocalSwarm) -
     assert node.info["control"] in text
     assert f"leader: {node.node_id[:12]} (term 1" in text
     assert "drops: none" in text
+
+
+async def test_policy_shown_set_and_refused_against_a_running_node(swarm: LocalSwarm) -> None:
+    node = swarm.new_node()
+    await swarm.start_ready(node)
+
+    shown = await run_cli("policy", "--api", node.api)
+    assert shown.returncode == 0, shown.stderr
+    rows = [line.split() for line in shown.stdout.decode().splitlines()]
+    assert ["idle_release_s", "1800.0", "default"] in rows and [
+        "max_copies",
+        "4",
+        "default",
+    ] in rows
+
+    # One commit for both knobs (the CLI waits out the node's first election).
+    changed = await run_cli(
+        "policy", "--api", node.api, "--set", "cooldown_s=30", "--set", "max_copies=3", "--json"
+    )
+    assert changed.returncode == 0, changed.stderr
+    answer = json.loads(changed.stdout)
+    assert answer["accepted"] and answer["settings"] == {"cooldown_s": 30.0, "max_copies": 3}
+    assert answer["policy"]["cooldown_s"] == 30.0 and answer["policy"]["max_copies"] == 3
+
+    status = await run_cli("status", "--api", node.api)
+    assert "policy: cooldown_s=30.0, max_copies=3 (the rest default" in status.stdout.decode()
+
+    refused = await run_cli("policy", "--api", node.api, "--set", "max_admission_backoff_s=1")
+    assert refused.returncode == 1
+    assert b"HTTP 400: admission_backoff_s (60.0) is above its ceiling" in refused.stderr
 
 
 async def test_status_of_an_unreachable_node_exits_1(tmp_path: Path) -> None:

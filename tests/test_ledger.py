@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from consensus.ledger import (
     MAX_COMMAND_BYTES,
+    REASON_BAD_POLICY,
     REASON_NO_ASSIGNMENT,
     REASON_PINNED,
     REASON_STALE_EPOCH,
@@ -28,9 +29,11 @@ from consensus.ledger import (
     PlacementLedger,
     RecordDemand,
     Release,
+    SetPolicy,
     decode_command,
     encode_command,
 )
+from consensus.policy import PlacementPolicy
 
 N1, N2, N3 = (bytes([i]) * 32 for i in (1, 2, 3))
 
@@ -58,6 +61,7 @@ OK = (True, "")
         Release(N1, "qwen3", 1, "operator reload", 2.5),
         RecordDemand("qwen3", 3, 7.0),
         MarkAdmissionFailed(N2, "llama", 4, 1e9),
+        SetPolicy((("idle_release_s", 4.0), ("max_copies", 2)), 5.0),
     ],
 )
 def test_commands_round_trip_canonically(command: Command) -> None:
@@ -96,6 +100,37 @@ def test_invalid_assign_is_refused(kwargs: dict[str, object], match: str) -> Non
     }
     with pytest.raises(LedgerError, match=match):
         Assign(**(base | kwargs))  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("settings", "match"),
+    [
+        ((), "non-empty"),
+        ((("sudo", 1.0),), "one of"),
+        ((("idle_release_s",),), "pair"),
+        ((("max_copies", 2), ("idle_release_s", 4.0)), "sorted"),
+        ((("idle_release_s", 4.0), ("idle_release_s", 5.0)), "each once"),
+        ((("max_copies", 2.0),), "max_copies must be an integer"),
+        ((("max_copies", 0),), ">= 1"),
+        ((("cooldown_s", -1.0),), ">= 0"),
+        ((("cooldown_s", float("inf")),), "finite"),
+        ((("cooldown_s", True),), "a number"),
+        ((("max_copies", 2**63),), "magnitude"),
+        ((("admission_backoff_s", 7200.0),), "ceiling"),
+    ],
+)
+def test_invalid_policy_settings_are_refused(settings: tuple[object, ...], match: str) -> None:
+    with pytest.raises(LedgerError, match=match):
+        SetPolicy(settings, 0.0)  # type: ignore[arg-type]
+
+
+def test_a_float_knob_given_an_int_has_one_encoding() -> None:
+    command = SetPolicy((("idle_release_s", 4),), 0.0)
+    assert command.settings == (("idle_release_s", 4.0),)
+    assert type(command.settings[0][1]) is float
+    # The same knob sent as an int on the wire is not the canonical form.
+    with pytest.raises(LedgerError, match="canonical"):
+        decode_command(cbor2.dumps([5, [["idle_release_s", 4]], 0.0], canonical=True))
 
 
 @pytest.mark.parametrize(
@@ -237,6 +272,35 @@ def test_demand_accumulates_raw_counts_and_times() -> None:
     ]
 
 
+def test_policy_settings_accumulate_and_every_replica_decides_with_them() -> None:
+    ledger = PlacementLedger()
+    assert ledger.policy() == PlacementPolicy() and ledger.policy_settings() == {}
+    assert run(
+        ledger,
+        SetPolicy((("idle_release_s", 4.0),), 1.0),
+        SetPolicy((("cooldown_s", 9.0), ("max_copies", 2)), 2.0),
+        SetPolicy((("idle_release_s", 6.0),), 3.0),
+    ) == [OK, OK, OK]
+    assert ledger.policy_settings() == {"cooldown_s": 9.0, "idle_release_s": 6.0, "max_copies": 2}
+    policy = ledger.policy()
+    assert (policy.idle_release_s, policy.cooldown_s, policy.max_copies) == (6.0, 9.0, 2)
+    assert policy.demand_window_s == PlacementPolicy().demand_window_s  # not set: the default
+
+
+def test_settings_that_clash_with_those_in_force_are_rejected_and_change_nothing() -> None:
+    ledger = PlacementLedger()
+    run(ledger, SetPolicy((("max_admission_backoff_s", 100.0),), 1.0))
+    before = ledger.snapshot()
+    # Valid alone (60 <= 100 is fine, 200 > 100 is not once combined).
+    assert run(ledger, SetPolicy((("admission_backoff_s", 200.0),), 2.0)) == [
+        (False, REASON_BAD_POLICY)
+    ]
+    assert ledger.policy_settings() == {"max_admission_backoff_s": 100.0}
+    assert ledger.rejected() == {REASON_BAD_POLICY: 1}
+    assert ledger.snapshot() != before  # only the applied index and the rejection count moved
+    assert ledger.policy() == PlacementLedger.restore(before).policy()
+
+
 def test_replayed_and_garbage_entries_change_nothing() -> None:
     ledger = PlacementLedger()
     run(ledger, assign(N1, "m", 1))
@@ -270,6 +334,7 @@ def test_to_json_shape() -> None:
         "demand": {"qwen3": {"count": 4, "first_at": 2.5, "last_at": 2.5}},
         "ledger_applied_index": 2,
         "ledger_rejected": {},
+        "policy_settings": {},
     }
 
 
@@ -285,8 +350,10 @@ def test_snapshot_restore_round_trip_and_same_future() -> None:
         MarkAdmissionFailed(N2, "m", 2, 3.0),
         RecordDemand("m", 2, 1.0),
         Release(N3, "m", 1, "x", 0.0),
+        SetPolicy((("idle_release_s", 4.0),), 1.0),
     )
     restored = PlacementLedger.restore(ledger.snapshot())
+    assert restored.policy().idle_release_s == 4.0
     assert restored == ledger
     assert restored.snapshot() == ledger.snapshot()
     future = [assign(N1, "other", 7), assign(N3, "m", 1), Release(N2, "m", 2, "y", 4.0)]
@@ -294,12 +361,27 @@ def test_snapshot_restore_round_trip_and_same_future() -> None:
     assert restored.snapshot() == ledger.snapshot()
 
 
+def test_a_version_1_snapshot_still_restores_with_default_policy() -> None:
+    ledger = PlacementLedger()
+    run(ledger, assign(N1, "m", 1, "operator"), RecordDemand("m", 2, 1.0))
+    # Version 1 (before policy settings): the same six items, no seventh.
+    old = cbor2.loads(ledger.snapshot())
+    assert old[0] == 2 and old[6] == []
+    v1 = cbor2.dumps([1, *old[1:6]], canonical=True)
+    restored = PlacementLedger.restore(v1)
+    assert restored == ledger and restored.policy() == PlacementPolicy()
+
+
 @pytest.mark.parametrize(
     "data",
     [
         b"",
         b"\xa0",
-        cbor2.dumps([2, 0, [], [], [], []]),
+        cbor2.dumps([2, 0, [], [], [], []]),  # version 2 has seven items
+        cbor2.dumps([1, 0, [], [], [], [], []]),  # and version 1 six
+        cbor2.dumps([[2], 0, [], [], [], [], []]),
+        cbor2.dumps([2, 0, [], [], [], [], [["idle_release_s", -1.0]]]),
+        cbor2.dumps([2, 0, [], [], [], [], 0]),
         cbor2.dumps([1, 0, [], [], [["m", 1, 1.0, 1.0], ["m", 1, 1.0, 1.0]], []]),
         cbor2.dumps([1, 0, [[N1, "m", [0, 1], "q4", "managed", True, 3, 0.0, None]], [], [], []]),
     ],
@@ -315,6 +397,16 @@ nodes = st.sampled_from([N1, N2, N3])
 models = st.sampled_from(["qwen3", "llama"])
 times = st.floats(min_value=0, max_value=1e6, allow_nan=False)
 epochs = st.integers(min_value=1, max_value=6)
+
+
+def _valid_alone(knobs: dict[str, float]) -> bool:
+    """Knobs that make a valid policy with the defaults (a SetPolicy that may
+    still clash, at apply time, with an earlier one: that path is tested too)."""
+    default = PlacementPolicy()
+    backoff = knobs.get("admission_backoff_s", default.admission_backoff_s)
+    return backoff <= knobs.get("max_admission_backoff_s", default.max_admission_backoff_s)
+
+
 commands = st.one_of(
     st.builds(
         lambda n, m, tier, e, at: assign(n, m, e, tier, at),
@@ -327,6 +419,15 @@ commands = st.one_of(
     st.builds(Release, nodes, models, epochs, st.just("r"), times),
     st.builds(RecordDemand, models, st.integers(1, 50), times),
     st.builds(MarkAdmissionFailed, nodes, models, epochs, times),
+    st.builds(
+        lambda knobs, at: SetPolicy(tuple(sorted(knobs.items())), at),
+        st.dictionaries(
+            st.sampled_from(["idle_release_s", "admission_backoff_s", "max_admission_backoff_s"]),
+            st.floats(min_value=0, max_value=1e4),
+            min_size=1,
+        ).filter(_valid_alone),
+        times,
+    ),
 )
 entries = st.lists(
     st.one_of(commands.map(encode_command), st.binary(max_size=40)),

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import httpx
+import trio
 
+from consensus.policy import PlacementPolicy, policy_json
 from runtime.localswarm import LocalSwarm
 
 CONTRACT_KEYS = {
@@ -18,6 +20,7 @@ CONTRACT_KEYS = {
     "drops",
     "sessions",
 }
+SETTINGS = {"idle_release_s": 5, "max_copies": 2, "max_admission_backoff_s": 100}
 MEMBER_KEYS = {"node_id", "state", "incarnation", "addr", "last_seen", "record"}
 
 
@@ -65,3 +68,64 @@ async def test_status_document_and_errors(swarm: LocalSwarm) -> None:
         assert_openai_error(await client.get("/v1/nope"), 404)
         assert_openai_error(await client.get("/"), 404)
         assert_openai_error(await client.post("/v1/network/status"), 405)
+
+
+async def test_the_swarm_policy_is_shown_changed_and_bad_settings_are_refused(
+    swarm: LocalSwarm,
+) -> None:
+    node = swarm.new_node()
+    await swarm.start_ready(node)
+
+    async with httpx.AsyncClient(base_url=node.api, timeout=15) as client:
+        shown = (await client.get("/v1/network/policy")).json()
+        assert shown["settings"] == {}
+        assert shown["policy"] == policy_json(PlacementPolicy())
+
+        refusals = [
+            (b"[1]", None),
+            (b"{not json", None),
+            (b"{}", None),
+            (b'{"sudo": 1}', "sudo"),
+            (b'{"max_copies": 1.5}', "max_copies"),
+            (b'{"idle_release_s": -1}', "idle_release_s"),
+            (b'{"idle_release_s": "4"}', "idle_release_s"),
+            (b'{"idle_release_s": NaN}', "idle_release_s"),
+            (b'{"cooldown_s": true}', "cooldown_s"),
+            (b'{"admission_backoff_s": 7200}', "admission_backoff_s"),  # above its ceiling
+        ]
+        for body, param in refusals:
+            response = await client.post(
+                "/v1/network/policy", content=body, headers={"content-type": "application/json"}
+            )
+            assert_openai_error(response, 400)
+            assert response.json()["error"]["param"] == param, body
+
+        # The node founded the cluster, so it leads once it has campaigned.
+        with trio.fail_after(10):
+            while (
+                changed := await client.post("/v1/network/policy", json=SETTINGS)
+            ).status_code == 503:
+                await trio.sleep(0.1)
+        assert changed.status_code == 200, changed.text
+        assert changed.json()["accepted"] is True
+        assert changed.json()["settings"] == {
+            "idle_release_s": 5.0,
+            "max_admission_backoff_s": 100.0,
+            "max_copies": 2,
+        }
+        policy = changed.json()["policy"]
+        assert (policy["idle_release_s"], policy["max_copies"]) == (5.0, 2)
+        assert policy["cooldown_s"] == PlacementPolicy().cooldown_s
+
+        # Valid alone, but not with the ceiling just set: refused before it is proposed.
+        clash = await client.post("/v1/network/policy", json={"admission_backoff_s": 200})
+        assert_openai_error(clash, 400)
+        assert "with the settings in force" in clash.json()["error"]["message"]
+
+        status = (await client.get("/v1/network/status")).json()
+        assert status["policy_settings"] == changed.json()["settings"]
+        assert status["placement"]["policy"] == policy
+        assert status["ledger_rejected"] == {}  # every refusal stopped at the API
+        assert (await client.get("/v1/network/policy")).json()["settings"] == changed.json()[
+            "settings"
+        ]

@@ -42,6 +42,36 @@ async def ask(client: httpx.AsyncClient, node: LocalNode, model: str) -> httpx.R
     return await client.post(node.api + "/v1/chat/completions", json=body)
 
 
+async def set_short_idle_release(swarm: LocalSwarm, via: LocalNode, nodes: list[LocalNode]) -> None:
+    """`shardmesh policy --set` through `via` (a real CLI process): the
+    setting is committed once and every node's replica holds it, so the
+    release comes on time whichever node leads when it is due."""
+    cli = [sys.executable, "-m", "runtime.cli", "policy", "--api", via.api]
+    with trio.fail_after(START_TIMEOUT_S):
+        done = await trio.run_process(
+            [*cli, "--set", f"idle_release_s={IDLE_RELEASE_S}", "--timeout", "20"],
+            capture_stdout=True,
+            capture_stderr=True,
+            check=False,
+        )
+    assert done.returncode == 0, done.stderr.decode()
+    shown = done.stdout.decode()
+    assert shown.startswith("committed at index ") and "idle_release_s" in shown
+    assert any(
+        line.split() == ["idle_release_s", str(IDLE_RELEASE_S), "set"]
+        for line in shown.splitlines()
+    ), shown
+
+    def everywhere(views: Views) -> bool:
+        return all(
+            (view or {}).get("policy_settings") == {"idle_release_s": IDLE_RELEASE_S}
+            and view["placement"]["policy"]["idle_release_s"] == IDLE_RELEASE_S
+            for view in views.values()
+        )
+
+    await wait_for(swarm, nodes, everywhere, PLACE_TIMEOUT_S, "the policy on every node")
+
+
 @pytest.mark.slow
 async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     swarm: LocalSwarm, tmp_path: Path
@@ -50,16 +80,11 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     store_a, store_b = tmp_path / "store-a", tmp_path / "store-b"
     make_tiny_model(store_a / "z", layers=8, seed=5, name="z")
     make_tiny_model(store_b / "y", layers=8, seed=2, name="y")
-    # Both nodes get the short idle release: the policy is whoever leads, and
-    # on a loaded machine leadership can move to B mid-test (a CI run where it
-    # did sat on B's default of 1800 s and never released y).
-    idle = ("--idle-release", str(IDLE_RELEASE_S))
-    a = swarm.new_node(
-        "a", args=["--model", str(x), "--layers", "0:8", "--models", str(store_a), *idle]
-    )
-    b = swarm.new_node("b", args=["--models", str(store_b), *idle])
+    a = swarm.new_node("a", args=["--model", str(x), "--layers", "0:8", "--models", str(store_a)])
+    b = swarm.new_node("b", args=["--models", str(store_b)])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
     await swarm.start_ready(b, [a.control], timeout=START_TIMEOUT_S)
+    await set_short_idle_release(swarm, via=b, nodes=[a, b])
 
     def pinned_recorded(views: Views) -> bool:
         entry = ledger_entry(views["a"], a)

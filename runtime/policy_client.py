@@ -1,0 +1,93 @@
+"""`shardmesh policy`: show the swarm's placement policy, or change it.
+
+The policy's knobs (`consensus.policy`) are one set for the whole swarm,
+committed in the placement ledger, so any node can be asked: it shows its
+replica of them, and forwards a change to the Raft leader, which commits it
+for every node. A change needs a leader with a quorum; while an election
+runs the node answers 503, and this client asks again until its deadline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from typing import Any, Final
+
+import httpx
+
+from consensus.policy import POLICY_FIELDS
+
+POLICY_PATH: Final = "/v1/network/policy"
+RETRY_S: Final = 0.5
+"""Pause between asks while the swarm has no leader (an election takes
+well under a second on a LAN; this keeps a waiting client cheap)."""
+
+
+class PolicyError(Exception):
+    """The node could not be reached, or refused the change."""
+
+
+def parse_setting(text: str) -> tuple[str, int | float]:
+    """`NAME=VALUE` as a knob and its number (argparse `type=`); ValueError
+    names what is wrong."""
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or name not in POLICY_FIELDS:
+        raise ValueError(f"expected NAME=VALUE with NAME one of {', '.join(POLICY_FIELDS)}")
+    try:
+        number = POLICY_FIELDS[name](value)
+    except ValueError:
+        kind = "an integer" if POLICY_FIELDS[name] is int else "a number"
+        raise ValueError(f"{name} takes {kind}, got {value!r}") from None
+    return name, number
+
+
+def fetch_policy(api: str, *, timeout: float) -> dict[str, Any]:
+    """The node's replica of the swarm's policy: {"policy", "settings"}."""
+    return _answer(_request("GET", api, None, timeout))
+
+
+def set_policy(api: str, settings: Mapping[str, int | float], *, timeout: float) -> dict[str, Any]:
+    """Commit `settings` swarm-wide; the leader's answer (with "policy", the
+    whole policy now in force). Asks again while there is no leader."""
+    deadline = time.monotonic() + timeout
+    while True:
+        response = _request("POST", api, dict(settings), timeout)
+        if response.status_code != 503 or time.monotonic() + RETRY_S > deadline:
+            break
+        time.sleep(RETRY_S)
+    answer = _answer(response)
+    if not answer.get("accepted"):
+        raise PolicyError(f"the ledger refused it: {answer.get('reason')}: {answer.get('detail')}")
+    return answer
+
+
+def render_policy(policy: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
+    """One line per knob: its value, and whether the swarm set it."""
+    width = max(len(name) for name in POLICY_FIELDS)
+    return "\n".join(
+        f"{name:<{width}}  {policy.get(name)!s:>10}  {'set' if name in settings else 'default'}"
+        for name in POLICY_FIELDS
+    )
+
+
+def _request(method: str, api: str, body: dict[str, Any] | None, timeout: float) -> httpx.Response:
+    url = api.rstrip("/") + POLICY_PATH
+    try:
+        return httpx.request(method, url, json=body, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise PolicyError(f"cannot reach {url}: {exc}") from exc
+
+
+def _answer(response: httpx.Response) -> dict[str, Any]:
+    """The JSON object of a 200, or PolicyError with the node's message."""
+    try:
+        body = response.json()
+    except ValueError:
+        body = None
+    if response.status_code == 200 and isinstance(body, dict):
+        return body
+    error = body.get("error") if isinstance(body, dict) else None
+    if isinstance(error, dict) and error.get("message"):
+        raise PolicyError(f"HTTP {response.status_code}: {error['message']}")
+    raise PolicyError(f"HTTP {response.status_code}: {response.text[:300]}")
