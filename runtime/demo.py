@@ -140,8 +140,18 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
         )
     _say(f"full membership at every node {took:.2f}s after the first start")
     await _chat(swarm, members)
-    if len(members) > len(SHARDS):
+    placed = len(members) > len(SHARDS)
+    if placed:
         await _place_on_demand(swarm, members)
+    # The status shown is node0's, and what it reports reached it from the
+    # others: the shards' reports by gossip (the wait above was on another
+    # node), the placed assignment by Raft replication.
+    await swarm.wait_for(
+        members[:1],
+        lambda views: _shows(views.get(members[0].name), placed),
+        CONVERGE_TIMEOUT_S,
+        f"{members[0].name}'s view of the coverage and the ledger",
+    )
     _say()
     view = await swarm.status(members[0])
     assert view is not None
@@ -194,6 +204,14 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     _say("exit codes: " + ", ".join(f"{name}={code}" for name, code in sorted(codes.items())))
     if any(codes.values()):
         raise SwarmError("a node did not exit cleanly")
+
+
+def _shows(view: dict[str, Any] | None, placed: bool) -> bool:
+    """`view` has the whole model covered and, if `placed`, the assignment."""
+    view = view or {}
+    coverage = view.get("coverage", {}).get(MODEL)
+    assigned = any(entry["model"] == SECOND_MODEL for entry in view.get("ledger", []))
+    return bool(coverage) and not coverage["gaps"] and (assigned or not placed)
 
 
 async def _chat(swarm: LocalSwarm, members: list[LocalNode]) -> None:
@@ -262,6 +280,21 @@ async def _place_on_demand(swarm: LocalSwarm, members: list[LocalNode]) -> None:
         "max_tokens": 8,
         "temperature": 0,
     }
+    spare = members[len(SHARDS)]
+
+    def knows_store(views: dict[str, dict[str, Any] | None]) -> bool:
+        members_seen = (views.get(entry.name) or {}).get("members", [])
+        return any(
+            m["node_id"] == spare.node_id
+            and SECOND_MODEL in ((m["record"] or {}).get("models") or [])
+            for m in members_seen
+        )
+
+    # Until the spare node's record (its store) reaches the entry by gossip,
+    # the entry has never heard of the model: 404, not 503.
+    await swarm.wait_for(
+        [entry], knows_store, CONVERGE_TIMEOUT_S, f"{spare.name}'s store known to {entry.name}"
+    )
     _say()
     _say(f"asking {entry.name} for {SECOND_MODEL}, which no node serves yet ...")
     t0 = trio.current_time()
