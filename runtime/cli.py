@@ -300,7 +300,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--out",
         type=Path,
         metavar="DIR",
-        help="also write metrics.json and timeline.txt (the traced events) into DIR",
+        help=(
+            "also write metrics.json, timeline.txt (the traced events) and PNG plots "
+            "(membership beliefs, traffic, record spread over time) into DIR"
+        ),
     )
     simulate.add_argument("--json", action="store_true", help="print the metrics as JSON")
 
@@ -578,6 +581,7 @@ def _run_policy(args: argparse.Namespace) -> int:
 def _run_simulate(args: argparse.Namespace) -> int:
     import json
 
+    from simulations.report import plots_unavailable
     from simulations.scenario import ScenarioError, run_scenario
 
     if not args.scenario.is_file():
@@ -586,8 +590,12 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if not args.json:
         print(f"simulating {args.scenario} with seed {args.seed} ...", file=sys.stderr)
     timeline: list[str] | None = [] if args.out is not None else None
+    plots = args.out
+    if plots is not None and (why := plots_unavailable()) is not None:
+        print(f"{PROG} simulate: warning: no plots: {why}", file=sys.stderr)
+        plots = None
     try:
-        result = run_scenario(args.scenario, args.seed, timeline)
+        result = run_scenario(args.scenario, args.seed, timeline, plots)
     except ScenarioError as exc:
         print(f"{PROG} simulate: error: {args.scenario}: {exc}", file=sys.stderr)
         return 1

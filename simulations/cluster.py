@@ -588,6 +588,10 @@ class MembershipCluster:
             found.append((at, observer, subject))
         return found
 
+    def partitions(self) -> list[tuple[float, float]]:
+        """Every scheduled partition as (start, heal), in scheduling order."""
+        return list(self._partitions)
+
     def verdicts(self) -> list[tuple[float, int, str, int, int]]:
         """Every (time, observer, kind, subject, incarnation) state change
         other than "joined" and "record", in order."""

@@ -59,6 +59,7 @@ from typing import Any
 from mesh.config import MembershipConfig
 from simulations.cluster import MembershipCluster, Publication
 from simulations.network import NetworkConfig
+from simulations.report import run_sampled, sample_step, write_plots
 from simulations.seeds import component_rng
 
 FAULT_KINDS = ("crash", "pause", "restart", "leave", "publish", "partition")
@@ -264,21 +265,30 @@ def metrics(cluster: MembershipCluster) -> dict[str, Any]:
 
 
 def run_scenario(
-    source: str | Path | Mapping[str, Any], seed: int, timeline: list[str] | None = None
+    source: str | Path | Mapping[str, Any],
+    seed: int,
+    timeline: list[str] | None = None,
+    plots: Path | None = None,
 ) -> dict[str, Any]:
     """Run a scenario (a TOML path or an already-loaded dict) with ``seed``.
 
     Returns the metrics dict (see ``metrics``) plus the scenario's name,
     the seed and the duration. Deterministic: no wall-clock figures in it.
     Given a ``timeline`` list, appends the run's trace lines to it (what the
-    trace digest is computed over).
+    trace digest is computed over). Given a ``plots`` folder, writes the
+    run's PNG plots there (``simulations.report``; needs matplotlib): the
+    metrics are the same either way.
     """
     scenario = load_scenario(source)
     duration = float(scenario.get("duration", 60.0))
     if duration <= 0:
         raise ScenarioError("duration must be positive")
     cluster = build_cluster(scenario, seed, keep_trace=timeline is not None)
-    cluster.run_until(duration)
+    if plots is None:
+        cluster.run_until(duration)
+    else:
+        samples = run_sampled(cluster, duration, sample_step(duration))
+        write_plots(cluster, samples, plots)
     if timeline is not None and cluster.trace_lines is not None:
         timeline.extend(cluster.trace_lines)
     return {"scenario": scenario.get("name", ""), "seed": seed, "duration": duration} | metrics(

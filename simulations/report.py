@@ -1,0 +1,202 @@
+"""Plots of a simulation run: what the swarm believed, and what it sent, over time.
+
+DESIGN's reports are JSON metrics, a timeline, PNG plots and a trace digest.
+The metrics say *how much* (spread p99.9, detection median, false
+positives); the plots say *when*, which is what a researcher looks at first
+after a partition or a burst of crashes:
+
+* ``membership.png``: how many (observer, subject) pairs currently believe
+  the subject suspect, and dead, with partitions shaded and crashes, pauses
+  and leaves marked. A healthy heal shows both curves returning to zero.
+* ``traffic.png``: messages (and bytes, when the network counts them) sent
+  per node and second in each step, the mean over running nodes and the
+  busiest node. Suspicion storms and push-pull syncs after a heal show here.
+* ``spread.png``: for each ``publish`` fault, the fraction of running nodes
+  holding the new record against seconds since it was published.
+
+The series come from the run itself: the verdict stream, each publication's
+spread times, and the network's send counters read between steps of
+``run_sampled``. Running the loop in steps runs exactly the events one
+``run_until`` would (the loop only ever runs what is due by the step's end),
+so a run with plots has the same trace digest as one without; a test checks
+that. Plotting needs matplotlib (the ``plots`` extra); ``plots_unavailable``
+says whether it is there, so a caller can warn before the run.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+from simulations.cluster import MembershipCluster
+
+SAMPLE_STEP_S: Final = 1.0
+"""Virtual seconds per traffic sample: a 600 s run gives 600 points, enough
+to see a one-probe-period burst (1 s on the LAN profile) and few enough that
+sampling costs nothing beside the run."""
+MAX_SAMPLES: Final = 2_000
+"""A long run samples less often, so a plot never has more points than
+pixels across."""
+FIGURE_SIZE_IN: Final = (9.0, 4.0)
+FIGURE_DPI: Final = 110
+
+
+def plots_unavailable() -> str | None:
+    """Why plots cannot be drawn here (matplotlib missing), or None."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError as exc:
+        return f"matplotlib is not installed ({exc}); pip install 'shardmesh[plots]'"
+    return None
+
+
+@dataclass
+class Samples:
+    """Traffic per step: each list has one value per step, ending at `times`."""
+
+    step: float
+    times: list[float] = field(default_factory=list)
+    mean_messages: list[float] = field(default_factory=list)
+    max_messages: list[float] = field(default_factory=list)
+    mean_bytes: list[float] = field(default_factory=list)
+    max_bytes: list[float] = field(default_factory=list)
+
+
+def sample_step(duration: float) -> float:
+    """The step for a run of `duration` seconds (see SAMPLE_STEP_S, MAX_SAMPLES)."""
+    return max(SAMPLE_STEP_S, duration / MAX_SAMPLES)
+
+
+def run_sampled(cluster: MembershipCluster, until: float, step: float) -> Samples:
+    """Run `cluster` to `until` in steps of `step`, sampling its traffic."""
+    samples = Samples(step)
+    while cluster.now < until:
+        mark = cluster.traffic_mark()
+        cluster.run_until(min(until, cluster.now + step))
+        traffic = cluster.traffic(mark)
+        samples.times.append(cluster.now)
+        samples.mean_messages.append(traffic["messages_per_node_second"])
+        samples.max_messages.append(traffic["max_messages_per_node_second"])
+        samples.mean_bytes.append(traffic["bytes_per_node_second"])
+        samples.max_bytes.append(traffic["max_bytes_per_node_second"])
+    return samples
+
+
+def beliefs(
+    verdicts: Sequence[tuple[float, int, str, int, int]],
+) -> tuple[list[float], list[int], list[int]]:
+    """(times, suspect, dead): after each verdict, how many (observer,
+    subject) pairs hold the subject suspect, and dead. A later verdict about
+    the same pair replaces the earlier one; "left" counts as neither."""
+    state: dict[tuple[int, int], str] = {}
+    counts = {"suspect": 0, "dead": 0}
+    times: list[float] = []
+    suspect: list[int] = []
+    dead: list[int] = []
+    for at, observer, kind, subject, _ in verdicts:
+        pair = (observer, subject)
+        before = state.get(pair)
+        if before in counts:
+            counts[before] -= 1
+        state[pair] = kind
+        if kind in counts:
+            counts[kind] += 1
+        if times and times[-1] == at:  # one point per instant: its final counts
+            suspect[-1], dead[-1] = counts["suspect"], counts["dead"]
+            continue
+        times.append(at)
+        suspect.append(counts["suspect"])
+        dead.append(counts["dead"])
+    return times, suspect, dead
+
+
+def write_plots(cluster: MembershipCluster, samples: Samples, out: Path) -> list[Path]:
+    """Write the three PNGs (see the module doc) into `out`; their paths."""
+    import matplotlib  # see plots_unavailable
+
+    matplotlib.use("Agg")  # files only: never open a window
+    from matplotlib import pyplot
+
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, draw in (
+        ("membership.png", _draw_membership),
+        ("traffic.png", _draw_traffic),
+        ("spread.png", _draw_spread),
+    ):
+        figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+        try:
+            draw(axes, cluster, samples)
+            figure.tight_layout()
+            figure.savefig(out / name)
+        finally:
+            pyplot.close(figure)
+        written.append(out / name)
+    return written
+
+
+def _draw_membership(axes: Any, cluster: MembershipCluster, samples: Samples) -> None:
+    times, suspect, dead = beliefs(cluster.verdicts())
+    end = cluster.now
+    # Step plots from t = 0 to the end, so a flat tail shows as flat.
+    axes.step([0.0, *times, end], [0, *suspect, suspect[-1] if suspect else 0], where="post",
+              label="pairs believing suspect")  # fmt: skip
+    axes.step([0.0, *times, end], [0, *dead, dead[-1] if dead else 0], where="post",
+              label="pairs believing dead")  # fmt: skip
+    _mark_faults(axes, cluster)
+    axes.set_xlim(0, end)
+    axes.set_xlabel("virtual seconds")
+    axes.set_ylabel("(observer, subject) pairs")
+    axes.set_title(f"membership beliefs, {cluster.n} nodes, seed {cluster.seed}")
+    axes.legend(loc="upper right")
+
+
+def _draw_traffic(axes: Any, cluster: MembershipCluster, samples: Samples) -> None:
+    axes.step(samples.times, samples.mean_messages, where="pre", label="messages, mean node")
+    axes.step(samples.times, samples.max_messages, where="pre", label="messages, busiest node")
+    axes.set_ylabel("messages per node-second")
+    if any(samples.max_bytes):
+        kib = axes.twinx()
+        kib.step(samples.times, [b / 1024 for b in samples.mean_bytes], where="pre",
+                 color="tab:green", label="KiB, mean node")  # fmt: skip
+        kib.set_ylabel("KiB per node-second")
+        kib.legend(loc="upper left")
+    _mark_faults(axes, cluster)
+    axes.set_xlim(0, cluster.now)
+    axes.set_xlabel("virtual seconds")
+    axes.set_title(f"traffic, {cluster.n} nodes, per {samples.step:g} s step")
+    axes.legend(loc="upper right")
+
+
+def _draw_spread(axes: Any, cluster: MembershipCluster, samples: Samples) -> None:
+    for publication in cluster.publications:
+        times = cluster.spread_times(publication)
+        got = sorted(t for t in times.values() if t is not None)
+        if not times:
+            continue
+        fractions = [(i + 1) / len(times) for i in range(len(got))]
+        axes.step([0.0, *got], [0.0, *fractions], where="post",
+                  label=f"node {publication.node} at {publication.at:g} s")  # fmt: skip
+    if not cluster.publications:
+        axes.text(0.5, 0.5, "no publish faults in this scenario", ha="center",
+                  va="center", transform=axes.transAxes)  # fmt: skip
+    else:
+        axes.axhline(0.999, color="grey", linewidth=0.8, linestyle=":")
+        axes.legend(loc="lower right")
+    axes.set_ylim(0, 1.02)
+    axes.set_xlabel("seconds since published")
+    axes.set_ylabel("fraction of running nodes holding it")
+    axes.set_title("record spread")
+
+
+def _mark_faults(axes: Any, cluster: MembershipCluster) -> None:
+    """Partitions shaded; node faults as thin vertical lines at their start."""
+    for start, heal in cluster.partitions():
+        axes.axvspan(start, min(heal, cluster.now), color="tab:red", alpha=0.08, linewidth=0)
+    starts = sorted({fault.start for node in cluster.nodes for fault in node.faults})
+    for start in starts:
+        if math.isfinite(start):
+            axes.axvline(start, color="grey", linewidth=0.6, linestyle="--")

@@ -1,0 +1,61 @@
+"""Simulation reports: the plotted series are computed from the run, and
+sampling a run for them changes nothing in it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from simulations.cluster import MembershipCluster
+from simulations.network import NetworkConfig
+from simulations.report import beliefs, run_sampled, sample_step
+
+
+def crashing_cluster(seed: int) -> MembershipCluster:
+    cluster = MembershipCluster(30, seed, network=NetworkConfig.lan(loss=0.05))
+    cluster.crash(4, at=2.0)
+    cluster.partition([list(range(15)), list(range(15, 30))], 6.0, 12.0)
+    cluster.publish(7, at=8.0)
+    return cluster
+
+
+def test_beliefs_count_each_pair_by_its_latest_verdict() -> None:
+    verdicts = [
+        (1.0, 0, "suspect", 5, 1),
+        (1.0, 1, "suspect", 5, 1),  # same instant: one point, final counts
+        (2.0, 0, "dead", 5, 1),  # replaces 0's suspicion of 5
+        (3.0, 1, "alive", 5, 2),  # 1 was refuted to
+        (4.0, 2, "left", 6, 1),  # neither suspect nor dead
+        (5.0, 0, "alive", 5, 3),
+    ]
+    assert beliefs(verdicts) == (
+        [1.0, 2.0, 3.0, 4.0, 5.0],
+        [2, 1, 0, 0, 0],
+        [0, 1, 1, 1, 0],
+    )
+    assert beliefs([]) == ([], [], [])
+
+
+@settings(max_examples=8, deadline=None)
+@given(seed=st.integers(0, 2**16), step=st.floats(0.05, 7.0))
+def test_a_sampled_run_is_the_same_run(seed: int, step: float) -> None:
+    plain, sampled = crashing_cluster(seed), crashing_cluster(seed)
+    plain.run_until(20.0)
+    samples = run_sampled(sampled, 20.0, step)
+    assert sampled.trace_digest() == plain.trace_digest()
+    assert sampled.loop.events_run == plain.loop.events_run
+    assert samples.times[-1] == 20.0 and len(samples.times) == -(-20.0 // step)
+    # The steps' traffic adds up to the whole run's.
+    total = plain.traffic()["messages_per_node_second"] * 20.0
+    stepped = sum(
+        rate * (end - start)
+        for rate, start, end in zip(
+            samples.mean_messages, [0.0, *samples.times], samples.times, strict=False
+        )
+    )
+    assert abs(stepped - total) < 1e-6 * max(1.0, total)
+
+
+def test_the_sample_step_keeps_long_runs_to_a_bounded_number_of_points() -> None:
+    assert sample_step(150.0) == 1.0
+    assert sample_step(100_000.0) == 50.0
