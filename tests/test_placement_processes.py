@@ -26,7 +26,10 @@ from runtime.tinymodel import make_tiny_model
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
 
 PLACE_TIMEOUT_S = 60.0
-IDLE_RELEASE_S = 4.0
+IDLE_RELEASE_S = 8.0
+"""Short, but longer than loading a tiny shard and its doctor on a loaded
+2-core machine: the idle clock starts when the model is placed, and the
+test asks again only once the shard is served."""
 MESSAGES = [{"role": "user", "content": "hello"}]
 
 
@@ -35,6 +38,28 @@ def ledger_entry(view: dict[str, Any] | None, node: LocalNode) -> dict[str, Any]
         if entry["node_id"] == node.node_id:
             return entry
     return None
+
+
+def decisions(views: Views) -> list[dict[str, Any]]:
+    """Placement decisions from every view, in log order. A node remembers
+    only what it decided as leader, and leadership may move during a test."""
+    found = [
+        d for view in views.values() for d in (view or {}).get("placement", {}).get("decisions", [])
+    ]
+    return sorted(found, key=lambda d: d["index"])
+
+
+def knows_store(observer: LocalNode, holder: LocalNode, model: str) -> Callable[[Views], bool]:
+    """`observer` has `holder`'s record (by gossip) and it lists `model`:
+    until then the observer has never heard of the model (a 404, no demand)."""
+
+    def check(views: Views) -> bool:
+        for member in (views[observer.name] or {}).get("members", []):
+            if member["node_id"] == holder.node_id:
+                return model in ((member["record"] or {}).get("models") or [])
+        return False
+
+    return check
 
 
 async def ask(client: httpx.AsyncClient, node: LocalNode, model: str) -> httpx.Response:
@@ -85,6 +110,7 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
     await swarm.start_ready(b, [a.control], timeout=START_TIMEOUT_S)
     await set_short_idle_release(swarm, via=b, nodes=[a, b])
+    await wait_for(swarm, [a], knows_store(a, b, "y"), PLACE_TIMEOUT_S, "B's store known to A")
 
     def pinned_recorded(views: Views) -> bool:
         entry = ledger_entry(views["a"], a)
@@ -107,10 +133,12 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
             return entry is not None and entry["model"] == "y"
 
         await wait_for(swarm, [a], placed, PLACE_TIMEOUT_S, "a managed assignment for B")
-        entry = ledger_entry(await swarm.status(a), b)
+        view = await swarm.status(a)
+        entry = ledger_entry(view, b)
         assert entry is not None
         assert entry["tier"] == "managed" and entry["managed"] is True
         assert entry["layers"] == [0, 8]
+        assert view["placement"]["cooldown_s"][b.node_id] > 0  # not retargetable yet
 
         def served(views: Views) -> bool:
             coverage = (views["a"] or {}).get("coverage", {}).get("y")
@@ -140,17 +168,16 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     view = await swarm.status(a)
     assert ledger_entry(view, a) == pinned  # never retargeted, same epoch
     assert view["demand"]["y"]["count"] >= 2 and view["demand"]["z"]["count"] >= 1
-    assert view["placement"]["cooldown_s"][b.node_id] > 0
 
     # Nobody asks for y any more: the leader releases B's managed shard.
     def released(views: Views) -> bool:
         return ledger_entry(views["a"], b) is None and "y" not in views["a"]["coverage"]
 
     await wait_for(swarm, [a], released, IDLE_RELEASE_S + PLACE_TIMEOUT_S, "idle release")
-    view = await swarm.status(a)
-    release = [d for d in view["placement"]["decisions"] if d["command"] == "Release"]
+    views = await swarm.views([a, b])
+    release = [d for d in decisions(views) if d["command"] == "Release"]
     assert release and release[-1]["code"] == "idle" and release[-1]["node_id"] == b.node_id
-    assert ledger_entry(view, a) == pinned
+    assert ledger_entry(views["a"], a) == pinned
     await assert_no_internal_errors(swarm, [a, b])
 
 
@@ -277,14 +304,16 @@ async def test_a_spare_node_that_fails_its_doctor_is_passed_over_for_another(
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
     await swarm.start_ready(bad, [a.control], timeout=START_TIMEOUT_S)
 
+    await wait_for(swarm, [a], knows_store(a, bad, "y"), PLACE_TIMEOUT_S, "bad's store known")
+
     async with httpx.AsyncClient(timeout=60) as client:
-        await ask(client, a, "y")
+        first = await ask(client, a, "y")
+        assert first.status_code == 503, first.text
 
         def marked(views: Views) -> bool:
-            decisions = (views["a"] or {}).get("placement", {}).get("decisions", [])
-            return any(d["command"] == "MarkAdmissionFailed" for d in decisions)
+            return any(d["command"] == "MarkAdmissionFailed" for d in decisions(views))
 
-        await wait_for(swarm, [a], marked, PLACE_TIMEOUT_S, "the failed doctor marked")
+        await wait_for(swarm, [a, bad], marked, PLACE_TIMEOUT_S, "the failed doctor marked")
         good_node = swarm.new_node("good", args=["--models", str(store_good)])
         await swarm.start_ready(good_node, [a.control], timeout=START_TIMEOUT_S)
         await ask(client, a, "y")  # demand again: the first may have gone idle
@@ -339,11 +368,15 @@ async def test_a_dead_serving_node_is_replaced_from_spare_capacity_only(
             "the pinned shard in the ledger",
         )
         before = ledger_entry(await swarm.status(entry), pinned)
-        # Three voters first: with two, losing one leaves no quorum to place with.
+        # Three voters first, in every node's eyes: with two, losing one
+        # leaves no quorum, and a leader holds a new configuration as soon as
+        # it appends it, before the others have it.
         await wait_for(
             swarm,
-            [entry],
-            lambda views: len((views["entry"] or {}).get("raft", {}).get("voters", [])) == 3,
+            [entry, pinned, spare],
+            lambda views: all(
+                len((view or {}).get("raft", {}).get("voters", [])) == 3 for view in views.values()
+            ),
             PLACE_TIMEOUT_S,
             "three voters",
         )
@@ -351,18 +384,18 @@ async def test_a_dead_serving_node_is_replaced_from_spare_capacity_only(
         pinned.kill()
 
         def relocated(views: Views) -> bool:
-            decisions = (views["entry"] or {}).get("placement", {}).get("decisions", [])
             return any(
-                d["command"] == "Assign" and d["node_id"] == spare.node_id for d in decisions
+                d["command"] == "Assign" and d["node_id"] == spare.node_id for d in decisions(views)
             )
 
-        await wait_for(swarm, [entry], relocated, PLACE_TIMEOUT_S, "the gap relocated")
+        await wait_for(swarm, [entry, spare], relocated, PLACE_TIMEOUT_S, "the gap relocated")
         with trio.fail_after(PLACE_TIMEOUT_S):
             while (response := await ask(client, entry, "y")).status_code != 200:
                 await trio.sleep(0.2)
         assert response.json()["shardmesh"]["route"] == [spare.node_id]
-    view = await swarm.status(entry)
-    decision = next(d for d in view["placement"]["decisions"] if d.get("node_id") == spare.node_id)
+    views = await swarm.views([entry, spare])
+    view = views["entry"]
+    decision = next(d for d in decisions(views) if d.get("node_id") == spare.node_id)
     assert decision["code"] in ("relocate", "demand_gap"), decision
     assert ledger_entry(view, spare)["tier"] == "managed"
     assert ledger_entry(view, pinned) == before  # a pinned assignment is never released
