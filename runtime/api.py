@@ -12,7 +12,9 @@ Every node answers the same API: a client can point at any node.
   whole swarm, forwarded to the leader like demand;
 * `GET /v1/network/artifacts/{digest}/{file}`: the manifest, config and
   tokenizer files of a model this node holds, for entries that lack them
-  (they verify every file against the digest).
+  (they verify every file against the digest);
+* `GET /metrics` (Prometheus text, `runtime.metrics`) and `GET /` (a
+  dashboard page that polls the status), both views of the status document.
  With `--fault-injection`,
 `POST /v1/debug/faults` cuts the node off the control plane for tests. Errors of
 every kind, including unknown paths and wrong methods, use OpenAI's error
@@ -43,6 +45,8 @@ from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.records import RECIPES
 from runtime.chat import ChatError, ChatService, Generation, parse_chat_request
 from runtime.manifest import MANIFEST_FILE, ManifestError, artifact_files
+from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from runtime.metrics import prometheus_text
 from runtime.placement_driver import AlreadyAssigned, Placement
 from runtime.raft_driver import NotLeader, ProposalFailed, RaftDriver
 from runtime.store import ModelStore
@@ -58,6 +62,7 @@ FORWARD_TIMEOUT_S: Final = 10.0
 leader's own proposal timeout plus a round trip."""
 MAX_DEMAND_COUNT: Final = 1_000_000
 """One report's count; larger is a client bug, not demand."""
+DASHBOARD: Final = Path(__file__).with_name("dashboard.html")
 MAX_BODY_BYTES: Final = 64 * 1024
 """Control-plane request bodies are tiny; refuse megabytes before parsing."""
 
@@ -449,6 +454,12 @@ def create_app(node: NodeAPI) -> Starlette:
     async def network_status(request: Request) -> JSONResponse:
         return JSONResponse(node.status())
 
+    async def metrics(request: Request) -> Response:
+        return Response(prometheus_text(node.status()), media_type=METRICS_CONTENT_TYPE)
+
+    async def dashboard(request: Request) -> Response:
+        return FileResponse(DASHBOARD, media_type="text/html; charset=utf-8")
+
     async def network_coverage(request: Request) -> JSONResponse:
         coverage = node.status()["coverage"]
         model = request.query_params.get("model")
@@ -490,6 +501,8 @@ def create_app(node: NodeAPI) -> Starlette:
             Route("/v1/network/assign", network_assign, methods=["POST"]),
             Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),
             Route("/v1/debug/faults", debug_faults, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/", dashboard, methods=["GET"]),
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )

@@ -158,6 +158,11 @@ async def test_a_three_node_chain_answers_like_transformers_through_any_node(
         # Four requests, each a prefill and count - 1 decode steps on every hop.
         assert view["hop"]["prefill_steps"] == 4
         assert view["hop"]["decode_steps"] == 4 * (count - 1)
+    # The same counts, as Prometheus scrapes them from the middle hop.
+    async with httpx.AsyncClient(timeout=10) as client:
+        scraped = (await client.get(nodes[1].api + "/metrics")).text
+    assert f'shardmesh_hop_steps_total{{phase="decode"}} {4 * (count - 1)}\n' in scraped
+    assert 'shardmesh_admission_state{state="admitted"} 1.0\n' in scraped
     # Every session was closed when its request ended. The entry sends each
     # hop its close as the request ends, so a hop may count it a moment after
     # the client has the answer (the idle reaper needs 60 s: not it, here).

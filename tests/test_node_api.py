@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import httpx
 import trio
+from prometheus_client.parser import text_string_to_metric_families
 
 from consensus.policy import PlacementPolicy, policy_json
 from runtime.localswarm import LocalSwarm
@@ -66,8 +67,27 @@ async def test_status_document_and_errors(swarm: LocalSwarm) -> None:
         assert unknown.json()["error"]["param"] == "model"
 
         assert_openai_error(await client.get("/v1/nope"), 404)
-        assert_openai_error(await client.get("/"), 404)
+        assert_openai_error(await client.post("/"), 405)
         assert_openai_error(await client.post("/v1/network/status"), 405)
+
+        # The dashboard is one page that reads the status document.
+        page = await client.get("/")
+        assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+        assert 'fetch("/v1/network/status"' in page.text
+        assert "innerHTML" not in page.text  # peers' strings are only ever set as text
+
+        # Prometheus metrics: the same figures as the status, in its format.
+        scraped = await client.get("/metrics")
+        assert scraped.status_code == 200
+        assert scraped.headers["content-type"].startswith("text/plain; version=0.0.4")
+        values = {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(scraped.text)
+            for sample in family.samples
+        }
+        assert values[("shardmesh_members", (("state", "alive"),))] >= 1  # itself, at least
+        assert values[("shardmesh_raft_term", ())] >= 1
+        assert ("shardmesh_sessions", ()) in values
 
 
 async def test_the_swarm_policy_is_shown_changed_and_bad_settings_are_refused(

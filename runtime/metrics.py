@@ -1,0 +1,189 @@
+"""`GET /metrics`: the node's status in Prometheus' text exposition format.
+
+Every figure is read from the same document `GET /v1/network/status`
+returns, so the two can never disagree; this module only names and shapes
+them. Counters are what only ever grows in the node's life (drops, steps,
+completions) or in the swarm's (the ledger's demand counts); gauges are
+everything else. Labels are only ever bounded sets: member states, tiers,
+drop reasons (fixed strings), model names (the ones the swarm knows).
+
+The format (version 0.0.4): `# HELP` and `# TYPE` once per family, then
+`name{label="value"} number` lines; label values escape backslash, double
+quote and newline.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
+PREFIX: Final = "shardmesh_"
+MEMBER_STATES: Final = ("alive", "suspect", "dead", "left")
+TIERS: Final = ("operator", "bootstrap", "managed")
+ADMISSION_STATES: Final = ("checking", "admitted", "failed")
+
+
+class _Exposition:
+    """Families in the order first written, each with its samples."""
+
+    def __init__(self) -> None:
+        self._lines: list[str] = []
+
+    def family(
+        self,
+        name: str,
+        kind: str,
+        help_text: str,
+        samples: Iterable[tuple[Mapping[str, str], float]],
+    ) -> None:
+        # Prometheus' convention: a counter's name ends in _total.
+        full = PREFIX + name + ("_total" if kind == "counter" else "")
+        self._lines.append(f"# HELP {full} {help_text}")
+        self._lines.append(f"# TYPE {full} {kind}")
+        for labels, value in samples:
+            self._lines.append(f"{full}{_labels(labels)} {_number(value)}")
+
+    def one(self, name: str, kind: str, help_text: str, value: float) -> None:
+        self.family(name, kind, help_text, [({}, value)])
+
+    def text(self) -> str:
+        return "\n".join(self._lines) + "\n"
+
+
+def prometheus_text(status: Mapping[str, Any]) -> str:
+    """The exposition of one status document (see the module doc)."""
+    out = _Exposition()
+    out.one("uptime_seconds", "gauge", "Seconds since this node started.", status["uptime_s"])
+    out.one("incarnation", "gauge", "This node's SWIM incarnation.", status["incarnation"])
+    out.one("health_score", "gauge", "Lifeguard local health (0 is healthy).", status["health"])
+    states = {state: 0 for state in MEMBER_STATES}
+    for member in status["members"]:
+        states[member["state"]] = states.get(member["state"], 0) + 1
+    out.family(
+        "members",
+        "gauge",
+        "Members this node knows, by the state it holds them in.",
+        [({"state": state}, count) for state, count in states.items()],
+    )
+
+    raft = status.get("raft") or {}
+    out.one("raft_term", "gauge", "Current Raft term.", status["term"])
+    out.one("raft_commit_index", "gauge", "Highest committed log index.", status["commit_index"])
+    out.one("raft_applied_index", "gauge", "Highest applied index.", raft.get("applied_index", 0))
+    out.one(
+        "raft_is_leader",
+        "gauge",
+        "1 when this node leads the placement ledger.",
+        float(status["leader"] == status["node_id"]),
+    )
+    out.one(
+        "raft_has_leader",
+        "gauge",
+        "1 when this node knows a leader with a quorum.",
+        float(status["leader"] is not None),
+    )
+    out.one("raft_voters", "gauge", "Voters in the configuration.", len(raft.get("voters", [])))
+
+    tiers = {tier: 0 for tier in TIERS}
+    for entry in status["ledger"]:
+        tiers[entry["tier"]] = tiers.get(entry["tier"], 0) + 1
+    out.family(
+        "ledger_assignments",
+        "gauge",
+        "Live assignments in the placement ledger, by tier.",
+        [({"tier": tier}, count) for tier, count in tiers.items()],
+    )
+    out.family(
+        "demand_requests",
+        "counter",
+        "Chat requests per model recorded in the ledger (swarm-wide).",
+        [({"model": model}, entry["count"]) for model, entry in sorted(status["demand"].items())],
+    )
+    coverage = sorted(status["coverage"].items())
+    out.family(
+        "coverage_layers",
+        "gauge",
+        "Layers of each model the swarm knows.",
+        [({"model": model}, entry["layers"]) for model, entry in coverage],
+    )
+    out.family(
+        "coverage_gap_layers",
+        "gauge",
+        "Layers of each model no admitted node serves (0: routable).",
+        [({"model": model}, _span_length(entry["gaps"])) for model, entry in coverage],
+    )
+
+    out.family(
+        "drops",
+        "counter",
+        "Inputs refused, by reason (malformed, forged, oversized, ...).",
+        [({"reason": reason}, count) for reason, count in sorted(status["drops"].items())],
+    )
+    out.one("sessions", "gauge", "Inference sessions open on this node.", status["sessions"])
+    chat = status.get("chat") or {}
+    out.family(
+        "chat_completions",
+        "counter",
+        "Chat completions this node answered as the entry, by outcome.",
+        [({"outcome": outcome}, chat.get(outcome, 0)) for outcome in ("completed", "failed")],
+    )
+    out.one(
+        "chat_reroutes",
+        "counter",
+        "Chains this entry re-routed after a hop failed mid-generation.",
+        chat.get("reroutes", 0),
+    )
+    hop = status.get("hop")
+    if hop is not None:
+        out.family(
+            "hop_steps",
+            "counter",
+            "Forward steps this node's shard computed, by phase.",
+            [
+                ({"phase": "decode"}, hop["decode_steps"]),
+                ({"phase": "prefill"}, hop["prefill_steps"]),
+            ],
+        )
+        out.family(
+            "hop_compute_seconds",
+            "counter",
+            "Seconds this node's shard spent computing, by phase.",
+            [
+                ({"phase": "decode"}, hop["decode_compute_s"]),
+                ({"phase": "prefill"}, hop["prefill_compute_s"]),
+            ],
+        )
+        out.one(
+            "hop_prefill_tokens", "counter", "Prompt tokens prefilled here.", hop["prefill_tokens"]
+        )
+        out.one("hop_sessions_reaped", "counter", "Sessions closed as idle.", hop["reaped"])
+    admission = status.get("admission")
+    if admission is not None:
+        out.family(
+            "admission_state",
+            "gauge",
+            "1 for the state of this node's shard (doctor before routing).",
+            [({"state": state}, float(admission["state"] == state)) for state in ADMISSION_STATES],
+        )
+    return out.text()
+
+
+def _span_length(spans: Iterable[Iterable[int]]) -> int:
+    return sum(end - start for start, end in spans)
+
+
+def _labels(labels: Mapping[str, str]) -> str:
+    if not labels:
+        return ""
+    inner = ",".join(f'{key}="{_escape(str(value))}"' for key, value in labels.items())
+    return "{" + inner + "}"
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _number(value: float) -> str:
+    """Integers as integers; every figure in the status is finite."""
+    return str(int(value)) if isinstance(value, int) else repr(float(value))
