@@ -21,6 +21,7 @@ CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX: Final = "shardmesh_"
 MEMBER_STATES: Final = ("alive", "suspect", "dead", "left")
 TIERS: Final = ("operator", "bootstrap", "managed")
+PHASES: Final = ("decode", "prefill")
 ADMISSION_STATES: Final = ("checking", "admitted", "failed")
 
 
@@ -136,24 +137,12 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
     )
     hop = status.get("hop")
     if hop is not None:
-        out.family(
-            "hop_steps",
-            "counter",
-            "Forward steps this node's shard computed, by phase.",
-            [
-                ({"phase": "decode"}, hop["decode_steps"]),
-                ({"phase": "prefill"}, hop["prefill_steps"]),
-            ],
-        )
-        out.family(
-            "hop_compute_seconds",
-            "counter",
-            "Seconds this node's shard spent computing, by phase.",
-            [
-                ({"phase": "decode"}, hop["decode_compute_s"]),
-                ({"phase": "prefill"}, hop["prefill_compute_s"]),
-            ],
-        )
+        for name, field, help_text in (
+            ("hop_steps", "steps", "Forward steps this node's shard computed, by phase."),
+            ("hop_compute_seconds", "compute_s", "Seconds this node's shard computed, by phase."),
+        ):
+            phases = [({"phase": phase}, hop[f"{phase}_{field}"]) for phase in PHASES]
+            out.family(name, "counter", help_text, phases)
         out.one(
             "hop_prefill_tokens", "counter", "Prompt tokens prefilled here.", hop["prefill_tokens"]
         )
