@@ -165,16 +165,26 @@ def _content_text(content: object, where: str) -> str:
     return text
 
 
+def import_tokenizer_library() -> Any:
+    """transformers' AutoTokenizer: heavy the first time (see
+    `ChatService.prepare`), so imported only where chat may be used."""
+    from runtime.backends import IMPORT_LOCK
+
+    with IMPORT_LOCK:  # transformers' lazy imports are not thread-safe
+        from transformers import AutoTokenizer
+
+    return AutoTokenizer
+
+
 class ModelTokenizer:
     """A model's tokenizer and chat template (transformers' AutoTokenizer)."""
 
     def __init__(self, directory: Path) -> None:
         from runtime.backends import IMPORT_LOCK
 
-        with IMPORT_LOCK:  # transformers' lazy imports are not thread-safe
-            from transformers import AutoTokenizer  # heavy: only when chat is used
-
-            self._tok = AutoTokenizer.from_pretrained(str(directory))
+        auto = import_tokenizer_library()
+        with IMPORT_LOCK:  # from_pretrained resolves more lazy attributes
+            self._tok = auto.from_pretrained(str(directory))
         config = _read_json(directory / "config.json")
         generation = _read_json(directory / "generation_config.json")
         eos: set[int] = set()
@@ -340,6 +350,10 @@ def _ms(value: float | None) -> float | None:
     return None if value is None else round(value, 3)
 
 
+PREPARE_POLL_S: Final = 1.0
+"""How often a node that cannot tokenize yet looks for a model in the swarm."""
+
+
 class ChatService:
     """The entry side of chat for one node (see the module docstring)."""
 
@@ -350,6 +364,22 @@ class ChatService:
         self.artifacts = artifacts
         self.backoff = Backoff()
         self.counters: Counter[str] = Counter()  # completions, reroutes, failures
+
+    async def prepare(self) -> None:
+        """Import the tokenizer library as soon as some member serves or
+        loads a model, rather than inside the first chat request this node
+        gets: importing transformers' tokenizers costs ~2 s (and ~200 MB),
+        which that request's first token would otherwise wait for. A node
+        with a torch shard has it loaded already; a light entry pays the
+        memory only once the swarm has something to chat with (starting
+        while the shards load and run their doctor, so it is done by the
+        time they are admitted). Tokenizer *files* are still fetched on the
+        first request for a model, never ahead: every node fetching them as
+        soon as a model appears would put the whole swarm's downloads on the
+        few nodes serving it."""
+        while not (self.node.coverage_map().models or self.node.assigned_models()):
+            await trio.sleep(PREPARE_POLL_S)
+        await trio.to_thread.run_sync(import_tokenizer_library)
 
     # --- models ---------------------------------------------------------------------
 

@@ -477,6 +477,7 @@ class Node:
                     if self.admission is not None:
                         nursery.start_soon(self.admission.run)
                     nursery.start_soon(self.placement.run)
+                    nursery.start_soon(self.chat.prepare)
                     if options.serve is None and self.store.names():
                         # Placement can only give a node models from its
                         # store: without one there is no capacity to offer

@@ -19,6 +19,7 @@ import httpx
 import pytest
 import trio
 
+from runtime.chat import PREPARE_POLL_S
 from runtime.localswarm import LocalNode, LocalSwarm, Views
 from runtime.safetensors_shard import SafetensorsReader
 from runtime.tinymodel import make_tiny_model
@@ -34,6 +35,8 @@ MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."
 MAX_TOKENS = 40
 LONG_TOKENS = 300
 """Long enough that a stream is still running when a hop is killed."""
+TOKENIZERS_LIBRARY = "tokenizers.abi3.so"
+"""The Rust extension transformers' tokenizers load (seen in /proc/PID/maps)."""
 READY_TIMEOUT_S = 60.0
 """Process start, torch import and the doctor on a loaded 2-core machine."""
 
@@ -377,3 +380,31 @@ async def test_bad_requests_get_openai_errors_and_the_node_keeps_serving(
         still = await client.post(url, json=good)
         assert still.status_code == 200, still.text
     await assert_no_internal_errors(swarm, nodes)
+
+
+def maps_library(node: LocalNode, library: str) -> bool:
+    """Whether the node's process has `library` (a shared object) mapped."""
+    return library in Path(f"/proc/{node.process.pid}/maps").read_text()
+
+
+@pytest.mark.slow
+async def test_a_light_entry_loads_the_tokenizer_library_once_the_swarm_has_a_model(
+    swarm: LocalSwarm, model_dir: Path
+) -> None:
+    light = swarm.new_node("light")
+    await swarm.start_ready(light, timeout=START_TIMEOUT_S)
+    # With nothing in the swarm to chat with, it does not pay for the library.
+    await trio.sleep(2 * PREPARE_POLL_S)
+    assert not maps_library(light, TOKENIZERS_LIBRARY)
+
+    serving = swarm.new_node("serving", args=shard_args(model_dir, "0:8"))
+    await swarm.start_ready(serving, [light.control], timeout=START_TIMEOUT_S)
+    await wait_for(swarm, [light], model_ready(MODEL, [light]), READY_TIMEOUT_S, "coverage")
+    # Before any request: the first chat through it will not wait for the import.
+    with trio.fail_after(READY_TIMEOUT_S):
+        while not maps_library(light, TOKENIZERS_LIBRARY):
+            await trio.sleep(0.2)
+    async with httpx.AsyncClient(timeout=60) as client:
+        response = await chat(client, light)
+    assert response.status_code == 200, response.text
+    assert response.json()["shardmesh"]["route"] == [serving.node_id]
