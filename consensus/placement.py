@@ -97,6 +97,7 @@ from types import MappingProxyType
 from typing import Final, Literal
 
 from consensus.ledger import (
+    PINNED_TIERS,
     Assign,
     Assignment,
     Command,
@@ -110,9 +111,11 @@ from consensus.voters import MemberState
 from mesh.coverage import SERVING_STATES
 from mesh.identity import node_id_text
 from mesh.records import RECIPES, NodeRecord
+from mesh.records import Assignment as RecordAssignment
 
 __all__ = [
     "AdmissionFailures",
+    "Announced",
     "CapabilityState",
     "Decision",
     "GapSuggestion",
@@ -128,6 +131,7 @@ __all__ = [
     "demand_rate",
     "explain",
     "node_view",
+    "upkeep",
 ]
 
 CapabilityState = Literal["admitted", "failed", "none"]
@@ -150,6 +154,8 @@ CODE_DEMAND_GAP: Final = "demand_gap"
 CODE_RELOCATE: Final = "relocate"
 CODE_RETARGET: Final = "retarget"
 CODE_HOT_COPY: Final = "hot_copy"
+CODE_PINNED: Final = "pinned"
+CODE_OPERATOR_RELOAD: Final = "operator_reload"
 
 WAIT_MESSAGES: Final[Mapping[str, str]] = MappingProxyType(
     {
@@ -298,9 +304,21 @@ class PlacementHistory:
 class Decision:
     """One command for the leader to propose, and why (for status and logs)."""
 
-    command: Assign | Release
+    command: Assign | Release | MarkAdmissionFailed
     code: str
     reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Announced:
+    """What a member's signed record says about its shard (`upkeep`'s input)."""
+
+    assignment: RecordAssignment
+    live: bool
+    """Membership holds the member alive or suspect."""
+    failure: str | None = None
+    """Its doctor's report about this assignment failed, saying why; None:
+    no failed report (admitted, absent, or about another shard)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -792,6 +810,54 @@ class _Placer:
 
 
 # --- public API -----------------------------------------------------------------
+
+
+def upkeep(
+    ledger: PlacementLedger, announced: Mapping[bytes, Announced], now: float
+) -> list[Decision]:
+    """What the leader commits before it decides, so that `decide` sees a
+    ledger that agrees with what the members announce:
+
+    * the shards live members were pinned to by their operator (ADR-0026's
+      tiers live in the ledger): recorded, after releasing the node's older
+      entry when the operator restarted it with another shard
+      (`operator_reload`);
+    * `MarkAdmissionFailed` for a managed assignment whose node reports a
+      failed doctor for it, so the policy releases it and tries another node.
+    """
+    decisions = []
+    for node in sorted(announced):
+        wanted = announced[node].assignment
+        if not announced[node].live or wanted.tier not in PINNED_TIERS:
+            continue
+        held = ledger.assignment(node)
+        shard = (wanted.model, wanted.layers, wanted.recipe, wanted.tier)
+        if held is not None and (held.model, held.layers, held.recipe, held.tier) == shard:
+            continue
+        if held is not None:
+            release = Release(node, held.model, held.epoch, CODE_OPERATOR_RELOAD, now)
+            decisions.append(
+                Decision(release, CODE_OPERATOR_RELOAD, "the operator restarted the node")
+            )
+        assign = Assign(
+            node, wanted.model, wanted.layers, wanted.recipe, wanted.tier, False,
+            ledger.epoch(node) + 1, now,
+        )  # fmt: skip
+        decisions.append(Decision(assign, CODE_PINNED, f"the node was started with {wanted.model}"))
+    for held in ledger.assignments():
+        about = announced.get(held.node)
+        if not held.managed or held.admission_failed_at is not None or about is None:
+            continue
+        said = about.assignment
+        if about.failure is None or (said.model, said.layers, said.epoch) != (
+            held.model,
+            held.layers,
+            held.epoch,
+        ):
+            continue
+        mark = MarkAdmissionFailed(held.node, held.model, held.epoch, now)
+        decisions.append(Decision(mark, CODE_ADMISSION_FAILED, about.failure))
+    return decisions
 
 
 def decide(snapshot: PlacementInput, policy: PlacementPolicy | None = None) -> list[Decision]:

@@ -37,9 +37,11 @@ from typing import Any, Final
 import httpx
 import trio
 
-from consensus.ledger import Assign, Command, MarkAdmissionFailed, RecordDemand, Release
+from consensus.ledger import Assign, Command, RecordDemand
 from consensus.placement import (
     WAIT_MESSAGES,
+    Announced,
+    Decision,
     GapSuggestion,
     ModelFacts,
     NodeView,
@@ -50,6 +52,7 @@ from consensus.placement import (
     decide,
     explain,
     node_view,
+    upkeep,
 )
 from consensus.policy import policy_json
 from mesh.identity import node_id_text
@@ -69,7 +72,6 @@ ASSIGNMENT_POLL_S: Final = 0.2
 """How often a node compares the ledger's assignment with what it serves."""
 MANIFEST_RETRY_S: Final = 5.0
 """After a failed manifest fetch, wait this long before asking again."""
-PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
 RECENT_DECISIONS: Final = 32
 AUTO_JOIN_POLL_S: Final = 0.5
 
@@ -226,18 +228,19 @@ class Placement:
             self.waiting = explain(snapshot, self.policy)
             if not self.node.raft.raft.is_leader:
                 continue
-            commands = self._pinned_records(snapshot) + self._admission_failures(snapshot)
-            if not commands:  # decide on a ledger that already knows the pinned shards
-                commands = [(d.command, d.code, d.reason) for d in decide(snapshot, self.policy)]
-            for command, code, reason in commands:
+            decisions = upkeep(self.node.raft.ledger, self._announced(), time.time())
+            if not decisions:  # decide on a ledger that already knows the pinned shards
+                decisions = decide(snapshot, self.policy)
+            for decision in decisions:
                 try:
-                    committed = await self.node.raft.propose(command)
+                    committed = await self.node.raft.propose(decision.command)
                 except (NotLeader, ProposalFailed) as exc:
                     log.info("placement round stopped: %s", exc)
                     break
-                self._remember(command, code, reason, committed.index, committed.accepted)
+                self._remember(decision, committed.index, committed.accepted)
 
-    def _remember(self, command: Command, code: str, reason: str, index: int, ok: bool) -> None:
+    def _remember(self, decision: Decision, index: int, ok: bool) -> None:
+        command, code, reason = decision.command, decision.code, decision.reason
         node = getattr(command, "node", None)
         entry = {
             "command": type(command).__name__,
@@ -301,66 +304,19 @@ class Placement:
                 continue
         self._fetch_after[name] = trio.current_time() + MANIFEST_RETRY_S
 
-    def _pinned_records(self, snapshot: PlacementInput) -> list[tuple[Command, str, str]]:
-        """Ledger entries for operator-pinned shards announced in signed records."""
-        commands: list[tuple[Command, str, str]] = []
-        ledger = self.node.raft.ledger
+    def _announced(self) -> dict[bytes, Announced]:
+        """What each member's signed record says about its shard (`upkeep`)."""
+        announced = {}
         for member in self.node.membership.members():
-            if str(member.state) not in ("alive", "suspect"):
-                continue
             record = self.node.decoded_record(member.node)
-            wanted = record.assignment if record is not None else None
-            if wanted is None or wanted.tier not in PINNED_TIERS:
+            if record is None or record.assignment is None:
                 continue
-            held = ledger.assignment(member.node)
-            if held is not None and (held.model, held.layers, held.recipe, held.tier) == (
-                wanted.model,
-                wanted.layers,
-                wanted.recipe,
-                wanted.tier,
-            ):
-                continue
-            epoch = ledger.epoch(member.node)
-            if held is not None:
-                release = Release(
-                    member.node, held.model, held.epoch, "operator_reload", time.time()
-                )
-                commands.append((release, "operator_reload", "the operator restarted the node"))
-            assign = Assign(
-                node=member.node,
-                model=wanted.model,
-                layers=wanted.layers,
-                recipe=wanted.recipe,
-                tier=wanted.tier,
-                managed=False,
-                epoch=epoch + 1,
-                at=time.time(),
-            )
-            commands.append((assign, "pinned", f"the node was started with {wanted.model}"))
-        return commands
-
-    def _admission_failures(self, snapshot: PlacementInput) -> list[tuple[Command, str, str]]:
-        """Mark managed assignments whose node's signed report says its
-        doctor failed, so the policy releases them and tries another node."""
-        commands: list[tuple[Command, str, str]] = []
-        for assignment in self.node.raft.ledger.assignments():
-            if not assignment.managed or assignment.admission_failed_at is not None:
-                continue
-            record = self.node.decoded_record(assignment.node)
-            if record is None or record.capability is None or record.assignment is None:
-                continue
-            about = record.assignment
-            if (about.model, about.layers, about.epoch) != (
-                assignment.model,
-                assignment.layers,
-                assignment.epoch,
-            ) or record.capability.result != "failed":
-                continue
-            mark = MarkAdmissionFailed(
-                assignment.node, assignment.model, assignment.epoch, time.time()
-            )
-            commands.append((mark, "admission_failed", record.capability.failure or "failed"))
-        return commands
+            failure = None
+            if record.capability is not None and record.capability.result == "failed":
+                failure = record.capability.failure or "failed"
+            live = str(member.state) in ("alive", "suspect")
+            announced[member.node] = Announced(record.assignment, live, failure)
+        return announced
 
     # --- serving what the ledger assigns us ----------------------------------------
 

@@ -30,6 +30,7 @@ from consensus.ledger import (
 from consensus.placement import (
     WAIT_MESSAGES,
     AdmissionFailures,
+    Announced,
     CapabilityState,
     Decision,
     GapSuggestion,
@@ -44,6 +45,7 @@ from consensus.placement import (
     demand_rate,
     explain,
     node_view,
+    upkeep,
 )
 from mesh.records import Addresses, BackendInfo, CapabilityReport, NodeRecord
 from mesh.records import Assignment as RecordAssignment
@@ -332,6 +334,64 @@ def test_history_counts_failures_and_releases_from_committed_commands() -> None:
     history.observe(RecordDemand(Y, 1, 52.0))
     assert history.failures == {(node, Y): AdmissionFailures(2, 50.0)}
     assert history.released_at == {node: 51.0}
+
+
+# --- upkeep: what the leader records before it decides ------------------------------------
+
+
+def announced(
+    model: str, tier: str, epoch: int = 0, live: bool = True, failure: str | None = None
+) -> Announced:
+    record = RecordAssignment(model, (0, 8), "bf16", tier, tier == "managed", epoch)  # type: ignore[arg-type]
+    return Announced(record, live, failure)
+
+
+def commit_all(ledger: PlacementLedger, decisions: list[Decision]) -> None:
+    for decision in decisions:
+        result = ledger.apply(ledger.applied_index + 1, encode_command(decision.command))
+        assert result.accepted, result
+
+
+def test_upkeep_records_pinned_shards_once_and_a_reload_releases_the_old_one() -> None:
+    ledger = PlacementLedger()
+    first = upkeep(
+        ledger, {nid(1): announced(X, "operator"), nid(2): announced(Y, "bootstrap")}, NOW
+    )
+    assert [(d.code, type(d.command), d.command.node) for d in first] == [
+        ("pinned", Assign, nid(1)),
+        ("pinned", Assign, nid(2)),
+    ]
+    commit_all(ledger, first)
+    assert ledger.assignment(nid(2)).tier == "bootstrap"  # type: ignore[union-attr]
+    # Recorded: nothing more to do while the records say the same.
+    assert upkeep(ledger, {nid(1): announced(X, "operator")}, NOW) == []
+    # The operator restarted node 1 with Y: the old entry goes, the new one comes.
+    reload = upkeep(ledger, {nid(1): announced(Y, "operator")}, NOW + 1)
+    assert [d.code for d in reload] == ["operator_reload", "pinned"]
+    commit_all(ledger, reload)
+    held = ledger.assignment(nid(1))
+    assert held is not None and held.model == Y and held.epoch == 2
+    # A member that is not alive or suspect is not recorded.
+    assert upkeep(PlacementLedger(), {nid(3): announced(X, "operator", live=False)}, NOW) == []
+
+
+def test_upkeep_marks_a_managed_assignment_whose_own_doctor_failed() -> None:
+    ledger = PlacementLedger()
+    commit_all(
+        ledger,
+        [Decision(Assign(nid(4), Y, (0, 8), "bf16", "managed", True, 3, NOW), "demand_gap", "")],
+    )
+    # A failed report about another epoch (an older placement) is no reason.
+    assert (
+        upkeep(ledger, {nid(4): announced(Y, "managed", 2, failure="digest_mismatch")}, NOW) == []
+    )
+    assert upkeep(ledger, {nid(4): announced(Y, "managed", 3)}, NOW) == []  # not failed
+    marks = upkeep(ledger, {nid(4): announced(Y, "managed", 3, live=False, failure="x")}, NOW)
+    assert [(d.code, d.reason, type(d.command)) for d in marks] == [
+        ("admission_failed", "x", MarkAdmissionFailed)
+    ]
+    commit_all(ledger, marks)
+    assert upkeep(ledger, {nid(4): announced(Y, "managed", 3, failure="x")}, NOW) == []  # once
 
 
 # --- hot copies and idle release ------------------------------------------------------------
