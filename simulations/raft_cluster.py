@@ -219,14 +219,17 @@ class RaftCluster:
 
     # --- actions ----------------------------------------------------------------
 
-    def propose(self, data: bytes) -> Proposal | None:
-        """Propose `data` on the current leader; None if there is none (or it
-        refuses, e.g. during a leadership transfer)."""
-        i = self.leader()
+    def propose(self, data: bytes, on: int | None = None) -> Proposal | None:
+        """Propose `data` on the current leader, or on node `on` if it
+        believes it leads (a deposed leader that has not noticed yet
+        accepts proposals that will never commit); None if there is no such
+        leader (or it refuses, e.g. during a leadership transfer)."""
+        i = self.leader() if on is None else on
         if i is None:
             return None
         s = self.nodes[i]
-        assert s.raft is not None
+        if s.raft is None or not s.raft.is_leader:
+            return None
         index = s.raft.propose(data)
         if index is None:
             return None

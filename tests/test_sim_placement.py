@@ -1,0 +1,142 @@
+"""Placement in the simulator: the real Raft cores, ledgers and policy under
+a chat-demand workload, scenario by scenario and over many seeds."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from consensus.placement import ModelFacts
+from consensus.policy import PlacementPolicy
+from simulations.placement_cluster import (
+    DOCTOR_S,
+    GB,
+    LOAD_BYTES_PER_S,
+    PlacementCluster,
+    WorkerSpec,
+)
+
+MODELS = {"x": ModelFacts(32, GB // 2), "y": ModelFacts(32, GB // 2)}
+"""32 layers of half a GB: a whole copy needs 16 GB."""
+LOAD_Y_S = 16 * GB / LOAD_BYTES_PER_S["gpu"] + DOCTOR_S
+
+
+def swarm(seed: int = 1, *extra: WorkerSpec, **options: object) -> PlacementCluster:
+    """Worker 0 pinned to x; workers 1 and 2 spare, with y in their store."""
+    workers = [
+        WorkerSpec(24, ("x",), pinned="x"),
+        WorkerSpec(24, ("y",)),
+        WorkerSpec(24, ("y",)),
+        *extra,
+    ]
+    return PlacementCluster(seed, workers, MODELS, **options)  # type: ignore[arg-type]
+
+
+def serving(cluster: PlacementCluster, model: str) -> list[int]:
+    ledger = cluster.ledger()
+    return [
+        i for i, worker in enumerate(cluster.workers)
+        if (held := ledger.assignment(worker.node)) is not None and held.model == model
+    ]  # fmt: skip
+
+
+def test_demand_places_a_model_on_spare_capacity_and_it_is_served_after_its_load() -> None:
+    cluster = swarm()
+    cluster.demand("y", 60, start=5, stop=100)
+    cluster.run_until(100)
+    cluster.check()
+    y = cluster.metrics()["models"]["y"]  # type: ignore[index]
+    # The control plane answers within a second (the issue's 1 s target);
+    # serving waits for the load and the doctor.
+    assert y["request_to_assigned_s"] < 1.0
+    assert LOAD_Y_S <= y["request_to_served_s"] < LOAD_Y_S + 2.0
+    assert serving(cluster, "y") in ([1], [2])
+    assert serving(cluster, "x") == [0]  # pinned, recorded, untouched
+    assert 0.5 < y["served_fraction"] < 1.0
+
+
+def test_a_crashed_serving_worker_is_replaced_from_spare_capacity() -> None:
+    cluster = swarm()
+    cluster.demand("y", 60, start=5, stop=300)
+    cluster.run_until(40)
+    (first,) = serving(cluster, "y")
+    cluster.crash(first, at=40)
+    # Dead at the leader after detection, released after the dead grace,
+    # the other spare worker loads it.
+    cluster.run_until(40 + cluster.detect_s + PlacementPolicy().dead_grace_s + LOAD_Y_S + 5)
+    cluster.check()
+    assert serving(cluster, "y") == [3 - first]
+    assert cluster.committed["Release"] == 1 and cluster.committed["Assign"] == 3  # x, y, y again
+    assert cluster.servable("y")
+
+
+def test_a_worker_that_fails_its_doctor_is_passed_over() -> None:
+    bad = PlacementCluster(
+        1, [WorkerSpec(16, ("y",), fails_doctor=True), WorkerSpec(24, ("y",))], MODELS
+    )
+    bad.demand("y", 60, start=1, stop=120)
+    bad.run_until(120)
+    bad.check()
+    # The smaller worker was tried first; each time its doctor failed it was
+    # marked and released (after its back-off, demand for more copies may
+    # try it again), and the other one serves.
+    assert bad.committed["MarkAdmissionFailed"] >= 1
+    assert bad.committed["Release"] == bad.committed["MarkAdmissionFailed"]
+    assert 1 in serving(bad, "y") and bad.workers[1].verdict == "admitted"
+    assert bad.workers[0].verdict != "admitted"
+    assert bad.servable("y")
+
+
+def test_a_leader_cut_off_from_the_voters_places_nothing_and_the_ledgers_agree_after() -> None:
+    cluster = swarm(voters=5)
+    cluster.run_until(5)
+    leader = cluster.raft.leader()
+    assert leader is not None
+    others = [i for i in range(5) if i != leader]
+    cluster.partition_voters([[leader], others], at=5, heal=60)
+    cluster.demand("y", 60, start=6, stop=60)
+    cluster.run_until(30)
+    # The majority elected a new leader and placed y; the old one's entries never committed.
+    assert cluster.raft.leader() in others
+    assert serving(cluster, "y")
+    assert cluster.ledgers[leader].assignment(cluster.workers[1].node) is None
+    assert cluster.ledgers[leader].assignment(cluster.workers[2].node) is None
+    cluster.run_until(90)
+    cluster.check()  # includes: every replica's ledger equal at equal applied index
+    assert len({ledger.snapshot() for ledger in cluster.ledgers}) == 1
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    seed=st.integers(0, 2**16),
+    spares=st.lists(st.tuples(st.sampled_from([8, 12, 24]), st.booleans()), min_size=1, max_size=5),
+    rate=st.floats(1, 120),
+    crashes=st.lists(st.tuples(st.integers(0, 5), st.floats(1, 200)), max_size=3),
+    cut=st.one_of(st.none(), st.tuples(st.floats(1, 150), st.floats(1, 60))),
+)
+def test_random_runs_keep_every_invariant_and_replay_from_their_seed(
+    seed: int,
+    spares: list[tuple[int, bool]],
+    rate: float,
+    crashes: list[tuple[int, float]],
+    cut: tuple[float, float] | None,
+) -> None:
+    def run() -> PlacementCluster:
+        extra = [WorkerSpec(gb, ("y",), fails_doctor=fails) for gb, fails in spares]
+        cluster = swarm(seed, *extra)
+        cluster.demand("y", rate, start=1, stop=200)
+        cluster.demand("x", rate / 2, start=1, stop=200)
+        for worker, at in crashes:
+            cluster.crash(worker % len(cluster.workers), at)
+            cluster.restart(worker % len(cluster.workers), at + 30)
+        if cut is not None:
+            cluster.partition_voters([[0], [1, 2]], cut[0], cut[0] + cut[1])
+        cluster.run_until(250)
+        cluster.check()
+        return cluster
+
+    first = run()
+    assert first.metrics() == run().metrics()  # same seed, same run, same digest
+    # The pinned shard of x is recorded once and never moves (check() holds
+    # that too); x is served whenever its worker is up.
+    assert serving(first, "x") == [0]
