@@ -290,8 +290,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a scenario in the deterministic simulator",
         description=(
             "Run the real membership core on simulated nodes, links and faults described "
-            "by a TOML scenario (examples: simulations/scenarios/). Same seed, same results "
-            "and trace digest."
+            "by a TOML scenario (examples: simulations/scenarios/); a scenario with a "
+            "[placement] table runs demand placement on the real Raft and ledger instead. "
+            "Same seed, same results and trace digest."
         ),
     )
     simulate.add_argument("scenario", type=Path, metavar="SCENARIO.toml")

@@ -146,11 +146,12 @@ class PlacementCluster:
         policy: PlacementPolicy | None = None,
         network: NetworkConfig | None = None,
         detect_s: float = DETECT_S,
+        keep_trace: bool = False,
     ) -> None:
         self.seed = seed
         self.models = dict(models)
         self.detect_s = detect_s
-        self.raft = RaftCluster(voters, seed, network=network)
+        self.raft = RaftCluster(voters, seed, network=network, keep_trace=keep_trace)
         self.loop = self.raft.loop
         self.policy = policy
         self.ledgers = [PlacementLedger() for _ in range(voters)]
@@ -163,12 +164,17 @@ class PlacementCluster:
         self.committed: Counter[str] = Counter()
         """Accepted commands by type: Assign, Release, MarkAdmissionFailed, ..."""
         self.violations: list[str] = []
+        self.requests: list[tuple[float, str, bool]] = []
+        """Every chat request: (time, model, served)."""
+        self.commits: list[tuple[float, str, str]] = []
+        """Every accepted placement command but demand: (time, type, model)."""
         self._pinned_recorded: dict[bytes, tuple[str, tuple[int, int]]] = {}
         self._demand: Counter[str] = Counter()
         self._counted_index = 0
         self._leading = [_Leading() for _ in range(voters)]
         self._rng = component_rng(seed, "placement", "workload")
         self._trace = hashlib.sha256()
+        self._lines: list[str] | None = [] if keep_trace else None
         for worker in self.workers:
             if worker.spec.pinned is not None:
                 self._load(worker, self._pin(worker.spec.pinned))
@@ -338,6 +344,8 @@ class PlacementCluster:
             return
         self._counted_index = entry.index
         self.committed[type(command).__name__] += 1
+        if not isinstance(command, RecordDemand):
+            self.commits.append((self.now, type(command).__name__, command.model))
         self._note(f"commit {type(command).__name__} {getattr(command, 'model', '')}")
         if isinstance(command, Assign):
             if command.managed:
@@ -421,7 +429,9 @@ class PlacementCluster:
         if stats.first_request_at is None:
             stats.first_request_at = self.now
         self._demand[model] += 1
-        if self.servable(model):
+        served = self.servable(model)
+        self.requests.append((self.now, model, served))
+        if served:
             stats.served += 1
             if stats.first_served_at is None:
                 stats.first_served_at = self.now
@@ -452,8 +462,23 @@ class PlacementCluster:
                 return  # kept for the next flush
             del self._demand[model]
 
+    def timeline(self) -> list[str]:
+        """With `keep_trace`: Raft's traced events and this module's, merged
+        in time order (Raft's first at equal times); `trace_digest` covers
+        both streams."""
+        raft = self.raft.trace_lines or []
+        mine = self._lines or []
+        return [line for _, _, line in sorted(
+            [(float(line.split()[0]), 0, line) for line in raft]
+            + [(float(line.split()[0]), 1, line) for line in mine],
+            key=lambda item: (item[0], item[1]),
+        )]  # fmt: skip
+
     def _note(self, line: str) -> None:
-        self._trace.update(f"{self.now:.6f} {line}\n".encode())
+        text = f"{self.now:.6f} {line}"
+        self._trace.update(text.encode() + b"\n")
+        if self._lines is not None:
+            self._lines.append(text)
 
 
 def _since(start: float | None, end: float | None) -> float | None:

@@ -25,6 +25,7 @@ says whether it is there, so a caller can warn before the run.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from simulations.cluster import MembershipCluster
+from simulations.placement_cluster import PlacementCluster
 
 SAMPLE_STEP_S: Final = 1.0
 """Virtual seconds per traffic sample: a 600 s run gives 600 points, enough
@@ -136,6 +138,41 @@ def write_plots(cluster: MembershipCluster, samples: Samples, out: Path) -> list
             pyplot.close(figure)
         written.append(out / name)
     return written
+
+
+def write_placement_plot(cluster: PlacementCluster, out: Path) -> Path:
+    """`placement.png`: per model, requests and those served over time, with
+    the placement commands that changed what serves it."""
+    import matplotlib  # see plots_unavailable
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    out.mkdir(parents=True, exist_ok=True)
+    figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    try:
+        for model in sorted({model for _, model, _ in cluster.requests}):
+            times = [at for at, name, _ in cluster.requests if name == model]
+            served = list(itertools.accumulate(
+                int(ok) for _, name, ok in cluster.requests if name == model
+            ))  # fmt: skip
+            line = axes.step(times, range(1, len(times) + 1), where="post",
+                             label=f"{model}: requests")  # fmt: skip
+            axes.step(times, served, where="post", linestyle="--",
+                      color=line[0].get_color(), label=f"{model}: served")  # fmt: skip
+        styles = {"Assign": "tab:green", "Release": "tab:grey", "MarkAdmissionFailed": "tab:red"}
+        for at, kind, _ in cluster.commits:
+            axes.axvline(at, color=styles.get(kind, "black"), linewidth=0.7, linestyle=":")
+        axes.set_xlim(0, cluster.now)
+        axes.set_xlabel("virtual seconds (dotted: Assign green, Release grey, doctor failed red)")
+        axes.set_ylabel("chat requests, cumulative")
+        axes.set_title(f"demand placement, {len(cluster.workers)} workers, seed {cluster.seed}")
+        axes.legend(loc="upper left")
+        figure.tight_layout()
+        figure.savefig(out / "placement.png")
+    finally:
+        pyplot.close(figure)
+    return out / "placement.png"
 
 
 def _draw_membership(axes: Any, cluster: MembershipCluster, samples: Samples) -> None:

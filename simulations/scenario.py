@@ -1,5 +1,8 @@
 """Scenario files: a membership experiment described in TOML, run to metrics.
 
+(A scenario with a `[placement]` table is a placement experiment instead:
+see `simulations.placement_scenario`.)
+
 A scenario names the swarm (how many nodes, how they start), the membership
 profile, the network, a fault schedule and a duration. ``run_scenario`` runs
 it with a seed and returns a JSON-ready dict of metrics, including the trace
@@ -59,6 +62,7 @@ from typing import Any
 from mesh.config import MembershipConfig
 from simulations.cluster import MembershipCluster, Publication
 from simulations.network import NetworkConfig
+from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
 from simulations.seeds import component_rng
 
@@ -283,6 +287,9 @@ def run_scenario(
     duration = float(scenario.get("duration", 60.0))
     if duration <= 0:
         raise ScenarioError("duration must be positive")
+    header = {"scenario": scenario.get("name", ""), "seed": seed, "duration": duration}
+    if "placement" in scenario:
+        return header | run_placement_scenario(scenario, seed, duration, timeline, plots)
     cluster = build_cluster(scenario, seed, keep_trace=timeline is not None)
     if plots is None:
         cluster.run_until(duration)
@@ -291,6 +298,4 @@ def run_scenario(
         write_plots(cluster, samples, plots)
     if timeline is not None and cluster.trace_lines is not None:
         timeline.extend(cluster.trace_lines)
-    return {"scenario": scenario.get("name", ""), "seed": seed, "duration": duration} | metrics(
-        cluster
-    )
+    return header | metrics(cluster)

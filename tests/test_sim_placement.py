@@ -3,6 +3,9 @@ a chat-demand workload, scenario by scenario and over many seeds."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -15,6 +18,7 @@ from simulations.placement_cluster import (
     PlacementCluster,
     WorkerSpec,
 )
+from simulations.scenario import ScenarioError, run_scenario
 
 MODELS = {"x": ModelFacts(32, GB // 2), "y": ModelFacts(32, GB // 2)}
 """32 layers of half a GB: a whole copy needs 16 GB."""
@@ -140,3 +144,49 @@ def test_random_runs_keep_every_invariant_and_replay_from_their_seed(
     # The pinned shard of x is recorded once and never moves (check() holds
     # that too); x is served whenever its worker is up.
     assert serving(first, "x") == [0]
+
+
+SCENARIO = (
+    Path(__file__).resolve().parent.parent / "simulations" / "scenarios" / "demand-placement.toml"
+)
+
+
+def test_the_shipped_placement_scenario_runs_and_replays(tmp_path: Path) -> None:
+    result = run_scenario(SCENARIO, seed=2)
+    timeline: list[str] = []
+    # Again, keeping its timeline and drawing its plot: the same run.
+    assert result == run_scenario(SCENARIO, seed=2, timeline=timeline, plots=tmp_path)
+    assert (tmp_path / "placement.png").read_bytes().startswith(b"\x89PNG")
+    times = [float(line.split()[0]) for line in timeline]
+    assert times == sorted(times) and any(" commit Assign y" in line for line in timeline)
+    assert result["scenario"] == "demand-placement" and result["violations"] == 0
+    assert "invariant_failure" not in result
+    # Its story: the corrupt copy is marked and passed over, the crash is
+    # relocated, and most requests are served.
+    assert result["committed"]["MarkAdmissionFailed"] >= 1
+    assert result["committed"]["Release"] >= 2
+    y = result["models"]["y"]
+    assert y["request_to_assigned_s"] < 1.0 and y["served_fraction"] > 0.5
+
+
+@pytest.mark.parametrize(
+    ("placement", "faults", "match"),
+    [
+        ({"models": [{"name": "y", "layers": 4}]}, [], "layer_gb"),
+        ({"models": "y"}, [], "array of tables"),
+        ({"workers": [{"memory_gb": 8, "models": ["nope"]}]}, [], "'nope', not in"),
+        ({"workers": [{"memory_gb": 8, "hardware": "tpu"}]}, [], "hardware"),
+        ({"workers": [{"memory_gb": 8}]}, [{"kind": "crash", "worker": 3}], "not in 0..0"),
+        ({}, [{"kind": "meteor"}], "kind must be one of"),
+        ({"models": [{"name": "y", "layers": 4, "layer_gb": 1}]}, [], None),  # valid
+    ],
+)
+def test_placement_scenario_errors_name_the_problem(
+    placement: dict[str, object], faults: list[object], match: str | None
+) -> None:
+    scenario = {"duration": 5.0, "placement": placement, "faults": faults}
+    if match is None:
+        assert run_scenario(scenario, seed=1)["violations"] == 0
+        return
+    with pytest.raises(ScenarioError, match=match):
+        run_scenario(scenario, seed=1)
