@@ -58,14 +58,11 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
     out.one("uptime_seconds", "gauge", "Seconds since this node started.", status["uptime_s"])
     out.one("incarnation", "gauge", "This node's SWIM incarnation.", status["incarnation"])
     out.one("health_score", "gauge", "Lifeguard local health (0 is healthy).", status["health"])
-    states = {state: 0 for state in MEMBER_STATES}
-    for member in status["members"]:
-        states[member["state"]] = states.get(member["state"], 0) + 1
     out.family(
         "members",
         "gauge",
         "Members this node knows, by the state it holds them in.",
-        [({"state": state}, count) for state, count in states.items()],
+        _counted("state", MEMBER_STATES, (member["state"] for member in status["members"])),
     )
 
     raft = status.get("raft") or {}
@@ -86,14 +83,11 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
     )
     out.one("raft_voters", "gauge", "Voters in the configuration.", len(raft.get("voters", [])))
 
-    tiers = {tier: 0 for tier in TIERS}
-    for entry in status["ledger"]:
-        tiers[entry["tier"]] = tiers.get(entry["tier"], 0) + 1
     out.family(
         "ledger_assignments",
         "gauge",
         "Live assignments in the placement ledger, by tier.",
-        [({"tier": tier}, count) for tier, count in tiers.items()],
+        _counted("tier", TIERS, (entry["tier"] for entry in status["ledger"])),
     )
     out.family(
         "demand_requests",
@@ -156,6 +150,17 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
             [({"state": state}, float(admission["state"] == state)) for state in ADMISSION_STATES],
         )
     return out.text()
+
+
+def _counted(
+    label: str, known: Iterable[str], values: Iterable[str]
+) -> list[tuple[Mapping[str, str], float]]:
+    """One sample per value of `label`: each known one (0 when absent), then
+    any other seen, with how often it occurs in `values`."""
+    counts = dict.fromkeys(known, 0)
+    for value in values:
+        counts[value] = counts.get(value, 0) + 1
+    return [({label: value}, count) for value, count in counts.items()]
 
 
 def _span_length(spans: Iterable[Iterable[int]]) -> int:

@@ -30,9 +30,10 @@ Invariants, checked as it runs (`violations`) and by `check`: Raft's own
 (one leader per term, agreeing committed logs); every replica's ledger
 equal at equal applied index; a pinned shard, once recorded, never changes;
 every managed assignment a leader proposes goes to a worker its view holds
-alive, spare and holding the model; a round without quorum proposes
-nothing. Same seed, same run: `trace_digest` covers Raft's trace and this
-module's events.
+alive, spare and holding the model. (A leader cut off from a quorum keeps
+its role until CheckQuorum steps it down, as in the node; what it proposes
+meanwhile never commits, which the agreeing ledgers show.) Same seed, same
+run: `trace_digest` covers Raft's trace and this module's events.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from consensus.ledger import Assign, PlacementLedger, RecordDemand, Release, enc
 from consensus.log import Entry, EntryKind
 from consensus.placement import (
     Announced,
+    CapabilityState,
     Decision,
     ModelFacts,
     NodeView,
@@ -110,7 +112,7 @@ class _Worker:
     since: float = 0.0
     serving: RecordAssignment | None = None
     ready_at: float = math.inf
-    verdict: str = "none"
+    verdict: CapabilityState = "none"
     """Its doctor's verdict on `serving`: none (loading), admitted, failed."""
 
 
@@ -293,7 +295,7 @@ class PlacementCluster:
         for worker in self.workers:
             seen_dead = not worker.alive and self.now >= worker.since + self.detect_s
             held = ledger.assignment(worker.node)
-            capability = "none"
+            capability: CapabilityState = "none"
             if held is not None and worker.serving is not None and worker.alive:
                 said = worker.serving
                 if (said.model, said.layers, said.epoch) == (held.model, held.layers, held.epoch):
@@ -304,7 +306,7 @@ class PlacementCluster:
                 int(worker.spec.memory_gb * GB),
                 frozenset(worker.spec.models),
                 spare=worker.spec.pinned is None,
-                capability=capability,  # type: ignore[arg-type]
+                capability=capability,
             )
         return views
 
@@ -321,8 +323,6 @@ class PlacementCluster:
 
     def _check_decision(self, snapshot: PlacementInput, decision: Decision) -> None:
         command = decision.command
-        if not snapshot.has_quorum:
-            self.violations.append(f"{self.now:.3f}: decided {command} without quorum")
         if isinstance(command, Assign) and command.managed:
             view = snapshot.nodes[command.node]
             if view.state != "alive" or not view.spare or command.model not in view.models:
