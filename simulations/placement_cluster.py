@@ -215,6 +215,21 @@ class PlacementCluster:
         """Cut the voters into `groups` from `at` to `heal` (workers are unaffected)."""
         self.raft.network.schedule_partition(groups, at, heal)
 
+    def isolate_leader(self, at: float, heal: float) -> None:
+        """Cut whichever voter leads at `at` off from the others until `heal`
+        (nothing happens if none leads then): a scenario cannot know in
+        advance which voter its election will pick."""
+
+        def cut() -> None:
+            leader = self.raft.leader()
+            if leader is None:
+                return
+            others = [i for i in range(len(self.ledgers)) if i != leader]
+            self._note(f"isolate leader {leader}")
+            self.raft.network.schedule_partition([[leader], others], self.now, heal)
+
+        self.loop.call_at(at, cut)
+
     # --- observers -------------------------------------------------------------------
 
     def ledger(self) -> PlacementLedger:

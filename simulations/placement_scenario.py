@@ -37,7 +37,7 @@ Example::
 
     [[faults]]
     kind = "partition"
-    voters = [[0], [1, 2]]
+    voters = [[0], [1, 2]]     # or "leader": whoever leads at `at`, alone
     at = 50.0
     heal = 80.0
 
@@ -138,7 +138,11 @@ def _schedule(cluster: PlacementCluster, fault: Any, where: str, workers: int) -
         raise ValueError(f"{where}: kind must be one of {', '.join(PLACEMENT_FAULTS)}")
     at = float(fault.get("at", 0.0))
     if fault["kind"] == "partition":
-        cluster.partition_voters(fault["voters"], at, float(fault.get("heal", math.inf)))
+        heal = float(fault.get("heal", math.inf))
+        if fault["voters"] == "leader":
+            cluster.isolate_leader(at, heal)
+        else:
+            cluster.partition_voters(fault["voters"], at, heal)
         return
     worker = fault["worker"]
     if type(worker) is not int or not 0 <= worker < workers:

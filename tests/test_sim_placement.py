@@ -160,6 +160,7 @@ def test_the_shipped_placement_scenario_runs_and_replays(tmp_path: Path) -> None
     times = [float(line.split()[0]) for line in timeline]
     assert times == sorted(times) and any(" commit Assign y" in line for line in timeline)
     assert result["scenario"] == "demand-placement" and result["violations"] == 0
+    assert result["terms"] >= 2  # the cut-off leader was replaced
     assert "invariant_failure" not in result
     # Its story: the corrupt copy is marked and passed over, the crash is
     # relocated, and most requests are served.
