@@ -63,6 +63,7 @@ leader's own proposal timeout plus a round trip."""
 MAX_DEMAND_COUNT: Final = 1_000_000
 """One report's count; larger is a client bug, not demand."""
 DASHBOARD: Final = Path(__file__).with_name("dashboard.html")
+"""The page `GET /` serves: static, it reads `/v1/network/status` itself."""
 MAX_BODY_BYTES: Final = 64 * 1024
 """Control-plane request bodies are tiny; refuse megabytes before parsing."""
 
