@@ -110,7 +110,7 @@ def settings_error(settings: Mapping[str, object], base: PlacementPolicy) -> str
         if not math.isfinite(value) or abs(value) > MAX_SETTING:  # type: ignore[arg-type]
             return f"{name} must be a finite number of magnitude at most 2**63-1, got {value!r}"
     try:
-        replace(base, **{n: POLICY_FIELDS[n](v) for n, v in settings.items()})  # type: ignore[arg-type]
+        with_settings(base, settings)  # type: ignore[arg-type]
     except ValueError as exc:
         return str(exc)
     return None

@@ -358,21 +358,20 @@ class PlacementCluster:
         if entry.index <= self._counted_index:
             return
         self._counted_index = entry.index
-        self.committed[type(command).__name__] += 1
+        kind, model = type(command).__name__, getattr(command, "model", "")
+        self.committed[kind] += 1
+        self._note(f"commit {kind} {model}")
         if not isinstance(command, RecordDemand):
-            self.commits.append((self.now, type(command).__name__, command.model))
-        self._note(f"commit {type(command).__name__} {getattr(command, 'model', '')}")
-        if isinstance(command, Assign):
-            if command.managed:
-                stats = self.stats[command.model]
-                if stats.first_assigned_at is None:
-                    stats.first_assigned_at = self.now
-            recorded = self._pinned_recorded.setdefault(
-                command.node, (command.model, command.layers)
-            ) if not command.managed else None  # fmt: skip
-            if recorded is not None and recorded != (command.model, command.layers):
+            self.commits.append((self.now, kind, model))
+        if isinstance(command, Assign) and command.managed:
+            stats = self.stats[command.model]
+            if stats.first_assigned_at is None:
+                stats.first_assigned_at = self.now
+        elif isinstance(command, Assign):
+            shard = (command.model, command.layers)
+            if self._pinned_recorded.setdefault(command.node, shard) != shard:
                 self.violations.append(f"pinned shard of {command.node.hex()[:8]} changed")
-        if isinstance(command, Release) and command.node in self._pinned_recorded:
+        elif isinstance(command, Release) and command.node in self._pinned_recorded:
             self.violations.append(f"pinned shard of {command.node.hex()[:8]} released")
 
     # --- workers ---------------------------------------------------------------------
