@@ -3,7 +3,7 @@ side with the same model decoding in one process, all in one run.
 
     python -m benchmarks.pipeline [--json] [--tokens N] [--requests N] [--skip-large] [--pin]
 
-Two models (random, from `runtime.tinymodel`, written to a temp dir):
+Two models (random, from `runtime.model.tiny`, written to a temp dir):
 
 - `tiny`: the 8-layer, hidden-64 test model. A decode step costs well under
   a millisecond of compute, so what a hop adds (ZeroMQ, the header codec,
@@ -81,7 +81,7 @@ import trio
 
 from benchmarks.runtime import transformers_greedy
 from runtime.localswarm import LocalSwarm
-from runtime.tinymodel import make_tiny_model
+from runtime.model.tiny import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
 TARGET_PER_HOP_MS = 1.0
@@ -226,8 +226,8 @@ def _idle_control(
     machine charges a process for idling, whatever the process does."""
     import torch
 
-    from runtime.backends import load_shard
-    from runtime.backends.base import ShardSpec
+    from runtime.model.backends import load_shard
+    from runtime.model.backends.base import ShardSpec
 
     shard = load_shard(ShardSpec(model_dir, span[0], span[1], "fp32"), "torch")
     rng = np.random.default_rng(0)

@@ -3,7 +3,7 @@ by side with transformers' own full model, all measured in one run.
 
     python -m benchmarks.runtime [--json] [--layers N] [--decode N]
 
-Figures (tiny random models from runtime.tinymodel, built in a temp dir):
+Figures (tiny random models from runtime.model.tiny, built in a temp dir):
 - `load_bytes_ratio`: an 8-layer model's shard [2, 4) — a quarter of the
   layers — is loaded by each backend; bytes of tensor data it read (the
   safetensors reader's counter) ÷ bytes of the whole model file on disk.
@@ -54,11 +54,11 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backends import BACKENDS, ShardSpec, backend_available, load_shard
-from runtime.backends.base import ShardBackend
-from runtime.doctor import run_doctor
-from runtime.safetensors_shard import SINGLE_FILE
-from runtime.tinymodel import HIDDEN_SIZE, INTERMEDIATE_SIZE, make_tiny_model
+from runtime.model.backends import BACKENDS, ShardSpec, backend_available, load_shard
+from runtime.model.backends.base import ShardBackend
+from runtime.model.doctor import run_doctor
+from runtime.model.tiny import HIDDEN_SIZE, INTERMEDIATE_SIZE, make_tiny_model
+from runtime.model.weights import SINGLE_FILE
 
 LOAD_LAYERS = 8
 LOAD_SPAN = (2, 4)

@@ -1,7 +1,7 @@
 """Node capability admission: the doctor gates serving, and keeps gating it.
 
 A node started with `--model DIR --layers A:B --recipe R` serves nothing
-until `runtime.doctor` has run the real forward of its exact shard and
+until `runtime.model.doctor` has run the real forward of its exact shard and
 recipe against the manifest's golden activations (ADR-0026: no tier skips
 admission). Then, and only then:
 
@@ -37,11 +37,11 @@ import trio
 
 from mesh import records
 from mesh.transport import Plane
-from runtime.backends import backend_available, default_backend
-from runtime.backends.base import ShardBackend
-from runtime.doctor import DoctorReport, admit, default_device, free_memory_bytes, recheck
 from runtime.engine import Engine
 from runtime.hops import DEFAULT_MAX_SESSIONS, HopServer
+from runtime.model.backends import backend_available, default_backend
+from runtime.model.backends.base import ShardBackend
+from runtime.model.doctor import DoctorReport, admit, default_device, free_memory_bytes, recheck
 
 log = logging.getLogger("shardmesh.admission")
 

@@ -44,12 +44,12 @@ from consensus.policy import PlacementPolicy, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.records import RECIPES
 from runtime.chat import ChatError, ChatService, Generation, parse_chat_request
-from runtime.manifest import MANIFEST_FILE, ManifestError, artifact_files
 from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.metrics import prometheus_text
+from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files
+from runtime.model.store import ModelStore
 from runtime.placement_driver import AlreadyAssigned, Placement
 from runtime.raft_driver import NotLeader, ProposalFailed, RaftDriver
-from runtime.store import ModelStore
 
 log = logging.getLogger("shardmesh.api")
 

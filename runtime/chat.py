@@ -44,8 +44,8 @@ import trio
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
+from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
 from runtime.pipeline import ChainTiming, Failure, Hop, PipelineError
-from runtime.sampling import SamplingParamError, SamplingParams, StopScanner
 
 log = logging.getLogger("shardmesh.chat")
 
@@ -168,7 +168,7 @@ def _content_text(content: object, where: str) -> str:
 def import_tokenizer_library() -> Any:
     """transformers' AutoTokenizer: heavy the first time (see
     `ChatService.prepare`), so imported only where chat may be used."""
-    from runtime.backends import IMPORT_LOCK
+    from runtime.model.backends import IMPORT_LOCK
 
     with IMPORT_LOCK:  # transformers' lazy imports are not thread-safe
         from transformers import AutoTokenizer
@@ -180,7 +180,7 @@ class ModelTokenizer:
     """A model's tokenizer and chat template (transformers' AutoTokenizer)."""
 
     def __init__(self, directory: Path) -> None:
-        from runtime.backends import IMPORT_LOCK
+        from runtime.model.backends import IMPORT_LOCK
 
         auto = import_tokenizer_library()
         with IMPORT_LOCK:  # from_pretrained resolves more lazy attributes
@@ -223,7 +223,7 @@ def _read_json(path: Path) -> dict[str, Any]:
 class ArtifactStore:
     """Tokenizer files per manifest digest: local model copies first, else
     fetched from a node that serves the model and verified against the
-    digest (`runtime.manifest.verify_artifacts`)."""
+    digest (`runtime.model.manifest.verify_artifacts`)."""
 
     def __init__(self, cache_dir: Path, local: Mapping[str, Path]) -> None:
         self.cache_dir = cache_dir
@@ -243,7 +243,7 @@ class ArtifactStore:
             return found
 
     async def _fetch(self, digest: str, sources: Sequence[str]) -> Path:
-        from runtime.manifest import ManifestError, artifact_files, verify_artifacts
+        from runtime.model.manifest import ManifestError, artifact_files, verify_artifacts
 
         target = self.cache_dir / digest
         try:

@@ -611,9 +611,9 @@ def _run_simulate(args: argparse.Namespace) -> int:
 
 
 def _run_tiny_model(args: argparse.Namespace) -> int:
-    from runtime.backends.base import BackendError
-    from runtime.manifest import load_manifest, manifest_digest
-    from runtime.tinymodel import make_tiny_model
+    from runtime.model.backends.base import BackendError
+    from runtime.model.manifest import load_manifest, manifest_digest
+    from runtime.model.tiny import make_tiny_model
 
     try:
         out = make_tiny_model(
@@ -635,8 +635,8 @@ def _run_tiny_model(args: argparse.Namespace) -> int:
 
 
 def _run_manifest_build(args: argparse.Namespace) -> int:
-    from runtime.backends.base import BackendError
-    from runtime.manifest import build_manifest, manifest_digest
+    from runtime.model.backends.base import BackendError
+    from runtime.model.manifest import build_manifest, manifest_digest
 
     if not args.dir.is_dir():
         print(f"{PROG} manifest build: error: no directory at {args.dir}", file=sys.stderr)
@@ -651,7 +651,7 @@ def _run_manifest_build(args: argparse.Namespace) -> int:
 
 
 def _run_doctor(args: argparse.Namespace) -> int:
-    from runtime.doctor import render_text, run_doctor
+    from runtime.model.doctor import render_text, run_doctor
 
     start, end = args.layers
     report = run_doctor(

@@ -76,7 +76,7 @@ async def watch(
 
 
 async def demo(root: Path, nodes: int, profile: str) -> None:
-    from runtime.tinymodel import make_tiny_model
+    from runtime.model.tiny import make_tiny_model
 
     model_dir = await trio.to_thread.run_sync(
         lambda: make_tiny_model(root / MODEL, layers=8, name=MODEL)

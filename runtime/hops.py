@@ -78,8 +78,8 @@ import trio
 
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS, encode_tensor
-from runtime.backends.base import KVCache, ShardBackend
-from runtime.sampling import SEED_MODULUS, SamplingParams, sample
+from runtime.model.backends.base import KVCache, ShardBackend
+from runtime.model.sampling import SEED_MODULUS, SamplingParams, sample
 
 T = TypeVar("T")
 

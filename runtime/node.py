@@ -64,10 +64,10 @@ from runtime.admission import Admission, ServeOptions, probe_backend
 from runtime.chat import ArtifactStore, ChatService
 from runtime.endpoints import HostPort, parse_hostport
 from runtime.engine import Engine
+from runtime.model.store import ModelStore
 from runtime.placement_driver import Placement
 from runtime.raft_driver import RaftDriver
 from runtime.statedir import StateDir
-from runtime.store import ModelStore
 
 log = logging.getLogger("shardmesh.node")
 

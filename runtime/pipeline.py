@@ -65,7 +65,7 @@ from runtime.hops import (
     session_field,
     uint_field,
 )
-from runtime.sampling import SEED_MODULUS, SamplingParams
+from runtime.model.sampling import SEED_MODULUS, SamplingParams
 
 __all__ = [
     "DEFAULT_TIMEOUTS",
@@ -391,7 +391,7 @@ class Pipeline:
         (hops in layer order, covering every layer).
 
         ``seed`` is ``params.seed`` when the client sent one, else one the
-        caller drew for this request (see :func:`runtime.sampling.sample`).
+        caller drew for this request (see :func:`runtime.model.sampling.sample`).
         It yields ``params.max_tokens`` tokens, capped by what fits in
         ``context_window`` positions (the model's), or fills the window when
         ``params.max_tokens`` is None. End-of-sequence tokens and stop

@@ -57,8 +57,8 @@ from consensus.placement import (
 from consensus.policy import policy_json
 from mesh.identity import node_id_text
 from runtime.admission import Admission, ServeOptions
+from runtime.model.store import model_facts
 from runtime.raft_driver import NotLeader, ProposalFailed
-from runtime.store import model_facts
 
 log = logging.getLogger("shardmesh.placement")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tinymodel import make_tiny_model
+from runtime.model.tiny import make_tiny_model
 
 TINY_LAYERS = 8
 

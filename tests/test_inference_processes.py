@@ -21,8 +21,8 @@ import trio
 
 from runtime.chat import PREPARE_POLL_S
 from runtime.localswarm import LocalNode, LocalSwarm, Views
-from runtime.safetensors_shard import SafetensorsReader
-from runtime.tinymodel import make_tiny_model
+from runtime.model.tiny import make_tiny_model
+from runtime.model.weights import SafetensorsReader
 from tests.swarm_helpers import (
     CONVERGE_TIMEOUT_S,
     START_TIMEOUT_S,

@@ -21,8 +21,8 @@ import pytest
 import trio
 
 from runtime.localswarm import LocalNode, LocalSwarm, Views
-from runtime.safetensors_shard import SafetensorsReader
-from runtime.tinymodel import make_tiny_model
+from runtime.model.tiny import make_tiny_model
+from runtime.model.weights import SafetensorsReader
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
 
 PLACE_TIMEOUT_S = 60.0

@@ -20,13 +20,13 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from runtime.backends import BACKENDS, ShardSpec, load_shard
-from runtime.backends.base import BackendError
-from runtime.doctor import DoctorReport, recheck, run_doctor
-from runtime.manifest import MANIFEST_FILE, load_manifest, manifest_digest
-from runtime.recipes import RECIPES, check_recipe
-from runtime.safetensors_shard import SINGLE_FILE
-from runtime.tinymodel import make_tiny_model
+from runtime.model.backends import BACKENDS, ShardSpec, load_shard
+from runtime.model.backends.base import BackendError
+from runtime.model.doctor import DoctorReport, recheck, run_doctor
+from runtime.model.manifest import MANIFEST_FILE, load_manifest, manifest_digest
+from runtime.model.recipes import RECIPES, check_recipe
+from runtime.model.tiny import make_tiny_model
+from runtime.model.weights import SINGLE_FILE
 
 LAYERS = 4
 # First, middle and last shards: token ids in, hidden states out, logits out.

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from runtime.backends.base import ShardSpec
-from runtime.backends.torch_backend import load_torch_shard
-from runtime.manifest import (
+from runtime.model.backends.base import ShardSpec
+from runtime.model.backends.torch_backend import load_torch_shard
+from runtime.model.manifest import (
     GOLDEN_FILE,
     MANIFEST_FILE,
     PROBE_LENGTH,
@@ -23,7 +23,7 @@ from runtime.manifest import (
     manifest_digest,
     probe_token_ids,
 )
-from runtime.safetensors_shard import SafetensorsReader, read_config
+from runtime.model.weights import SafetensorsReader, read_config
 
 pytest_plugins = ["tests.runtime_fixtures"]
 

@@ -23,14 +23,14 @@ import pytest
 import torch
 import transformers
 
-from runtime.backends import load_shard
-from runtime.backends.base import BackendError, ShardBackend, ShardSpec
-from runtime.backends.mlx_backend import MlxShard, load_mlx_shard
-from runtime.backends.torch_backend import load_torch_shard
-from runtime.manifest import probe_token_ids
-from runtime.recipes import RECIPES, SUPPORT, relative_error
-from runtime.safetensors_shard import SafetensorsReader
-from runtime.tinymodel import make_tiny_model
+from runtime.model.backends import load_shard
+from runtime.model.backends.base import BackendError, ShardBackend, ShardSpec
+from runtime.model.backends.mlx_backend import MlxShard, load_mlx_shard
+from runtime.model.backends.torch_backend import load_torch_shard
+from runtime.model.manifest import probe_token_ids
+from runtime.model.recipes import RECIPES, SUPPORT, relative_error
+from runtime.model.tiny import make_tiny_model
+from runtime.model.weights import SafetensorsReader
 
 LAYERS = 8
 SPANS = ((0, 3), (3, 6), (6, 8))

@@ -12,8 +12,8 @@ import torch
 from safetensors.numpy import load_file, save_file
 from safetensors.torch import save_file as save_torch_file
 
-from runtime.backends import BackendError, ShardSpec, backend_available, load_shard
-from runtime.safetensors_shard import (
+from runtime.model.backends import BackendError, ShardSpec, backend_available, load_shard
+from runtime.model.weights import (
     SafetensorsReader,
     ShardLoadError,
     expected_shapes,
@@ -80,7 +80,7 @@ def test_torch_shard_counts_its_bytes(qwen3_dir: Path) -> None:
 
 
 def test_index_sharded_reads_match_single_file(tmp_path: Path) -> None:
-    from runtime.tinymodel import make_tiny_model
+    from runtime.model.tiny import make_tiny_model
 
     single = make_tiny_model(tmp_path / "single", layers=4, seed=3, with_manifest=False)
     split = make_tiny_model(tmp_path / "split", layers=4, seed=3, shards=2, with_manifest=False)
@@ -203,7 +203,7 @@ def test_backend_choice_errors(qwen3_dir: Path, monkeypatch: pytest.MonkeyPatch)
     spec = ShardSpec(qwen3_dir, 0, 1, "fp32")
     with pytest.raises(BackendError, match="unknown backend 'tpu'"):
         load_shard(spec, backend="tpu")
-    import runtime.backends as backends
+    import runtime.model.backends as backends
 
     monkeypatch.setitem(backends.REQUIRED_MODULES, "torch", ("no_such_module_for_shardmesh",))
     assert not backend_available("torch")

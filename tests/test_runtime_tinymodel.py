@@ -10,8 +10,8 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
-from runtime.safetensors_shard import INDEX_FILE, SafetensorsReader
-from runtime.tinymodel import SPECIAL_TOKENS, make_tiny_model
+from runtime.model.tiny import SPECIAL_TOKENS, make_tiny_model
+from runtime.model.weights import INDEX_FILE, SafetensorsReader
 
 pytest_plugins = ["tests.runtime_fixtures"]
 

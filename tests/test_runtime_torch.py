@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
-from runtime.backends import ShardSpec, load_shard
-from runtime.backends.base import BackendError
-from runtime.backends.torch_backend import TorchShard, load_torch_shard
-from runtime.manifest import load_golden, load_manifest
-from runtime.recipes import RECIPES, SUPPORT, check_recipe, relative_error
+from runtime.model.backends import ShardSpec, load_shard
+from runtime.model.backends.base import BackendError
+from runtime.model.backends.torch_backend import TorchShard, load_torch_shard
+from runtime.model.manifest import load_golden, load_manifest
+from runtime.model.recipes import RECIPES, SUPPORT, check_recipe, relative_error
 
 pytest_plugins = ["tests.runtime_fixtures"]
 

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from runtime.sampling import (
+from runtime.model.sampling import (
     MAX_STOP_SEQUENCES,
     NUCLEUS_FIRST_CANDIDATES,
     SamplingParamError,

@@ -34,7 +34,7 @@ class ShardSpec:
     model_dir: Path
     start: int  # first layer, inclusive
     end: int  # last layer, exclusive
-    recipe: str  # one of runtime.recipes.RECIPES
+    recipe: str  # one of runtime.model.recipes.RECIPES
 
 
 class ShardPosition:

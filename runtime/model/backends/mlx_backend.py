@@ -1,7 +1,7 @@
 """The MLX backend: one shard of a model on mlx (Metal on Apple silicon, the
 CPU build on Linux), computed with mlx-lm's own layer classes.
 
-Only the shard's tensors are read (runtime.safetensors_shard), so memory is
+Only the shard's tensors are read (runtime.model.weights), so memory is
 proportional to the shard, not the model. Recipes map onto MLX natively:
 fp32/bf16/fp16 are weight and activation dtypes, q8/q4 are mlx's affine
 group quantization of the Linear weights (`mlx.nn.quantize`) with float32
@@ -22,14 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from runtime.backends.base import BackendError, ShardPosition, ShardSpec
-from runtime.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
-from runtime.safetensors_shard import SafetensorsReader, read_shard_tensors
+from runtime.model.backends.base import BackendError, ShardPosition, ShardSpec
+from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
+from runtime.model.weights import SafetensorsReader, read_shard_tensors
 
 if TYPE_CHECKING:
     import mlx.core as mx
 
-    from runtime.safetensors_shard import RawTensor
+    from runtime.model.weights import RawTensor
 
 NAME = "mlx"
 
@@ -103,7 +103,7 @@ class MlxCache:
     @property
     def offset(self) -> int:
         """Tokens already cached."""
-        from runtime.backends import mlx_adapter
+        from runtime.model.backends import mlx_adapter
 
         return mlx_adapter.cache_offset(self.layers)
 
@@ -137,7 +137,7 @@ class MlxShard(ShardPosition):
         self.bytes_read = bytes_read
 
     def new_cache(self) -> MlxCache:
-        from runtime.backends import mlx_adapter
+        from runtime.model.backends import mlx_adapter
 
         return MlxCache(mlx_adapter.new_layer_caches(self.spec.end - self.spec.start))
 
@@ -172,7 +172,7 @@ class MlxShard(ShardPosition):
     def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: MlxCache) -> np.ndarray:
         import mlx.core as mx
 
-        from runtime.backends import mlx_adapter
+        from runtime.model.backends import mlx_adapter
 
         self._check_inputs(inputs, positions, cache)
         if self.is_first:
@@ -217,7 +217,7 @@ def load_mlx_shard(spec: ShardSpec) -> MlxShard:
     _require_mlx()
     import mlx.core as mx
 
-    from runtime.backends import mlx_adapter
+    from runtime.model.backends import mlx_adapter
 
     recipe = check_recipe(NAME, spec.recipe, mx.default_device().type.name)
     reader = SafetensorsReader(spec.model_dir)

@@ -33,8 +33,8 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backends.base import BackendError, ShardSpec
-from runtime.safetensors_shard import SafetensorsReader, architecture, read_config
+from runtime.model.backends.base import BackendError, ShardSpec
+from runtime.model.weights import SafetensorsReader, architecture, read_config
 
 MANIFEST_FILE = "shardmesh-manifest.json"
 GOLDEN_FILE = "shardmesh-golden.safetensors"
@@ -149,7 +149,7 @@ def build_manifest(model_dir: Path, name: str | None = None) -> dict[str, Any]:
 
 def compute_golden(model_dir: Path, token_ids: list[int]) -> Golden:
     """fp32 activations of the probe at every boundary, one layer at a time."""
-    from runtime.backends.torch_backend import load_torch_shard
+    from runtime.model.backends.torch_backend import load_torch_shard
 
     config = read_config(model_dir)
     layers = config["num_hidden_layers"]

@@ -57,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backends import (
+from runtime.model.backends import (
     BACKENDS,
     REQUIRED_MODULES,
     backend_available,
@@ -65,8 +65,8 @@ from runtime.backends import (
     import_libraries,
     load_shard,
 )
-from runtime.backends.base import BackendError, ShardBackend, ShardSpec
-from runtime.manifest import (
+from runtime.model.backends.base import BackendError, ShardBackend, ShardSpec
+from runtime.model.manifest import (
     MANIFEST_FILE,
     Golden,
     ManifestError,
@@ -74,8 +74,8 @@ from runtime.manifest import (
     load_manifest,
     manifest_digest,
 )
-from runtime.recipes import Recipe, check_recipe, relative_error
-from runtime.safetensors_shard import (
+from runtime.model.recipes import Recipe, check_recipe, relative_error
+from runtime.model.weights import (
     SafetensorsReader,
     ShardLoadError,
     read_config,
@@ -454,9 +454,9 @@ def _check_backend(run: _Run) -> dict[str, Any]:
 
 def default_device(backend: str) -> str:
     """The device load_shard will put a `backend` shard on."""
-    import_libraries(*REQUIRED_MODULES[backend], f"runtime.backends.{backend}_backend")
+    import_libraries(*REQUIRED_MODULES[backend], f"runtime.model.backends.{backend}_backend")
     if backend == "torch":
-        from runtime.backends.torch_backend import default_device as torch_device
+        from runtime.model.backends.torch_backend import default_device as torch_device
 
         return torch_device()
     import mlx.core as mx

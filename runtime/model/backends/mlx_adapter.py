@@ -7,7 +7,7 @@ behind this module means an mlx-lm upgrade touches one file, and the parity
 tests in tests/test_runtime_mlx.py say whether it still works. Covered
 version: mlx-lm 0.32.x (with mlx 0.32.x).
 
-This module imports mlx at import time; `runtime.backends.mlx_backend`
+This module imports mlx at import time; `runtime.model.backends.mlx_backend`
 imports it only after checking that mlx is installed.
 """
 
@@ -22,7 +22,7 @@ from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models import llama, qwen3
 from mlx_lm.models.base import create_attention_mask
 
-from runtime.backends.base import BackendError
+from runtime.model.backends.base import BackendError
 
 FAMILIES: dict[str, ModuleType] = {"qwen3": qwen3, "llama": llama}
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.backends.base import BackendError
+from runtime.model.backends.base import BackendError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"

@@ -18,7 +18,7 @@ Backends (the only place the two backend authors coordinate):
   matmul works on CPU since torch 2.1). For q8/q4 it uses the same affine
   group quantization as MLX (group 64, a scale and a bias per group, weights
   stored as packed integers and dequantized inside each matmul), written in
-  plain torch ops in runtime/backends/torch_backend.py. Why not a library:
+  plain torch ops in runtime/model/backends/torch_backend.py. Why not a library:
   `torch.ao.quantization` is deprecated and warns of its removal;
   `torchao`'s int4 kernels are CUDA-specific and each release pins a torch
   minor, which would tie our pinned CPU wheel to it. Plain ops run on every
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from runtime.backends.base import BackendError
+from runtime.model.backends.base import BackendError
 
 # MLX's default quantization group: one scale and one bias per 64 weights
 # along the input dimension. Shared so both backends quantize alike.

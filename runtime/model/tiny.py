@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
-from runtime.safetensors_shard import INDEX_FILE, SINGLE_FILE, expected_shapes
+from runtime.model.weights import INDEX_FILE, SINGLE_FILE, expected_shapes
 
 # Model geometry: small enough that an 8-layer model runs a forward in
 # milliseconds on one CPU core, big enough to exercise grouped-query
@@ -143,7 +143,7 @@ def make_tiny_model(
     )
     _write_weights(out, config, seed, shards)
     if with_manifest:
-        from runtime.manifest import build_manifest
+        from runtime.model.manifest import build_manifest
 
         build_manifest(out, name=name)
     return out

@@ -1,7 +1,7 @@
 """The torch backend: a span of transformers decoder layers on CUDA, MPS or CPU.
 
 Only the shard's modules are ever built, on the meta device (no memory), and
-then given the tensors that runtime.safetensors_shard read for exactly this
+then given the tensors that runtime.model.weights read for exactly this
 shard, so a node serving [a, b) of L layers holds about (b-a)/L of the
 weights. The layers are transformers' own classes (the numerics are theirs,
 which is what makes the parity test against the full model meaningful);
@@ -21,10 +21,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from runtime.backends import torch_adapter as adapter
-from runtime.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
-from runtime.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
-from runtime.safetensors_shard import RawTensor, SafetensorsReader, architecture, read_shard_tensors
+from runtime.model.backends import torch_adapter as adapter
+from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
+from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
+from runtime.model.weights import RawTensor, SafetensorsReader, architecture, read_shard_tensors
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _RAW_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -48,7 +48,7 @@ class QuantizedLinear(nn.Module):
     """A bias-free linear layer whose weight is stored as `bits`-bit affine
     groups (MLX's scheme: per group of QUANT_GROUP_SIZE input weights,
     w ~ q * scale + bias with q in [0, 2^bits - 1]). The weight is unpacked
-    for each matmul; see runtime/recipes.py for why this and not a library."""
+    for each matmul; see runtime/model/recipes.py for why this and not a library."""
 
     def __init__(self, weight: torch.Tensor, bits: int, compute_dtype: torch.dtype) -> None:
         super().__init__()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from consensus.placement import ModelFacts
-from runtime.manifest import MANIFEST_FILE, ManifestError, load_manifest, manifest_digest
+from runtime.model.manifest import MANIFEST_FILE, ManifestError, load_manifest, manifest_digest
 
 log = logging.getLogger("shardmesh.store")
 

@@ -15,7 +15,7 @@ import platform
 import sys
 import threading
 
-from runtime.backends.base import BackendError, ShardBackend, ShardSpec
+from runtime.model.backends.base import BackendError, ShardBackend, ShardSpec
 
 BACKENDS = ("torch", "mlx")
 
@@ -75,11 +75,11 @@ def load_shard(spec: ShardSpec, backend: str | None = None) -> ShardBackend:
         raise BackendError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
     if not backend_available(name):
         raise BackendError(f"backend {name} is not installed: {_INSTALL_HINT[name]}")
-    import_libraries(*REQUIRED_MODULES[name], f"runtime.backends.{name}_backend")
+    import_libraries(*REQUIRED_MODULES[name], f"runtime.model.backends.{name}_backend")
     if name == "torch":
-        from runtime.backends.torch_backend import load_torch_shard
+        from runtime.model.backends.torch_backend import load_torch_shard
 
         return load_torch_shard(spec)
-    from runtime.backends.mlx_backend import load_mlx_shard
+    from runtime.model.backends.mlx_backend import load_mlx_shard
 
     return load_mlx_shard(spec)

@@ -1,0 +1,1 @@
+"""A shard as computation: backends, weights, manifest, recipes, doctor, sampling, store."""
