@@ -37,8 +37,8 @@ import trio
 
 from mesh import records
 from mesh.transport import Plane
-from runtime.engine import Engine
-from runtime.hops import DEFAULT_MAX_SESSIONS, HopServer
+from runtime.inference.dispatch import Engine
+from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS, HopServer
 from runtime.model.backends import backend_available, default_backend
 from runtime.model.backends.base import ShardBackend
 from runtime.model.doctor import DoctorReport, admit, default_device, free_memory_bytes, recheck

@@ -3,7 +3,7 @@
 Every node answers the same API: a client can point at any node.
 
 * `POST /v1/chat/completions` (OpenAI shape; `stream: true` answers with
-  server-sent events) and `GET /v1/models`: `runtime.chat` does the work;
+  server-sent events) and `GET /v1/models`: `runtime.inference.chat` does the work;
 * `GET /v1/network/status`, `GET /v1/network/coverage[?model=M]`;
 * `POST /v1/network/demand` records chat demand in the placement ledger:
   any node accepts it and forwards it to the Raft leader;
@@ -43,7 +43,7 @@ from consensus.ledger import MAX_TEXT, Command, RecordDemand, SetPolicy
 from consensus.policy import PlacementPolicy, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.records import RECIPES
-from runtime.chat import ChatError, ChatService, Generation, parse_chat_request
+from runtime.inference.chat import ChatError, ChatService, Generation, parse_chat_request
 from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.metrics import prometheus_text
 from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files

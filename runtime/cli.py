@@ -443,7 +443,7 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         stream=sys.stderr,
     )
     from runtime.admission import DEFAULT_TTL_S, ServeOptions
-    from runtime.hops import DEFAULT_MAX_SESSIONS
+    from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS
 
     if (args.model is None) != (args.layers is None):
         parser.error("--model and --layers go together")

@@ -8,7 +8,7 @@ does no I/O; this module feeds it. One nursery holds every task of a node:
   core wants sent, wake the timer;
 * the timer loop: sleep until the core's next deadline (or until a message
   changed it), tick, send;
-* the inference engine (`runtime.engine`): the one reader of the data
+* the inference engine (`runtime.inference.dispatch`): the one reader of the data
   plane, serving this node's shard to other entries (once admitted) and
   carrying this node's own chat requests through chains of hops;
 * admission (`runtime.admission`), when the node was given a shard: the
@@ -61,9 +61,9 @@ from mesh.wire import (
     encode_envelope,
 )
 from runtime.admission import Admission, ServeOptions, probe_backend
-from runtime.chat import ArtifactStore, ChatService
 from runtime.endpoints import HostPort, parse_hostport
-from runtime.engine import Engine
+from runtime.inference.chat import ArtifactStore, ChatService
+from runtime.inference.dispatch import Engine
 from runtime.model.store import ModelStore
 from runtime.placement_driver import Placement
 from runtime.raft_driver import RaftDriver

@@ -28,12 +28,12 @@ import trio
 
 from mesh.transport import open_planes
 from mesh.wire import decode_tensor
-from runtime.engine import Engine
-from runtime.hops import HopServer, encode_message, new_session_id
+from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError, Timeouts
+from runtime.inference.dispatch import Engine
+from runtime.inference.hop_server import HopServer, encode_message, new_session_id
 from runtime.model.backends import load_shard
 from runtime.model.backends.base import ShardBackend, ShardSpec
 from runtime.model.sampling import SamplingParams
-from runtime.pipeline import ChainTiming, Failure, Hop, Pipeline, PipelineError, Timeouts
 
 pytest_plugins = ["tests.runtime_fixtures"]
 

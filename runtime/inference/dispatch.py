@@ -5,11 +5,11 @@ A node is at once a hop (it may serve a shard to other entries) and an entry
 data plane, and a plane has one receiver, so :class:`Engine` owns the receive
 loop: it decodes each message (:func:`mesh.wire.decode_tensor`), counts and
 drops what does not parse, and dispatches by ``op`` — hop ops (``open``,
-``forward``, ``close``) to the node's :class:`runtime.hops.HopServer`, replies
+``forward``, ``close``) to the node's :class:`runtime.inference.hop_server.HopServer`, replies
 (``opened``, ``busy``, ``token``, ``error``) to its
-:class:`runtime.pipeline.Pipeline`. The loop never waits on compute (the hop
+:class:`runtime.inference.chain.Pipeline`. The loop never waits on compute (the hop
 server queues steps for per-session tasks), so one slow forward never delays
-another session's messages. The message schema is in :mod:`runtime.hops`.
+another session's messages. The message schema is in :mod:`runtime.inference.hop_server`.
 
 Typical wiring::
 
@@ -28,8 +28,15 @@ import trio
 
 from mesh.transport import Plane
 from mesh.wire import DecodeError, decode_tensor
-from runtime.hops import ENTRY_OPS, HOP_OPS, OP_OPEN, R_WRONG_SHARD, HopServer, refuse_open
-from runtime.pipeline import Pipeline
+from runtime.inference.chain import Pipeline
+from runtime.inference.hop_server import (
+    ENTRY_OPS,
+    HOP_OPS,
+    OP_OPEN,
+    R_WRONG_SHARD,
+    HopServer,
+    refuse_open,
+)
 
 __all__ = ["Engine"]
 

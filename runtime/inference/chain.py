@@ -4,7 +4,7 @@
 the prompt into the first hop as one ``forward`` (the prefill), then one
 ``forward`` per generated token; each hop pushes its activations straight to
 the next and the last hop samples and sends the token back here. The
-message schema is in :mod:`runtime.hops`.
+message schema is in :mod:`runtime.inference.hop_server`.
 
 Failover
 ========
@@ -48,7 +48,7 @@ import numpy as np
 import trio
 
 from mesh.transport import Plane
-from runtime.hops import (
+from runtime.inference.hop_server import (
     MAX_REASON_CHARS,
     OP_BUSY,
     OP_CLOSE,
@@ -330,7 +330,7 @@ class Pipeline:
     """The entry side of a node's engine: drives generations over chains.
 
     Replies reach it through :meth:`handle`, called by the
-    :class:`runtime.engine.Engine` receive loop.
+    :class:`runtime.inference.dispatch.Engine` receive loop.
     """
 
     def __init__(

@@ -43,7 +43,7 @@ each hop, or the hops between them) at the cost of a few header bytes.
 
 Why the hop behaves as it does
 ==============================
-* The receive loop (see :mod:`runtime.engine`) never waits on compute: it
+* The receive loop (see :mod:`runtime.inference.dispatch`) never waits on compute: it
   validates a forward and hands it to the session's own task through a small
   queue, so one session's steps run strictly in order while the loop keeps
   serving other sessions. A prefill runs in a worker thread
@@ -353,7 +353,7 @@ class HopServer:
 
     Create it on the trio thread, start :meth:`run` in a nursery
     (``await nursery.start(server.run)``), then feed it hop messages through
-    :meth:`handle` (the :class:`runtime.engine.Engine` receive loop does).
+    :meth:`handle` (the :class:`runtime.inference.dispatch.Engine` receive loop does).
     """
 
     def __init__(

@@ -15,7 +15,7 @@ Any node answers `POST /v1/chat/completions` for any model the swarm serves:
    `/v1/network/artifacts/{digest}/{file}` and checked against the manifest
    digest the swarm routes by (`ArtifactStore`), so a lying peer cannot
    hand out a different tokenizer.
-4. **Route and generate** through `runtime.pipeline`: the cheapest chain
+4. **Route and generate** through `runtime.inference.chain`: the cheapest chain
    (`mesh.routes.find_route`) over admitted nodes not in back-off. When a hop
    fails mid-stream, `reroute` asks membership which chain node died,
    backs it off and re-routes the broken span; the pipeline replays the
@@ -44,8 +44,8 @@ import trio
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
+from runtime.inference.chain import ChainTiming, Failure, Hop, PipelineError
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
-from runtime.pipeline import ChainTiming, Failure, Hop, PipelineError
 
 log = logging.getLogger("shardmesh.chat")
 

@@ -1,0 +1,1 @@
+"""The inference protocol: data-plane messages, the hop server, chains, dispatch, chat."""
