@@ -57,7 +57,7 @@ which is all `integrity_check` adds) at a fraction of the cost; row contents
 are covered by our own CRCs."""
 
 BUSY_TIMEOUT_S: Final = 1.0
-"""One process owns a state dir (runtime.statedir locks it), so contention
+"""One process owns a state dir (runtime.node.state_dir locks it), so contention
 means something is wrong: fail fast instead of sqlite's default 5 s wait."""
 
 _SCHEMA: Final = """

@@ -48,8 +48,8 @@ from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.metrics import prometheus_text
 from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files
 from runtime.model.store import ModelStore
-from runtime.placement_driver import AlreadyAssigned, Placement
-from runtime.raft_driver import NotLeader, ProposalFailed, RaftDriver
+from runtime.node.placement_driver import AlreadyAssigned, Placement
+from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
 
 log = logging.getLogger("shardmesh.api")
 
@@ -69,7 +69,7 @@ MAX_BODY_BYTES: Final = 64 * 1024
 
 
 class NodeAPI(Protocol):
-    """What the API needs from a node (`runtime.node.Node` is the real one)."""
+    """What the API needs from a node (`runtime.node.daemon.Node` is the real one)."""
 
     raft: RaftDriver
     chat: ChatService

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from runtime.endpoints import EndpointError, HostPort, api_url, parse_hostport
+from runtime.node.hostport import EndpointError, HostPort, api_url, parse_hostport
 
 if TYPE_CHECKING:  # imported when used: `shardmesh --help` stays fast
     from runtime.chat_client import ChatResult
@@ -434,16 +434,16 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import trio
 
     from mesh.identity import IdentityError
-    from runtime.node import NodeOptions, NodeStartupError, serve_node
-    from runtime.statedir import StateDirError, default_state_dir
+    from runtime.node.daemon import NodeOptions, NodeStartupError, serve_node
+    from runtime.node.state_dir import StateDirError, default_state_dir
 
     logging.basicConfig(
         level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from runtime.admission import DEFAULT_TTL_S, ServeOptions
     from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS
+    from runtime.node.admission import DEFAULT_TTL_S, ServeOptions
 
     if (args.model is None) != (args.layers is None):
         parser.error("--model and --layers go together")

@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import trio
 
-from runtime.statedir import read_ready
+from runtime.node.state_dir import read_ready
 from runtime.status import STATUS_PATH
 
 POLL_S = 0.1
@@ -362,7 +362,7 @@ def state_matrix(nodes: Sequence[LocalNode], views: dict[str, dict[str, Any] | N
 def dead_bound(profile: str, nodes: int) -> float:
     """The profile's documented worst case for "crash -> dead at every node"
     with `nodes` members (from `mesh.config`)."""
-    from runtime.node import membership_config
+    from runtime.node.daemon import membership_config
 
     config = membership_config(profile)
     bound = config.detection_bound(nodes)

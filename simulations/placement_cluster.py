@@ -66,9 +66,9 @@ from simulations.seeds import component_rng
 
 GB: Final = 1 << 30
 PLACEMENT_INTERVAL_S: Final = 0.25
-"""The driver's round (runtime.placement_driver.PLACEMENT_INTERVAL_S)."""
+"""The driver's round (runtime.node.placement_driver.PLACEMENT_INTERVAL_S)."""
 DEMAND_FLUSH_S: Final = 0.5
-"""The entries' demand batching (runtime.placement_driver.DEMAND_FLUSH_S)."""
+"""The entries' demand batching (runtime.node.placement_driver.DEMAND_FLUSH_S)."""
 FOLLOW_S: Final = 0.2
 """How often a worker compares the ledger's assignment with what it serves."""
 PROPOSAL_TIMEOUT_S: Final = 1.0
@@ -273,7 +273,7 @@ class PlacementCluster:
             "trace_digest": self.trace_digest(),
         }
 
-    # --- the leader's round (runtime.placement_driver._place) -------------------------
+    # --- the leader's round (runtime.node.placement_driver._place) -------------------------
 
     def _round(self) -> None:
         self.loop.call_later(PLACEMENT_INTERVAL_S, self._round)

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 from runtime.cli import main
-from runtime.endpoints import EndpointError, api_url, parse_hostport
 from runtime.localswarm import LocalSwarm
+from runtime.node.hostport import EndpointError, api_url, parse_hostport
 
 CLI_TIMEOUT_S = 30.0
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.statedir import StateDir, StateDirError, read_ready
+from runtime.node.state_dir import StateDir, StateDirError, read_ready
 
 
 def test_incarnation_and_record_seq_continue_across_runs(tmp_path: Path) -> None:

@@ -358,7 +358,7 @@ class ChatService:
     """The entry side of chat for one node (see the module docstring)."""
 
     def __init__(self, node: Any, artifacts: ArtifactStore) -> None:
-        """`node` is the running `runtime.node.Node` (coverage, membership,
+        """`node` is the running `runtime.node.daemon.Node` (coverage, membership,
         engine, records)."""
         self.node = node
         self.artifacts = artifacts

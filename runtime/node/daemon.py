@@ -11,10 +11,10 @@ does no I/O; this module feeds it. One nursery holds every task of a node:
 * the inference engine (`runtime.inference.dispatch`): the one reader of the data
   plane, serving this node's shard to other entries (once admitted) and
   carrying this node's own chat requests through chains of hops;
-* admission (`runtime.admission`), when the node was given a shard: the
+* admission (`runtime.node.admission`), when the node was given a shard: the
   doctor, then serving, then periodic re-checks that keep the signed
   capability report fresh;
-* the Raft driver (`runtime.raft_driver`): consensus messages ride the
+* the Raft driver (`runtime.node.raft_driver`): consensus messages ride the
   same control plane as membership, each signed by its sender, and the
   driver persists to `STATE_DIR/raft.sqlite3` before anything it sends;
 * the HTTP API (hypercorn's trio worker serving `runtime.api`).
@@ -60,14 +60,14 @@ from mesh.wire import (
     decode_envelope,
     encode_envelope,
 )
-from runtime.admission import Admission, ServeOptions, probe_backend
-from runtime.endpoints import HostPort, parse_hostport
 from runtime.inference.chat import ArtifactStore, ChatService
 from runtime.inference.dispatch import Engine
 from runtime.model.store import ModelStore
-from runtime.placement_driver import Placement
-from runtime.raft_driver import RaftDriver
-from runtime.statedir import StateDir
+from runtime.node.admission import Admission, ServeOptions, probe_backend
+from runtime.node.hostport import HostPort, parse_hostport
+from runtime.node.placement_driver import Placement
+from runtime.node.raft_driver import RaftDriver
+from runtime.node.state_dir import StateDir
 
 log = logging.getLogger("shardmesh.node")
 

@@ -18,7 +18,7 @@ Every node runs all three loops; only the leader proposes:
   a failed doctor, then `decide()`'s assignments and releases.
 * **serving** (`_follow_assignment`): when the ledger gives this node a
   managed assignment, it loads the span from its model store and runs the
-  doctor (`runtime.admission`) before advertising it; when the assignment
+  doctor (`runtime.node.admission`) before advertising it; when the assignment
   is released or replaced, it stops serving it.
 
 Sizes come from manifests: the node's own store, or fetched from a member
@@ -56,9 +56,9 @@ from consensus.placement import (
 )
 from consensus.policy import policy_json
 from mesh.identity import node_id_text
-from runtime.admission import Admission, ServeOptions
 from runtime.model.store import model_facts
-from runtime.raft_driver import NotLeader, ProposalFailed
+from runtime.node.admission import Admission, ServeOptions
+from runtime.node.raft_driver import NotLeader, ProposalFailed
 
 log = logging.getLogger("shardmesh.placement")
 

@@ -1,0 +1,1 @@
+"""The node daemon and its drivers: membership, Raft, placement, admission."""
