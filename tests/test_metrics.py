@@ -7,7 +7,7 @@ from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from runtime.metrics import prometheus_text
+from runtime.api.metrics import prometheus_text
 
 NODE = "ab" * 32
 ODD_MODEL = 'qwen "3"\\8b\nnew'

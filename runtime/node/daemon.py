@@ -17,7 +17,7 @@ does no I/O; this module feeds it. One nursery holds every task of a node:
 * the Raft driver (`runtime.node.raft_driver`): consensus messages ride the
   same control plane as membership, each signed by its sender, and the
   driver persists to `STATE_DIR/raft.sqlite3` before anything it sends;
-* the HTTP API (hypercorn's trio worker serving `runtime.api`).
+* the HTTP API (hypercorn's trio worker serving `runtime.api.app`).
 
 All protocol time is `trio.current_time()`, a monotonic clock; wall-clock
 time appears only in human-facing fields (`started_at`). SIGTERM or SIGINT
@@ -351,7 +351,7 @@ class Node:
         from hypercorn.config import Config
         from hypercorn.trio import serve
 
-        from runtime.api import create_app
+        from runtime.api.app import create_app
 
         config = Config()
         config.bind = [self.options.api.text()]

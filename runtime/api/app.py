@@ -13,7 +13,7 @@ Every node answers the same API: a client can point at any node.
 * `GET /v1/network/artifacts/{digest}/{file}`: the manifest, config and
   tokenizer files of a model this node holds, for entries that lack them
   (they verify every file against the digest);
-* `GET /metrics` (Prometheus text, `runtime.metrics`) and `GET /` (a
+* `GET /metrics` (Prometheus text, `runtime.api.metrics`) and `GET /` (a
   dashboard page that polls the status), both views of the status document.
  With `--fault-injection`,
 `POST /v1/debug/faults` cuts the node off the control plane for tests. Errors of
@@ -43,9 +43,9 @@ from consensus.ledger import MAX_TEXT, Command, RecordDemand, SetPolicy
 from consensus.policy import PlacementPolicy, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.records import RECIPES
+from runtime.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
+from runtime.api.metrics import prometheus_text
 from runtime.inference.chat import ChatError, ChatService, Generation, parse_chat_request
-from runtime.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
-from runtime.metrics import prometheus_text
 from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files
 from runtime.model.store import ModelStore
 from runtime.node.placement_driver import AlreadyAssigned, Placement

@@ -1,0 +1,1 @@
+"""The HTTP API: OpenAI routes, network routes, metrics, the dashboard page."""
