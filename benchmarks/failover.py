@@ -50,7 +50,7 @@ from typing import Any
 import httpx
 import trio
 
-from runtime.localswarm import LocalNode, LocalSwarm, Views
+from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from simulations.raft_cluster import Proposal, RaftCluster
 from simulations.seeds import component_rng
 

@@ -80,7 +80,7 @@ import numpy as np
 import trio
 
 from benchmarks.runtime import transformers_greedy
-from runtime.localswarm import LocalSwarm
+from runtime.cli.localswarm import LocalSwarm
 from runtime.model.tiny import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]

@@ -157,7 +157,7 @@ RETRY_S = 0.05
 
 
 async def _demand_trial(root: Path) -> tuple[float, float]:
-    from runtime.localswarm import LocalSwarm
+    from runtime.cli.localswarm import LocalSwarm
     from runtime.model.tiny import make_tiny_model
 
     x = make_tiny_model(root / "x", layers=8, name="x")

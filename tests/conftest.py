@@ -1,6 +1,6 @@
 """Shared fixtures: real node processes on loopback.
 
-`swarm` gives a `runtime.localswarm.LocalSwarm` rooted in the test's tmp
+`swarm` gives a `runtime.cli.localswarm.LocalSwarm` rooted in the test's tmp
 dir. Its exit SIGKILLs every child whatever happened, and when the test
 failed, every node's log is printed (pytest shows it under the failure), so
 a flaky multi-process failure can be read rather than re-run.
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.localswarm import LocalSwarm
+from runtime.cli.localswarm import LocalSwarm
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

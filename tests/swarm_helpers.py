@@ -6,7 +6,7 @@ from collections.abc import Callable, Sequence
 
 import pytest
 
-from runtime.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see
+from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see
 
 START_TIMEOUT_S = 30.0
 CONVERGE_TIMEOUT_S = 15.0

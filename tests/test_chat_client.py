@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from runtime.chat_client import (
+from runtime.cli.chat_client import (
     RETRY_AFTER_BOUNDS_S,
     ChatClientError,
     ModelLoading,

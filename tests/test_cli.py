@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import trio
 
-from runtime.cli import main
-from runtime.localswarm import LocalSwarm
+from runtime.cli.localswarm import LocalSwarm
+from runtime.cli.main import main
 from runtime.node.hostport import EndpointError, api_url, parse_hostport
 
 CLI_TIMEOUT_S = 30.0

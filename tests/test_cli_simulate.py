@@ -68,7 +68,7 @@ def test_without_matplotlib_the_metrics_are_written_and_plots_skipped(tmp_path: 
     scenario = tmp_path / "tiny.toml"
     scenario.write_text(SCENARIO)
     hide_matplotlib = (
-        "import sys; sys.modules['matplotlib'] = None; from runtime.cli import main; "
+        "import sys; sys.modules['matplotlib'] = None; from runtime.cli.main import main; "
         "sys.argv[0] = 'shardmesh'; sys.exit(main(sys.argv[1:]))"
     )
     out = tmp_path / "out"

@@ -18,7 +18,7 @@ import httpx
 import pytest
 import trio
 
-from runtime.localswarm import LocalNode, LocalSwarm, Views
+from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from tests.swarm_helpers import (
     START_TIMEOUT_S,
     assert_no_internal_errors,

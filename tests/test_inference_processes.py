@@ -19,8 +19,8 @@ import httpx
 import pytest
 import trio
 
+from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from runtime.inference.chat import PREPARE_POLL_S
-from runtime.localswarm import LocalNode, LocalSwarm, Views
 from runtime.model.tiny import make_tiny_model
 from runtime.model.weights import SafetensorsReader
 from tests.swarm_helpers import (

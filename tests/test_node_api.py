@@ -7,7 +7,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from consensus.policy import PlacementPolicy, policy_json
-from runtime.localswarm import LocalSwarm
+from runtime.cli.localswarm import LocalSwarm
 
 CONTRACT_KEYS = {
     "node_id",

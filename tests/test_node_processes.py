@@ -29,7 +29,7 @@ from mesh.wire import (
     decode_envelope,
     encode_envelope,
 )
-from runtime.localswarm import (
+from runtime.cli.localswarm import (
     LocalSwarm,
     Views,
     all_see,

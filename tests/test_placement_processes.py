@@ -20,7 +20,7 @@ import httpx
 import pytest
 import trio
 
-from runtime.localswarm import LocalNode, LocalSwarm, Views
+from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from runtime.model.tiny import make_tiny_model
 from runtime.model.weights import SafetensorsReader
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for

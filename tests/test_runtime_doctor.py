@@ -229,7 +229,7 @@ def test_backend_not_installed(qwen3: Path) -> None:
     """A child process where `import mlx` fails, as on a machine without it."""
     script = (
         "import sys; sys.modules['mlx'] = None\n"
-        "from runtime.cli import main\n"
+        "from runtime.cli.main import main\n"
         f"sys.exit(main(['doctor', '--model', {str(qwen3)!r}, '--layers', '0:2', "
         "'--recipe', 'fp32', '--backend', 'mlx', '--json']))\n"
     )
@@ -325,7 +325,7 @@ def test_cli_tiny_model_manifest_and_doctor(tmp_path: Path, flipped: Path) -> No
     ],
 )
 def test_cli_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    from runtime.cli import main
+    from runtime.cli.main import main
 
     with pytest.raises(SystemExit) as exited:
         main(argv)
@@ -334,6 +334,6 @@ def test_cli_usage_errors_exit_2(argv: list[str], capsys: pytest.CaptureFixture[
 
 
 def test_cli_manifest_build_of_a_non_model_exits_1(tmp_path: Path) -> None:
-    from runtime.cli import main
+    from runtime.cli.main import main
 
     assert main(["manifest", "build", str(tmp_path)]) == 1

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from runtime.node.hostport import EndpointError, HostPort, api_url, parse_hostport
 
 if TYPE_CHECKING:  # imported when used: `shardmesh --help` stays fast
-    from runtime.chat_client import ChatResult
+    from runtime.cli.chat_client import ChatResult
 
 PROG = "shardmesh"
 CHAT_WAIT_S = 300.0
@@ -74,7 +74,7 @@ def _seconds(text: str) -> float:
 
 
 def _setting(text: str) -> tuple[str, int | float]:
-    from runtime.policy_client import parse_setting
+    from runtime.cli.policy_client import parse_setting
 
     try:
         return parse_setting(text)
@@ -490,7 +490,7 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _run_chat(args: argparse.Namespace) -> int:
     import trio
 
-    from runtime.chat_client import ChatClientError, ModelLoading, describe_loading, stream_chat
+    from runtime.cli.chat_client import ChatClientError, ModelLoading, describe_loading, stream_chat
 
     def show(text: str) -> None:
         sys.stdout.write(text)
@@ -546,7 +546,7 @@ def _chat_timing(result: ChatResult) -> str:
 
 
 def _run_status(args: argparse.Namespace) -> int:
-    from runtime.status import StatusError, fetch_status, render
+    from runtime.cli.status_view import StatusError, fetch_status, render
 
     try:
         status = fetch_status(args.api, timeout=args.timeout)
@@ -560,7 +560,7 @@ def _run_status(args: argparse.Namespace) -> int:
 def _run_policy(args: argparse.Namespace) -> int:
     import json
 
-    from runtime.policy_client import PolicyError, fetch_policy, render_policy, set_policy
+    from runtime.cli.policy_client import PolicyError, fetch_policy, render_policy, set_policy
 
     try:
         if args.settings:  # the leader's answer: the asked node may not have applied it yet
@@ -685,7 +685,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command == "doctor":
         return _run_doctor(args)
     if args.command == "demo":
-        from runtime.demo import run_demo
+        from runtime.cli.demo import run_demo
 
         if args.nodes < 2:
             parser.error("demo needs at least 2 nodes (one is killed)")

@@ -22,8 +22,8 @@ from typing import Any
 import httpx
 import trio
 
+from runtime.cli.status_view import STATUS_PATH
 from runtime.node.state_dir import read_ready
-from runtime.status import STATUS_PATH
 
 POLL_S = 0.1
 

@@ -23,8 +23,8 @@ from typing import Any
 
 import trio
 
-from runtime.chat_client import ChatClientError, stream_chat
-from runtime.localswarm import (
+from runtime.cli.chat_client import ChatClientError, stream_chat
+from runtime.cli.localswarm import (
     LocalNode,
     LocalSwarm,
     SwarmError,
@@ -32,7 +32,7 @@ from runtime.localswarm import (
     dead_bound,
     state_matrix,
 )
-from runtime.status import format_status
+from runtime.cli.status_view import format_status
 
 CONVERGE_TIMEOUT_S = 30.0
 SERVE_TIMEOUT_S = 90.0  # three doctors and a torch import each, on a busy CPU

@@ -1,0 +1,1 @@
+"""The command line: shardmesh and its subcommands, the demo, a local swarm."""
