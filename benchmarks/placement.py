@@ -56,7 +56,7 @@ from consensus.placement import (
     ModelFacts,
     NodeView,
     PlacementInput,
-    PlacementPolicy,
+    PlacementSettings,
     decide,
 )
 
@@ -143,7 +143,7 @@ def decide_ms(runs: int, seed: int) -> tuple[float, list[float], int]:
     """Median and all wall times (ms) of `decide` on the synthetic snapshot, and
     how many decisions it returned."""
     snapshot = synthetic_snapshot(seed=seed)
-    policy = PlacementPolicy()
+    policy = PlacementSettings()
     times: list[float] = []
     count = 0
     for _ in range(runs):

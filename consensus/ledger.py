@@ -12,7 +12,7 @@ It records, per ADR-0026, who serves what and why:
   only grows per node, and when it was made (the policy's cooldown clock);
 * the **demand table**: raw request counts and first/last times per model
   (how demand decays is policy, decided later);
-* the swarm's **policy settings** (`consensus.policy`): the knobs an
+* the swarm's **policy settings** (`consensus.settings`): the knobs an
   operator changed from their defaults, so every leader decides alike;
 * counts of rejected commands per reason, so a bad proposer is visible.
 
@@ -49,7 +49,7 @@ from typing import Any, Final, NoReturn
 
 import cbor2
 
-from consensus.policy import POLICY_FIELDS, PlacementPolicy, settings_error, with_settings
+from consensus.settings import POLICY_FIELDS, PlacementSettings, settings_error, with_settings
 from mesh.identity import NODE_ID_BYTES
 from mesh.records import RECIPES, TIERS, Tier
 from mesh.wire import DecodeError, decode_strict_cbor
@@ -216,7 +216,7 @@ class SetPolicy:
         names = [name for name, _ in pairs]
         if names != sorted(set(names)):
             _fail(f"settings must be sorted by name, each once, got {names}")
-        error = settings_error(dict(pairs), PlacementPolicy())
+        error = settings_error(dict(pairs), PlacementSettings())
         if error is not None:
             _fail(error)
         object.__setattr__(self, "settings", tuple(pairs))
@@ -468,7 +468,7 @@ class PlacementLedger:
         settings = {**self._settings, **dict(cmd.settings)}
         # Each knob was checked alone when decoded; together with the
         # settings already in force they must still make a valid policy.
-        error = settings_error(settings, PlacementPolicy())
+        error = settings_error(settings, PlacementSettings())
         if error is not None:
             raise _Reject(REASON_BAD_POLICY, error)
         self._settings = {name: settings[name] for name in sorted(settings)}
@@ -491,9 +491,9 @@ class PlacementLedger:
         """Demand per model, ordered by model name."""
         return {m: self._demand[m] for m in sorted(self._demand)}
 
-    def policy(self) -> PlacementPolicy:
+    def policy(self) -> PlacementSettings:
         """The swarm's placement policy: the defaults with its settings applied."""
-        return with_settings(PlacementPolicy(), self._settings)
+        return with_settings(PlacementSettings(), self._settings)
 
     def policy_settings(self) -> dict[str, int | float]:
         """The knobs the swarm set (a committed `SetPolicy`), by name."""

@@ -106,7 +106,7 @@ from consensus.ledger import (
     PlacementLedger,
     Release,
 )
-from consensus.policy import PlacementPolicy
+from consensus.settings import PlacementSettings
 from consensus.voters import MemberState
 from mesh.coverage import SERVING_STATES
 from mesh.identity import node_id_text
@@ -124,7 +124,7 @@ __all__ = [
     "NodeView",
     "PlacementHistory",
     "PlacementInput",
-    "PlacementPolicy",
+    "PlacementSettings",
     "WaitReason",
     "best_gap",
     "decide",
@@ -401,7 +401,7 @@ def _spans_below(replicas: list[int], level: int) -> list[tuple[int, int]]:
     return spans
 
 
-def _backed_off(failures: AdmissionFailures | None, now: float, policy: PlacementPolicy) -> bool:
+def _backed_off(failures: AdmissionFailures | None, now: float, policy: PlacementSettings) -> bool:
     if failures is None:
         return False
     wait = policy.admission_backoff_s * 2.0 ** min(failures.count - 1, 62)
@@ -496,7 +496,7 @@ def _replicas(deltas: list[int]) -> list[int]:
 
 
 def _coverage(
-    snapshot: PlacementInput, released: set[bytes], policy: PlacementPolicy
+    snapshot: PlacementInput, released: set[bytes], policy: PlacementSettings
 ) -> dict[str, _Model]:
     """Admitted and planned (admitted or loading) replicas per layer, per known model."""
     admitted: dict[str, list[int]] = {}
@@ -551,7 +551,7 @@ def _release_code(
     assignment: Assignment,
     view: NodeView | None,
     snapshot: PlacementInput,
-    policy: PlacementPolicy,
+    policy: PlacementSettings,
 ) -> str | None:
     """Rules 2-4 for one managed assignment (None: keep it)."""
     now = snapshot.now
@@ -583,7 +583,7 @@ _RELEASE_TEXT: Final[Mapping[str, str]] = MappingProxyType(
 )
 
 
-def _plan(snapshot: PlacementInput, policy: PlacementPolicy) -> _Plan:
+def _plan(snapshot: PlacementInput, policy: PlacementSettings) -> _Plan:
     """The decisions of one round and every model's waiting reason."""
     now = snapshot.now
     decisions: list[Decision] = []
@@ -639,7 +639,7 @@ class _Placer:
     def __init__(
         self,
         snapshot: PlacementInput,
-        policy: PlacementPolicy,
+        policy: PlacementSettings,
         models: dict[str, _Model],
         released: set[bytes],
         decisions: list[Decision],
@@ -860,7 +860,7 @@ def upkeep(
     return decisions
 
 
-def decide(snapshot: PlacementInput, policy: PlacementPolicy | None = None) -> list[Decision]:
+def decide(snapshot: PlacementInput, policy: PlacementSettings | None = None) -> list[Decision]:
     """The commands to propose now (rules in the module doc), releases first.
 
     Empty without a quorum (rule 0). Deterministic: the same input gives the
@@ -868,20 +868,20 @@ def decide(snapshot: PlacementInput, policy: PlacementPolicy | None = None) -> l
     """
     if not snapshot.has_quorum:
         return []
-    return _plan(snapshot, policy or PlacementPolicy()).decisions
+    return _plan(snapshot, policy or PlacementSettings()).decisions
 
 
-def explain(snapshot: PlacementInput, policy: PlacementPolicy | None = None) -> dict[str, str]:
+def explain(snapshot: PlacementInput, policy: PlacementSettings | None = None) -> dict[str, str]:
     """Why each known or demanded model is (not) servable, as a `WaitReason` code.
 
     Computed after this round's decisions, so a model that `decide` is about to
     place reads "loading". `WAIT_MESSAGES` has the human text for each code.
     """
-    return _plan(snapshot, policy or PlacementPolicy()).status
+    return _plan(snapshot, policy or PlacementSettings()).status
 
 
 def best_gap(
-    snapshot: PlacementInput, node: NodeView, policy: PlacementPolicy | None = None
+    snapshot: PlacementInput, node: NodeView, policy: PlacementSettings | None = None
 ) -> GapSuggestion | None:
     """The bootstrap suggestion for a joining node (`POST /v1/network/assign`).
 
@@ -891,7 +891,7 @@ def best_gap(
     start. The span starts at the gap's start and is as long as the node's
     memory allows. None when no gap fits: the node is then best left spare.
     """
-    policy = policy or PlacementPolicy()
+    policy = policy or PlacementSettings()
     models = _coverage(snapshot, set(), policy)
     best: tuple[tuple[float, int, str, int], GapSuggestion] | None = None
     for name in node.models:

@@ -58,7 +58,7 @@ from consensus.placement import (
     decide,
     upkeep,
 )
-from consensus.policy import PlacementPolicy
+from consensus.settings import PlacementSettings
 from mesh.records import Assignment as RecordAssignment
 from simulations.network import NetworkConfig
 from simulations.raft_cluster import Proposal, RaftCluster
@@ -145,7 +145,7 @@ class PlacementCluster:
         models: Mapping[str, ModelFacts],
         *,
         voters: int = 3,
-        policy: PlacementPolicy | None = None,
+        policy: PlacementSettings | None = None,
         network: NetworkConfig | None = None,
         detect_s: float = DETECT_S,
         keep_trace: bool = False,

@@ -33,7 +33,7 @@ from consensus.ledger import (
     decode_command,
     encode_command,
 )
-from consensus.policy import PlacementPolicy
+from consensus.settings import PlacementSettings
 
 N1, N2, N3 = (bytes([i]) * 32 for i in (1, 2, 3))
 
@@ -274,7 +274,7 @@ def test_demand_accumulates_raw_counts_and_times() -> None:
 
 def test_policy_settings_accumulate_and_every_replica_decides_with_them() -> None:
     ledger = PlacementLedger()
-    assert ledger.policy() == PlacementPolicy() and ledger.policy_settings() == {}
+    assert ledger.policy() == PlacementSettings() and ledger.policy_settings() == {}
     assert run(
         ledger,
         SetPolicy((("idle_release_s", 4.0),), 1.0),
@@ -284,7 +284,7 @@ def test_policy_settings_accumulate_and_every_replica_decides_with_them() -> Non
     assert ledger.policy_settings() == {"cooldown_s": 9.0, "idle_release_s": 6.0, "max_copies": 2}
     policy = ledger.policy()
     assert (policy.idle_release_s, policy.cooldown_s, policy.max_copies) == (6.0, 9.0, 2)
-    assert policy.demand_window_s == PlacementPolicy().demand_window_s  # not set: the default
+    assert policy.demand_window_s == PlacementSettings().demand_window_s  # not set: the default
 
 
 def test_settings_that_clash_with_those_in_force_are_rejected_and_change_nothing() -> None:
@@ -369,7 +369,7 @@ def test_a_version_1_snapshot_still_restores_with_default_policy() -> None:
     assert old[0] == 2 and old[6] == []
     v1 = cbor2.dumps([1, *old[1:6]], canonical=True)
     restored = PlacementLedger.restore(v1)
-    assert restored == ledger and restored.policy() == PlacementPolicy()
+    assert restored == ledger and restored.policy() == PlacementSettings()
 
 
 @pytest.mark.parametrize(
@@ -402,7 +402,7 @@ epochs = st.integers(min_value=1, max_value=6)
 def _valid_alone(knobs: dict[str, float]) -> bool:
     """Knobs that make a valid policy with the defaults (a SetPolicy that may
     still clash, at apply time, with an earlier one: that path is tested too)."""
-    default = PlacementPolicy()
+    default = PlacementSettings()
     backoff = knobs.get("admission_backoff_s", default.admission_backoff_s)
     return backoff <= knobs.get("max_admission_backoff_s", default.max_admission_backoff_s)
 

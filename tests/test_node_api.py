@@ -6,7 +6,7 @@ import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
-from consensus.policy import PlacementPolicy, policy_json
+from consensus.settings import PlacementSettings, policy_json
 from runtime.cli.localswarm import LocalSwarm
 
 CONTRACT_KEYS = {
@@ -99,7 +99,7 @@ async def test_the_swarm_policy_is_shown_changed_and_bad_settings_are_refused(
     async with httpx.AsyncClient(base_url=node.api, timeout=15) as client:
         shown = (await client.get("/v1/network/policy")).json()
         assert shown["settings"] == {}
-        assert shown["policy"] == policy_json(PlacementPolicy())
+        assert shown["policy"] == policy_json(PlacementSettings())
 
         refusals = [
             (b"[1]", None),
@@ -135,7 +135,7 @@ async def test_the_swarm_policy_is_shown_changed_and_bad_settings_are_refused(
         }
         policy = changed.json()["policy"]
         assert (policy["idle_release_s"], policy["max_copies"]) == (5.0, 2)
-        assert policy["cooldown_s"] == PlacementPolicy().cooldown_s
+        assert policy["cooldown_s"] == PlacementSettings().cooldown_s
 
         # Valid alone, but not with the ceiling just set: refused before it is proposed.
         clash = await client.post("/v1/network/policy", json={"admission_backoff_s": 200})

@@ -39,7 +39,7 @@ from consensus.placement import (
     NodeView,
     PlacementHistory,
     PlacementInput,
-    PlacementPolicy,
+    PlacementSettings,
     best_gap,
     decide,
     demand_rate,
@@ -51,7 +51,7 @@ from mesh.records import Addresses, BackendInfo, CapabilityReport, NodeRecord
 from mesh.records import Assignment as RecordAssignment
 
 GB = 1 << 30
-POLICY = PlacementPolicy()
+POLICY = PlacementSettings()
 NOW = 100_000.0
 X, Y = "model-x", "model-y"
 FACTS = {X: ModelFacts(num_layers=8, layer_bytes=GB), Y: ModelFacts(num_layers=8, layer_bytes=GB)}
@@ -121,10 +121,10 @@ class Swarm:
             released_at=dict(self.released_at),
         )
 
-    def decide(self, now: float = NOW, policy: PlacementPolicy = POLICY) -> list[Decision]:
+    def decide(self, now: float = NOW, policy: PlacementSettings = POLICY) -> list[Decision]:
         return decide(self.input(now), policy)
 
-    def explain(self, now: float = NOW, policy: PlacementPolicy = POLICY) -> dict[str, str]:
+    def explain(self, now: float = NOW, policy: PlacementSettings = POLICY) -> dict[str, str]:
         return explain(self.input(now), policy)
 
 

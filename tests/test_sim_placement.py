@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consensus.placement import ModelFacts
-from consensus.policy import PlacementPolicy
+from consensus.settings import PlacementSettings
 from simulations.placement_cluster import (
     DOCTOR_S,
     GB,
@@ -67,7 +67,7 @@ def test_a_crashed_serving_worker_is_replaced_from_spare_capacity() -> None:
     cluster.crash(first, at=40)
     # Dead at the leader after detection, released after the dead grace,
     # the other spare worker loads it.
-    cluster.run_until(40 + cluster.detect_s + PlacementPolicy().dead_grace_s + LOAD_Y_S + 5)
+    cluster.run_until(40 + cluster.detect_s + PlacementSettings().dead_grace_s + LOAD_Y_S + 5)
     cluster.check()
     assert serving(cluster, "y") == [3 - first]
     assert cluster.committed["Release"] == 1 and cluster.committed["Assign"] == 3  # x, y, y again

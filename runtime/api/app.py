@@ -40,7 +40,7 @@ from starlette.responses import FileResponse, JSONResponse, Response, StreamingR
 from starlette.routing import Route
 
 from consensus.ledger import MAX_TEXT, Command, RecordDemand, SetPolicy
-from consensus.policy import PlacementPolicy, policy_json, settings_error
+from consensus.settings import PlacementSettings, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.records import RECIPES
 from runtime.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
@@ -173,13 +173,13 @@ def _demand_command(body: dict[str, Any]) -> RecordDemand:
     return RecordDemand(model=model, count=count, at=time.time())
 
 
-def _policy_command(body: dict[str, Any], current: PlacementPolicy) -> SetPolicy:
+def _policy_command(body: dict[str, Any], current: PlacementSettings) -> SetPolicy:
     """The SetPolicy of a `POST /v1/network/policy` body: each knob checked
     alone (a 400 naming it), then all of them with the settings in force."""
     if not body:
         raise BadRequest('name at least one setting, e.g. {"idle_release_s": 600}')
     for name, value in body.items():
-        error = settings_error({name: value}, PlacementPolicy())
+        error = settings_error({name: value}, PlacementSettings())
         if error is not None:
             raise BadRequest(error, name)
     error = settings_error(body, current)

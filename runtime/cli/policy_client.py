@@ -1,6 +1,6 @@
 """`shardmesh policy`: show the swarm's placement policy, or change it.
 
-The policy's knobs (`consensus.policy`) are one set for the whole swarm,
+The policy's knobs (`consensus.settings`) are one set for the whole swarm,
 committed in the placement ledger, so any node can be asked: it shows its
 replica of them, and forwards a change to the Raft leader, which commits it
 for every node. A change needs a leader with a quorum; while an election
@@ -15,7 +15,7 @@ from typing import Any, Final
 
 import httpx
 
-from consensus.policy import POLICY_FIELDS
+from consensus.settings import POLICY_FIELDS
 
 POLICY_PATH: Final = "/v1/network/policy"
 RETRY_S: Final = 0.5

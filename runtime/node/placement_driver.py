@@ -47,14 +47,14 @@ from consensus.placement import (
     NodeView,
     PlacementHistory,
     PlacementInput,
-    PlacementPolicy,
+    PlacementSettings,
     best_gap,
     decide,
     explain,
     node_view,
     upkeep,
 )
-from consensus.policy import policy_json
+from consensus.settings import policy_json
 from mesh.identity import node_id_text
 from runtime.model.store import model_facts
 from runtime.node.admission import Admission, ServeOptions
@@ -100,7 +100,7 @@ class Placement:
         node.raft.on_apply.append(self._observe)
 
     @property
-    def policy(self) -> PlacementPolicy:
+    def policy(self) -> PlacementSettings:
         """The swarm's policy, as committed in the ledger (`shardmesh policy`):
         every node decides and explains with the same knobs, whoever leads."""
         return self.node.raft.ledger.policy()

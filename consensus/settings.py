@@ -1,4 +1,4 @@
-"""The placement policy's knobs: one set for the whole swarm.
+"""The placement policy's settings (knobs): one set for the whole swarm.
 
 Every knob is a number with a documented default. The swarm's values live in
 the placement ledger (`consensus.ledger.SetPolicy`): a leader decides with
@@ -20,7 +20,7 @@ from typing import Final
 
 
 @dataclass(frozen=True, slots=True)
-class PlacementPolicy:
+class PlacementSettings:
     """Knobs and their defaults, each with why."""
 
     demand_window_s: float = 300.0
@@ -92,12 +92,12 @@ MAX_SETTING: Final = 2**63 - 1
 """Every setting fits CBOR's and sqlite's signed 64 bits (the ledger stores it)."""
 
 POLICY_FIELDS: Final[Mapping[str, type]] = {
-    f.name: int if f.type in ("int", int) else float for f in fields(PlacementPolicy)
+    f.name: int if f.type in ("int", int) else float for f in fields(PlacementSettings)
 }
 """Each knob's name and number type (its annotation), in declaration order."""
 
 
-def settings_error(settings: Mapping[str, object], base: PlacementPolicy) -> str | None:
+def settings_error(settings: Mapping[str, object], base: PlacementSettings) -> str | None:
     """Why `settings` (knob name -> value) cannot be applied on top of
     `base`, or None when they can. Ints are knobs' counts; durations and
     ratios take any finite number (an int is read as a float)."""
@@ -116,11 +116,13 @@ def settings_error(settings: Mapping[str, object], base: PlacementPolicy) -> str
     return None
 
 
-def with_settings(base: PlacementPolicy, settings: Mapping[str, int | float]) -> PlacementPolicy:
+def with_settings(
+    base: PlacementSettings, settings: Mapping[str, int | float]
+) -> PlacementSettings:
     """`base` with `settings` applied (valid ones: see `settings_error`)."""
     return replace(base, **{n: POLICY_FIELDS[n](v) for n, v in settings.items()})  # type: ignore[arg-type]
 
 
-def policy_json(policy: PlacementPolicy) -> dict[str, int | float]:
+def policy_json(policy: PlacementSettings) -> dict[str, int | float]:
     """Every knob by name, for status and the `policy` command."""
     return {name: getattr(policy, name) for name in POLICY_FIELDS}
