@@ -1,9 +1,13 @@
 """The `shardmesh` command line.
 
-Only commands that really work are listed: `node`, `status`, `chat`,
-`demo`, `simulate`, `tiny-model`, `manifest build` and `doctor` (the rest of
-DESIGN.md's contract arrives with later issues, and a command that exists
-but does nothing is worse than a clear "invalid choice").
+Commands: `node` (run a node), `status` (a node's view of the swarm),
+`chat` (stream an answer), `demo` (a local swarm on loopback), `simulate`
+(a scenario in the deterministic simulator), `tiny-model` (a tiny random
+model for tests and demos), `manifest build` (a model's identity and golden
+activations), `policy` (show or change the swarm's placement knobs) and
+`doctor` (check that this machine computes a shard correctly). Each command's
+code lives beside this module in runtime/cli/ or is imported when it runs, so
+`shardmesh --help` stays fast.
 Usage errors exit 2 with the usage line, as argparse does; runtime errors
 (state dir in use, port taken, node unreachable, a model directory that
 cannot be read) exit 1 with one line on stderr saying what went wrong.
@@ -169,19 +173,14 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         default=None,
         metavar="STORE",
-        help="a folder of model directories the placement leader may ask this node to load",
+        help="a folder of model directories the placement leader may ask this node to load "
+        "(a node without --model is spare capacity for managed placement)",
     )
     node.add_argument(
         "--auto-join",
         action="store_true",
         help="on first join, take the best gap for this node's memory and --models store "
-        "as a bootstrap (pinned) assignment",
-    )
-    node.add_argument(
-        "--managed",
-        action="store_true",
-        help="offer this node as spare capacity for managed placement (the default "
-        "without --model; one assignment per node, so not with --model)",
+        "as a bootstrap (pinned) assignment (not with --model)",
     )
     node.add_argument(
         "--recipe",
@@ -229,7 +228,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="serve POST /v1/debug/faults, which can cut this node off (tests only)",
     )
-    node.add_argument("--log-level", default="INFO", choices=("DEBUG", "INFO", "WARNING"))
+    node.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING"),
+        help="logging threshold on stderr (default INFO)",
+    )
 
     status = commands.add_parser(
         "status",
@@ -253,10 +257,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chat.add_argument("--api", required=True, type=_url, metavar="URL", help="any node's API")
     chat.add_argument("--model", required=True, metavar="NAME", help="the model's name")
-    chat.add_argument("prompt", metavar="PROMPT")
-    chat.add_argument("--max-tokens", type=int, default=None, metavar="N")
-    chat.add_argument("--temperature", type=float, default=None, metavar="T")
-    chat.add_argument("--seed", type=int, default=None, metavar="S")
+    chat.add_argument("prompt", metavar="PROMPT", help="the user message")
+    chat.add_argument(
+        "--max-tokens", type=int, default=None, metavar="N", help="most tokens to generate"
+    )
+    chat.add_argument(
+        "--temperature", type=float, default=None, metavar="T", help="sampling temperature"
+    )
+    chat.add_argument(
+        "--seed", type=int, default=None, metavar="S", help="sampling seed (same seed, same text)"
+    )
     chat.add_argument(
         "--wait",
         type=_seconds,
@@ -272,8 +282,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         help="start a local swarm on loopback and show it working",
         description=(
-            "Start nodes on 127.0.0.1 as subprocesses, show them converge, SIGKILL one, "
-            "show every survivor declare it dead, then stop the rest gracefully."
+            "Make a tiny model, start nodes on 127.0.0.1 as subprocesses (three serve a "
+            "third of it each), show them converge, stream a chat answer through the "
+            "chain, place a second model on demand, SIGKILL a node and show every "
+            "survivor declare it dead, then stop the rest gracefully."
         ),
     )
     demo.add_argument("--nodes", type=int, default=5, help="how many nodes (default 5)")
@@ -295,7 +307,7 @@ def build_parser() -> argparse.ArgumentParser:
             "Same seed, same results and trace digest."
         ),
     )
-    simulate.add_argument("scenario", type=Path, metavar="SCENARIO.toml")
+    simulate.add_argument("scenario", type=Path, metavar="SCENARIO.toml", help="the scenario")
     simulate.add_argument("--seed", type=int, default=1, help="run seed (default 1)")
     simulate.add_argument(
         "--out",
@@ -318,7 +330,7 @@ def build_parser() -> argparse.ArgumentParser:
             "manifest digest."
         ),
     )
-    tiny.add_argument("out_dir", type=Path, metavar="OUT_DIR")
+    tiny.add_argument("out_dir", type=Path, metavar="OUT_DIR", help="where to write the model")
     tiny.add_argument("--layers", type=_positive_int, default=8, help="decoder layers (default 8)")
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     tiny.add_argument("--name", default=None, help="model name (default: the directory's name)")
@@ -353,7 +365,7 @@ def build_parser() -> argparse.ArgumentParser:
             "DIR, and print the manifest digest (the model's identity in the swarm)."
         ),
     )
-    manifest_build.add_argument("dir", type=Path, metavar="DIR")
+    manifest_build.add_argument("dir", type=Path, metavar="DIR", help="the model directory")
     manifest_build.add_argument(
         "--name", default=None, help="model name (default: kept from an existing manifest)"
     )
@@ -434,7 +446,8 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import trio
 
     from mesh.identity import IdentityError
-    from runtime.node.daemon import NodeOptions, NodeStartupError, serve_node
+    from runtime.node.daemon import serve_node
+    from runtime.node.options import NodeOptions, NodeStartupError
     from runtime.node.state_dir import StateDirError, default_state_dir
 
     logging.basicConfig(
@@ -447,8 +460,8 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     if (args.model is None) != (args.layers is None):
         parser.error("--model and --layers go together")
-    if (args.managed or args.auto_join) and args.model is not None:
-        parser.error("--managed and --auto-join are for model-less nodes; --model pins one")
+    if args.auto_join and args.model is not None:
+        parser.error("--auto-join is for model-less nodes; --model pins one")
     if args.models is not None and not args.models.is_dir():
         parser.error(f"--models {args.models}: not a directory")
     try:
