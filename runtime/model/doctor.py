@@ -443,7 +443,7 @@ def _check_backend(run: _Run) -> dict[str, Any]:
                 "backend_not_installed", f"backend {name}: import {module} failed ({exc}); {hint}"
             ) from None
     run.device = default_device(name)
-    versions = {}
+    versions: dict[str, str | None] = {}
     for dist in _BACKEND_DISTRIBUTIONS[name]:
         try:
             versions[dist] = metadata.version(dist)

@@ -54,11 +54,24 @@ class ShardPosition:
         return self.spec.end == self.num_layers
 
 
-class KVCache(Protocol):
-    """Opaque per-session cache handle; only the backend that made it reads it."""
+class KVCache:
+    """Opaque per-session cache handle; only the backend that made it reads it.
+
+    Each backend subclasses this with its own cache type and hands one out
+    from `new_cache()`. `forward` accepts any KVCache, as the protocol says,
+    and narrows it to its own type (isinstance), raising BackendError for a
+    handle another backend made. A nominal base class rather than an empty
+    Protocol: every object satisfies an empty Protocol, so the type checker
+    could not tell a cache from anything else passed in its place."""
+
+    __slots__ = ()
 
 
 class ShardBackend(Protocol):
+    """What a loaded shard offers the rest of the node. Backends implement it
+    structurally (no inheritance); `load_shard` returning each backend's
+    shard as a ShardBackend is where the type checker holds them to it."""
+
     name: str  # "torch" | "mlx"
     device: str  # "cpu", "cuda:0", "mps", "gpu"...
     spec: ShardSpec
@@ -73,7 +86,8 @@ class ShardBackend(Protocol):
     def is_last(self) -> bool: ...
 
     def new_cache(self) -> KVCache:
-        """A fresh, empty KV cache for one session on this shard."""
+        """A fresh, empty KV cache for one session on this shard (the
+        backend's own KVCache subclass)."""
 
     def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
         """Run the shard on T new tokens and append them to `cache`.
@@ -82,6 +96,8 @@ class ShardBackend(Protocol):
         float32 hidden states of shape [T, hidden_size]. `positions` is int64
         [T] (absolute positions, continuing the cache). Returns float32
         [T, vocab_size] logits on the last shard, else [T, hidden_size].
+        `cache` must come from this shard's `new_cache()`; any other handle
+        is refused with BackendError.
         """
 
     def info(self) -> dict[str, Any]:

@@ -18,11 +18,11 @@ import platform
 import sys
 from dataclasses import dataclass, field
 from importlib import metadata
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
-from runtime.model.backends.base import BackendError, ShardPosition, ShardSpec
+from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
 from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
 from runtime.model.weights import SafetensorsReader, read_shard_tensors
 
@@ -88,13 +88,17 @@ def _quantize(model: Any, bits: int) -> dict[str, int]:
             f"backend mlx cannot quantize this model in group size {QUANT_GROUP_SIZE}: "
             f"input dims {sorted(dims)} are not all multiples of it"
         )
-    params = {"bits": bits, "group_size": QUANT_GROUP_SIZE}
-    nn.quantize(model, **params, class_predicate=lambda _, m: isinstance(m, nn.Linear))
-    return params
+    nn.quantize(
+        model,
+        group_size=QUANT_GROUP_SIZE,
+        bits=bits,
+        class_predicate=lambda _, m: isinstance(m, nn.Linear),
+    )
+    return {"bits": bits, "group_size": QUANT_GROUP_SIZE}
 
 
 @dataclass
-class MlxCache:
+class MlxCache(KVCache):
     """One session's KV cache on an MLX shard: an mlx-lm KVCache per local
     layer, indexed 0..end-start."""
 
@@ -141,10 +145,11 @@ class MlxShard(ShardPosition):
 
         return MlxCache(mlx_adapter.new_layer_caches(self.spec.end - self.spec.start))
 
-    def _check_inputs(self, inputs: np.ndarray, positions: np.ndarray, cache: MlxCache) -> None:
+    def _check_inputs(self, inputs: np.ndarray, positions: np.ndarray, cache: KVCache) -> MlxCache:
         """Refuse malformed steps loudly: mlx-lm derives RoPE positions from
         the cache offset, so positions that do not continue the cache would
-        otherwise be silently wrong."""
+        otherwise be silently wrong. Returns `cache` as this backend's own
+        cache type."""
         if not isinstance(cache, MlxCache):
             raise BackendError(f"backend mlx got a foreign cache handle {type(cache).__name__}")
         if self.is_first:
@@ -168,19 +173,20 @@ class MlxShard(ShardPosition):
                 f"positions must continue the cache ({cache.offset}..{cache.offset + steps - 1}), "
                 f"got {positions.tolist()}"
             )
+        return cache
 
-    def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: MlxCache) -> np.ndarray:
+    def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
         import mlx.core as mx
 
         from runtime.model.backends import mlx_adapter
 
-        self._check_inputs(inputs, positions, cache)
+        own = self._check_inputs(inputs, positions, cache)
         if self.is_first:
             x = mx.array(inputs.astype(np.int32))[None]
         else:
             x = mx.array(inputs.astype(np.float32, copy=False))[None].astype(self._dtype)
-        out = self._model(x, cache.layers)[0].astype(mx.float32)
-        mlx_adapter.eval_step(out, cache.layers)
+        out = self._model(x, own.layers)[0].astype(mx.float32)
+        mlx_adapter.eval_step(out, own.layers)
         return np.array(out)
 
     @property
@@ -189,7 +195,10 @@ class MlxShard(ShardPosition):
         embedding shared with the LM head counts once."""
         from mlx.utils import tree_flatten
 
-        arrays = {id(v): v for _, v in tree_flatten(self._model.parameters())}
+        # tree_flatten is annotated `list[tuple[str, Any]] | dict[str, Any]`;
+        # without `destination` it always returns the list.
+        flat = cast("list[tuple[str, mx.array]]", tree_flatten(self._model.parameters()))
+        arrays = {id(v): v for _, v in flat}
         return sum(int(v.nbytes) for v in arrays.values())
 
     def info(self) -> dict[str, Any]:

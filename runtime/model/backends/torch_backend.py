@@ -50,6 +50,12 @@ class QuantizedLinear(nn.Module):
     w ~ q * scale + bias with q in [0, 2^bits - 1]). The weight is unpacked
     for each matmul; see runtime/model/recipes.py for why this and not a library."""
 
+    # Registered buffers (register_buffer below), declared so the type checker
+    # sees tensors rather than nn.Module.__getattr__'s `Tensor | Module`.
+    packed: torch.Tensor
+    scale: torch.Tensor
+    low: torch.Tensor
+
     def __init__(self, weight: torch.Tensor, bits: int, compute_dtype: torch.dtype) -> None:
         super().__init__()
         out_features, in_features = weight.shape
@@ -88,7 +94,7 @@ class QuantizedLinear(nn.Module):
 
 
 @dataclass(slots=True)
-class _Cache:
+class _Cache(KVCache):
     """A session's KV cache on one torch shard."""
 
     inner: Any  # transformers DynamicCache
@@ -161,7 +167,7 @@ class TorchShard(ShardPosition):
             raise BackendError("quantized recipes need bias-free projections")
         return QuantizedLinear(linear.weight.data, self.recipe.bits or 0, self._dtype)
 
-    def new_cache(self) -> KVCache:
+    def new_cache(self) -> _Cache:
         return _Cache(adapter.new_cache())
 
     def forward(
