@@ -1,6 +1,6 @@
 """The placement policy: which Assign and Release commands the leader proposes next.
 
-ADR-0026 (`adr/0026-node-assignment-ownership.md`) is the contract: pinned
+ADR-0026 (`docs/adr/0026-node-assignment-ownership.md`) is the contract: pinned
 (operator and bootstrap) work is never touched, managed placements go only
 onto spare capacity, and a managed node moves to another model only under
 the safety policy. The leader calls `decide` whenever its inputs change (a
@@ -94,7 +94,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Final, Literal
+from typing import Final, Literal, Protocol
 
 from consensus.ledger import (
     PINNED_TIERS,
@@ -110,7 +110,7 @@ from consensus.settings import PlacementSettings
 from consensus.voters import MemberState
 from mesh.coverage import SERVING_STATES
 from mesh.identity import node_id_text
-from mesh.records import RECIPES, NodeRecord
+from mesh.records import RECIPES, CapabilityReport, NodeRecord
 from mesh.records import Assignment as RecordAssignment
 
 __all__ = [
@@ -125,8 +125,10 @@ __all__ = [
     "PlacementHistory",
     "PlacementInput",
     "PlacementSettings",
+    "Shard",
     "WaitReason",
     "best_gap",
+    "capability_state",
     "decide",
     "demand_rate",
     "explain",
@@ -213,8 +215,8 @@ class NodeView:
     """Model names in the node's local store (`--models STORE`)."""
     spare: bool = False
     """The node offers capacity for managed placement: its record holds no
-    pinned assignment (model-less, or a managed one). `--managed` alone adds
-    nothing while a node has one slot; a pinned record is never spare."""
+    pinned assignment (model-less, or a managed one). With one slot per node
+    a pinned record is never spare."""
     capability: CapabilityState = "none"
     """Its capability report about its live ledger assignment: admitted
     (routable), failed, or none (absent, stale or about another shard)."""
@@ -340,6 +342,33 @@ def demand_rate(demand: Demand | None, now: float, window_s: float) -> float:
     return 60.0 * demand.count / span * decay
 
 
+class Shard(Protocol):
+    """What a capability report must be about: a ledger or a record assignment."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def layers(self) -> tuple[int, int]: ...
+    @property
+    def recipe(self) -> str: ...
+
+
+def capability_state(
+    report: CapabilityReport | None, shard: Shard | None, now: float
+) -> CapabilityState:
+    """The one definition of *admitted*: a report about exactly `shard`
+    (model, layers, recipe) that is admitted and unexpired at wall-clock
+    `now`. A report for another shard proves nothing about this one, so it
+    counts as none; a failed one about this shard is `failed`."""
+    if report is None or shard is None:
+        return "none"
+    if (report.model, report.layers, report.recipe) != (shard.model, shard.layers, shard.recipe):
+        return "none"
+    if report.result == "failed":
+        return "failed"
+    return "admitted" if report.expires_at > now else "none"
+
+
 def node_view(
     state: MemberState,
     state_since: float | None,
@@ -347,26 +376,10 @@ def node_view(
     assignment: Assignment | None,
     now: float,
 ) -> NodeView:
-    """A `NodeView` from membership's verdict, the node's record and its ledger assignment.
-
-    The capability counts only when it is about exactly the ledger's
-    assignment (model, layers, recipe) and unexpired: a report for an older
-    shard proves nothing about the one the node is loading now.
-    """
+    """A `NodeView` from membership's verdict, the node's record and its ledger assignment."""
     if record is None:
         return NodeView(state, state_since)
-    capability: CapabilityState = "none"
-    report = record.capability
-    if (
-        assignment is not None
-        and report is not None
-        and (report.model, report.layers, report.recipe)
-        == (assignment.model, assignment.layers, assignment.recipe)
-    ):
-        if report.result == "failed":
-            capability = "failed"
-        elif report.expires_at > now:
-            capability = "admitted"
+    capability = capability_state(record.capability, assignment, now)
     held = record.assignment
     return NodeView(
         state=state,

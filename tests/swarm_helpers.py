@@ -39,4 +39,4 @@ async def start_swarm(swarm: LocalSwarm, n: int) -> list[LocalNode]:
 async def assert_no_internal_errors(swarm: LocalSwarm, nodes: Sequence[LocalNode]) -> None:
     for name, view in (await swarm.views(nodes)).items():
         assert view is not None, f"{name} stopped answering"
-        assert "internal_error" not in view["drops"], (name, view["drops"])
+        assert "node.internal_error" not in view["drops"], (name, view["drops"])

@@ -362,9 +362,9 @@ def state_matrix(nodes: Sequence[LocalNode], views: dict[str, dict[str, Any] | N
 def dead_bound(profile: str, nodes: int) -> float:
     """The profile's documented worst case for "crash -> dead at every node"
     with `nodes` members (from `mesh.config`)."""
-    from runtime.node.daemon import membership_config
+    from mesh.config import MembershipConfig
 
-    config = membership_config(profile)
+    config = MembershipConfig.profile(profile)
     bound = config.detection_bound(nodes)
     if not math.isfinite(bound) or bound <= 0:
         raise SwarmError(f"profile {profile} documents no finite detection bound")

@@ -40,7 +40,7 @@ idle reaper.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -386,7 +386,7 @@ class Pipeline:
         timeouts: Timeouts = DEFAULT_TIMEOUTS,
         max_reroutes: int = MAX_REROUTES,
         timing: ChainTiming | None = None,
-    ) -> AsyncIterator[int]:
+    ) -> AsyncGenerator[int, None]:
         """Yield the token ids generated from ``prompt_ids`` through ``chain``
         (hops in layer order, covering every layer).
 

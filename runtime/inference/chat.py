@@ -32,19 +32,20 @@ import os
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 import httpx
 import trio
 
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
+from mesh.records import NodeRecord
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
-from runtime.inference.chain import ChainTiming, Failure, Hop, PipelineError
+from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
 
 log = logging.getLogger("shardmesh.chat")
@@ -225,9 +226,10 @@ class ArtifactStore:
     fetched from a node that serves the model and verified against the
     digest (`runtime.model.manifest.verify_artifacts`)."""
 
-    def __init__(self, cache_dir: Path, local: Mapping[str, Path]) -> None:
+    def __init__(self, cache_dir: Path, local: Callable[[str], Path | None]) -> None:
+        """`local` finds this node's own copy of a model by manifest digest."""
         self.cache_dir = cache_dir
-        self.local = dict(local)
+        self.local = local
         self._tokenizers: dict[str, ModelTokenizer] = {}
         self._lock = trio.Lock()
 
@@ -237,7 +239,7 @@ class ArtifactStore:
         async with self._lock:
             found = self._tokenizers.get(digest)
             if found is None:
-                directory = self.local.get(digest) or await self._fetch(digest, sources)
+                directory = self.local(digest) or await self._fetch(digest, sources)
                 found = await trio.to_thread.run_sync(ModelTokenizer, directory)
                 self._tokenizers[digest] = found
             return found
@@ -354,13 +356,47 @@ PREPARE_POLL_S: Final = 1.0
 """How often a node that cannot tokenize yet looks for a model in the swarm."""
 
 
+class SwarmReader(Protocol):
+    """What chat reads of the swarm (`runtime.node.swarm_view.SwarmView` is the real one)."""
+
+    @property
+    def node_id(self) -> bytes: ...
+    def coverage(self) -> CoverageMap: ...
+    def assigned_models(self) -> set[str]: ...
+    def stored_models(self) -> set[str]: ...
+    def loading_nodes(self, model: str) -> list[str]: ...
+    def record(self, node: bytes) -> NodeRecord | None: ...
+    def member_state(self, node: bytes) -> str | None: ...
+    def member_api(self, node: bytes) -> str | None: ...
+
+
+class PlacementDesk(Protocol):
+    """What chat tells placement and asks of it
+    (`runtime.node.placement_driver.Placement` is the real one)."""
+
+    def count_demand(self, model: str, *, unserved: bool) -> None: ...
+    def why_waiting(self, model: str) -> tuple[str, str]: ...
+    def num_layers(self, model: str) -> int | None: ...
+
+
 class ChatService:
     """The entry side of chat for one node (see the module docstring)."""
 
-    def __init__(self, node: Any, artifacts: ArtifactStore) -> None:
-        """`node` is the running `runtime.node.daemon.Node` (coverage, membership,
-        engine, records)."""
-        self.node = node
+    def __init__(
+        self,
+        *,
+        swarm: SwarmReader,
+        placement: PlacementDesk,
+        leader: Callable[[], bytes | None],
+        pipeline: Pipeline,
+        artifacts: ArtifactStore,
+    ) -> None:
+        """`leader` names the Raft leader, if one is known; `pipeline` carries
+        this node's generations through chains of hops."""
+        self.swarm = swarm
+        self.placement = placement
+        self._leader = leader
+        self._pipeline = pipeline
         self.artifacts = artifacts
         self.backoff = Backoff()
         self.counters: Counter[str] = Counter()  # completions, reroutes, failures
@@ -377,7 +413,7 @@ class ChatService:
         first request for a model, never ahead: every node fetching them as
         soon as a model appears would put the whole swarm's downloads on the
         few nodes serving it."""
-        while not (self.node.coverage_map().models or self.node.assigned_models()):
+        while not (self.swarm.coverage().models or self.swarm.assigned_models()):
             await trio.sleep(PREPARE_POLL_S)
         await trio.to_thread.run_sync(import_tokenizer_library)
 
@@ -387,32 +423,32 @@ class ChatService:
         """`GET /v1/models`: every model with complete admitted coverage
         (`ready`), and every model some node is assigned but that cannot be
         routed yet (`loading`)."""
-        coverage = self.node.coverage_map()
+        coverage = self.swarm.coverage()
         listed: dict[str, dict[str, Any]] = {}
         for name in sorted({key.model for key in coverage.models}):
             best = coverage.best(name)
             assert best is not None
             listed[name] = _model_json(name, "ready" if best.complete else "loading", best)
-        for name in sorted(self.node.assigned_models()):
+        for name in sorted(self.swarm.assigned_models()):
             listed.setdefault(name, _model_json(name, "loading", None))
         return list(listed.values())
 
     # --- completions ----------------------------------------------------------------
 
-    async def start(self, request: ChatRequest) -> tuple[Generation, AsyncIterator[str]]:
+    async def start(self, request: ChatRequest) -> tuple[Generation, AsyncGenerator[str, None]]:
         """Route and start one completion; the generation record and an
         iterator of text deltas (the iterator sets finish_reason and counts
         tokens as it goes). Raises ChatError before anything is generated."""
         accepted_at = trio.current_time()
-        coverage = self.node.coverage_map()
+        coverage = self.swarm.coverage()
         try:
             variant = self._servable(coverage, request.model)
             route = self._route(variant, frozenset())
         except ChatError as exc:
             if exc.status == 503:  # demand for a model we cannot serve yet: place it
-                self.node.placement.count_demand(request.model, unserved=True)
+                self.placement.count_demand(request.model, unserved=True)
             raise
-        self.node.placement.count_demand(request.model, unserved=False)
+        self.placement.count_demand(request.model, unserved=False)
         tokenizer = await self.artifacts.tokenizer(
             variant.manifest_digest, self._artifact_sources(variant)
         )
@@ -438,7 +474,7 @@ class ChatService:
 
     def _servable(self, coverage: CoverageMap, model: str) -> ModelCoverage:
         variant = coverage.best(model)
-        known = self.node.assigned_models() | self.node.stored_models()
+        known = self.swarm.assigned_models() | self.swarm.stored_models()
         if variant is None and model not in known:
             raise ChatError(
                 404,
@@ -464,20 +500,19 @@ class ChatService:
     def _loading_coverage(self, model: str, variant: ModelCoverage | None) -> dict[str, Any]:
         """What a 503 `model_loading` says: covered layers, gaps, who is
         loading, whether a leader is known, and why we are waiting."""
-        leader = self.node.raft.leader()
-        code, reason = self.node.placement.why_waiting(model)
+        leader = self._leader()
+        code, reason = self.placement.why_waiting(model)
         if leader is None:
             code, reason = "no_leader", "no placement leader is known yet"
         elif code == "no_demand":  # stale by one request: this one was demand
             code, reason = "demand_recorded", "demand was recorded; the leader places it next"
-        facts = self.node.placement.facts.get(model)
-        layers = variant.num_layers if variant else (facts.num_layers if facts else None)
+        layers = variant.num_layers if variant else self.placement.num_layers(model)
         return {
             "model": model,
             "layers": layers,
             "covered": [list(s) for s in variant.covered] if variant else [],
             "gaps": [list(s) for s in variant.gaps] if variant else _all_gap(layers),
-            "loading": sorted(self.node.loading_nodes(model)),
+            "loading": sorted(self.swarm.loading_nodes(model)),
             "leader": node_id_text(leader) if leader else None,
             "waiting_for": code,
             "reason": reason,
@@ -493,14 +528,14 @@ class ChatService:
 
     def _route_inputs(self, avoid: frozenset[bytes]) -> RouteInputs:
         return RouteInputs(
-            entry=self.node.node_id,
+            entry=self.swarm.node_id,
             avoid=avoid | self.backoff.avoided(trio.current_time()),
         )
 
     def _chain(self, route: Route) -> list[Hop]:
         chain = []
         for hop in route.hops:
-            record = self.node.decoded_record(hop.node_id)
+            record = self.swarm.record(hop.node_id)
             if record is None:
                 raise ChatError(503, "a routed node has no record", code="model_loading")
             chain.append(Hop(node_id_text(hop.node_id), record.addresses.data, hop.layers))
@@ -509,7 +544,7 @@ class ChatService:
     def _artifact_sources(self, variant: ModelCoverage) -> list[str]:
         urls = []
         for serving in variant.nodes:
-            url = self.node.member_api(serving.node_id)
+            url = self.swarm.member_api(serving.node_id)
             if url is not None:
                 urls.append(url)
         return urls
@@ -522,7 +557,7 @@ class ChatService:
         tokenizer: ModelTokenizer,
         prompt: list[int],
         generation: Generation,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncGenerator[str, None]:
         state = {"route": route}
 
         async def on_failure(failure: Failure) -> list[Hop] | None:
@@ -541,7 +576,7 @@ class ChatService:
         scanner = StopScanner(request.params.stop)
         ids: list[int] = []
         emitted = ""
-        stream = self.node.engine.pipeline.generate(
+        stream = self._pipeline.generate(
             variant.model,
             self._chain(route),
             prompt,
@@ -598,11 +633,11 @@ class ChatService:
         """Which hop died? The pipeline's hint if it has one, else whichever
         chain node membership declares suspect or dead within
         REROUTE_WAIT_S; back those off and re-route around them."""
-        chain = [n for n in route.node_ids if n != self.node.node_id]
+        chain = [n for n in route.node_ids if n != self.swarm.node_id]
         failed = {bytes.fromhex(s) for s in failure.suspects}
         with trio.move_on_after(REROUTE_WAIT_S):
             while not failed:
-                failed = {n for n in chain if self.node.member_state(n) not in ("alive", None)}
+                failed = {n for n in chain if self.swarm.member_state(n) not in ("alive", None)}
                 if not failed:
                     await trio.sleep(REROUTE_POLL_S)
         now = trio.current_time()
@@ -615,7 +650,7 @@ class ChatService:
             failure.reason,
             failure.step,
         )
-        variant = self.node.coverage_map().best(model)
+        variant = self.swarm.coverage().best(model)
         if variant is None:
             return None
         found = reroute(variant, route, failed, self._route_inputs(frozenset(failed)))

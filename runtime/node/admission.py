@@ -54,8 +54,9 @@ REFRESH_FRACTION: Final = 0.5
 """Refresh at half the TTL: one missed refresh (a busy moment, a slow
 gossip round) still leaves half a TTL before peers stop routing here."""
 OPERATOR_EPOCH: Final = 1
-"""An operator's pinned assignment is fixed for the life of the process; the
-ledger's per-node epochs take over with placement (later issue)."""
+"""An operator's pinned assignment is fixed for the life of the process, so
+its record carries one epoch; managed and bootstrap assignments carry the
+epoch the ledger committed them at."""
 
 
 @dataclass(frozen=True)
@@ -253,3 +254,64 @@ def probe_backend(backend: str | None) -> records.BackendInfo | None:
         return None
     free, _source = free_memory_bytes(device)
     return records.BackendInfo(kind=name, device=device, memory_bytes=int(free or 0))  # type: ignore[arg-type]
+
+
+class ShardSlot:
+    """The one shard this node serves (one assignment per node, ADR-0026).
+
+    Whoever starts a shard goes through the slot: the daemon for the
+    operator's pin, the placement driver for a managed or bootstrap
+    assignment. The record and the status read the current admission from
+    it, so no component reaches into another to swap what is served.
+    """
+
+    def __init__(
+        self, *, engine: Engine, plane: Plane, drops: Counter[str], publish: Callable[[], None]
+    ) -> None:
+        """`publish` re-signs and gossips the node's record."""
+        self._engine = engine
+        self._plane = plane
+        self._drops = drops
+        self._publish = publish
+        self._admission: Admission | None = None
+        self._offered: records.BackendInfo | None = None
+
+    @property
+    def admission(self) -> Admission | None:
+        return self._admission
+
+    @property
+    def backend(self) -> records.BackendInfo | None:
+        """The backend the record advertises: the serving shard's, else the
+        capacity a model-less node offers (None until probed)."""
+        return self._admission.backend_info if self._admission else self._offered
+
+    async def offer_capacity(self, backend: str | None) -> None:
+        """Find out (in a thread: it imports the backend) what this
+        model-less node can offer placement, then advertise it."""
+        self._offered = await trio.to_thread.run_sync(probe_backend, backend)
+        if self._offered is None:
+            log.warning("backend %s is not installed: offering no capacity", backend)
+        self._publish()
+
+    def start(
+        self, options: ServeOptions, *, tier: str = "operator", epoch: int = OPERATOR_EPOCH
+    ) -> Admission:
+        """An admission for `options` in the slot; the caller runs it."""
+        self._admission = Admission(
+            options,
+            engine=self._engine,
+            plane=self._plane,
+            drops=self._drops,
+            publish=self._publish,
+            tier=tier,
+            epoch=epoch,
+        )
+        return self._admission
+
+    def clear(self) -> None:
+        """Stop serving (after the admission's task was cancelled): detach
+        the hop server from the engine and publish a record without it."""
+        self._engine.detach()
+        self._admission = None
+        self._publish()

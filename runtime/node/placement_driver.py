@@ -37,7 +37,7 @@ from typing import Any, Final
 import httpx
 import trio
 
-from consensus.ledger import Assign, Command, RecordDemand
+from consensus.ledger import ApplyResult, Assign, Command, RecordDemand
 from consensus.placement import (
     WAIT_MESSAGES,
     Announced,
@@ -56,9 +56,10 @@ from consensus.placement import (
 )
 from consensus.settings import policy_json
 from mesh.identity import node_id_text
-from runtime.model.store import model_facts
-from runtime.node.admission import Admission, ServeOptions
-from runtime.node.raft_driver import NotLeader, ProposalFailed
+from runtime.model.store import ModelStore, model_facts
+from runtime.node.admission import Admission, ServeOptions, ShardSlot
+from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
+from runtime.node.swarm_view import SwarmView
 
 log = logging.getLogger("shardmesh.placement")
 
@@ -83,8 +84,25 @@ class AlreadyAssigned(Exception):
 class Placement:
     """The node's placement loops (see the module doc); `run` in its nursery."""
 
-    def __init__(self, node: Any) -> None:
-        self.node = node
+    def __init__(
+        self,
+        *,
+        raft: RaftDriver,
+        swarm: SwarmView,
+        store: ModelStore,
+        slot: ShardSlot,
+        backend: str | None,
+        auto_join: bool,
+    ) -> None:
+        """`slot` is where managed and bootstrap shards are served;
+        `backend` is `--backend`, `auto_join` is `--auto-join`."""
+        self.node_id = swarm.node_id
+        self._raft = raft
+        self._swarm = swarm
+        self._store = store
+        self._slot = slot
+        self._backend = backend
+        self._wants_auto_join = auto_join
         self.history = PlacementHistory()
         self.facts: dict[str, ModelFacts] = {}
         self.waiting: dict[str, str] = {}
@@ -97,15 +115,15 @@ class Placement:
         self._serving: tuple[str, tuple[int, int], str, int, str] | None = None
         self._serving_scope: trio.CancelScope | None = None
         self._snapshot_cache: PlacementInput | None = None
-        node.raft.on_apply.append(self._observe)
+        raft.on_apply.append(self._observe)
 
     @property
     def policy(self) -> PlacementSettings:
         """The swarm's policy, as committed in the ledger (`shardmesh policy`):
         every node decides and explains with the same knobs, whoever leads."""
-        return self.node.raft.ledger.policy()
+        return self._raft.ledger.policy()
 
-    def _observe(self, result: Any) -> None:
+    def _observe(self, result: ApplyResult) -> None:
         if result.accepted and result.command is not None:
             self.history.observe(result.command)
 
@@ -122,7 +140,7 @@ class Placement:
             nursery.start_soon(self._report_demand)
             nursery.start_soon(self._place)
             nursery.start_soon(self._follow_assignment, nursery)
-            if self.node.options.auto_join:
+            if self._wants_auto_join:
                 nursery.start_soon(self._auto_join)
 
     async def _report_demand(self) -> None:
@@ -144,13 +162,13 @@ class Placement:
         """Propose `command` if we lead, else post `body` to the leader's
         `path` (the API endpoint that proposes the same command there)."""
         try:
-            await self.node.raft.propose(command)
+            await self._raft.propose(command)
             return True
         except NotLeader as exc:
             leader = exc.leader
         except ProposalFailed:
             return False
-        url = self.node.member_api(leader) if leader is not None else None
+        url = self._swarm.member_api(leader) if leader is not None else None
         if url is None:
             return False
         try:
@@ -174,7 +192,7 @@ class Placement:
     ) -> Assign:
         """The Assign that `POST /v1/nodes/assign` proposes: pinned once
         accepted (tier bootstrap). AlreadyAssigned if the node holds one."""
-        ledger = self.node.raft.ledger
+        ledger = self._raft.ledger
         held = ledger.assignment(node)
         if held is not None:
             raise AlreadyAssigned(
@@ -196,20 +214,19 @@ class Placement:
     async def _auto_join(self) -> None:
         """`--auto-join`: once a leader and a snapshot are known, take the
         best gap for this node's memory and store, as a bootstrap assignment."""
-        node = self.node
         while True:
             await trio.sleep(AUTO_JOIN_POLL_S)
-            if node.raft.ledger.assignment(node.node_id) is not None:
+            if self._raft.ledger.assignment(self.node_id) is not None:
                 return
-            backend = node.offered_backend
-            if backend is None or node.raft.leader() is None:
+            backend = self._slot.backend
+            if backend is None or self._raft.leader() is None:
                 continue
-            gap = self.suggest(backend.memory_bytes, node.store.names())
+            gap = self.suggest(backend.memory_bytes, self._store.names())
             if gap is None:
                 continue
-            command = self.bootstrap_command(node.node_id, gap.model, gap.layers, gap.recipe)
+            command = self.bootstrap_command(self.node_id, gap.model, gap.layers, gap.recipe)
             body = {
-                "node_id": node_id_text(node.node_id),
+                "node_id": node_id_text(self.node_id),
                 "model": gap.model,
                 "layers": list(gap.layers),
                 "recipe": gap.recipe,
@@ -226,14 +243,14 @@ class Placement:
             snapshot = await self._snapshot()
             self._snapshot_cache = snapshot
             self.waiting = explain(snapshot, self.policy)
-            if not self.node.raft.raft.is_leader:
+            if not self._raft.is_leader:
                 continue
-            decisions = upkeep(self.node.raft.ledger, self._announced(), time.time())
+            decisions = upkeep(self._raft.ledger, self._announced(), time.time())
             if not decisions:  # decide on a ledger that already knows the pinned shards
                 decisions = decide(snapshot, self.policy)
             for decision in decisions:
                 try:
-                    committed = await self.node.raft.propose(decision.command)
+                    committed = await self._raft.propose(decision.command)
                 except (NotLeader, ProposalFailed) as exc:
                     log.info("placement round stopped: %s", exc)
                     break
@@ -257,13 +274,11 @@ class Placement:
         log.info("placement: %s %s %s (%s)", entry["command"], entry["model"], code, reason)
 
     async def _snapshot(self) -> PlacementInput:
-        node = self.node
-        ledger = node.raft.ledger
+        ledger = self._raft.ledger
         now, mono = time.time(), trio.current_time()
         views = {}
         wanted: set[str] = set(ledger.demand()) | {a.model for a in ledger.assignments()}
-        for member in node.membership.members():
-            record = node.decoded_record(member.node)
+        for member, record in self._swarm.records():
             since = now - (mono - member.state_since)
             views[member.node] = node_view(
                 str(member.state), since, record, ledger.assignment(member.node), now
@@ -277,23 +292,22 @@ class Placement:
             nodes=views,
             models={n: f for n, f in self.facts.items() if n in wanted},
             now=now,
-            has_quorum=node.raft.leader() is not None,
+            has_quorum=self._raft.leader() is not None,
             history=self.history,
         )
 
     async def _learn_facts(self, name: str) -> None:
         """Sizes of `name` from our store, else from a member's manifest."""
-        stored = self.node.store.get(name)
+        stored = self._store.get(name)
         if stored is not None:
             self.facts[name] = model_facts(stored.manifest)
             return
         if trio.current_time() < self._fetch_after.get(name, 0.0):
             return
-        for member in self.node.membership.members():
-            record = self.node.decoded_record(member.node)
-            url = self.node.member_api(member.node)
-            if record is None or url is None or name not in record.models:
+        for _, record in self._swarm.records():
+            if record is None or name not in record.models:
                 continue
+            url = record.addresses.api
             try:
                 async with httpx.AsyncClient(timeout=5.0) as client:
                     reply = await client.get(f"{url}/v1/network/models/{name}/manifest")
@@ -307,8 +321,7 @@ class Placement:
     def _announced(self) -> dict[bytes, Announced]:
         """What each member's signed record says about its shard (`upkeep`)."""
         announced = {}
-        for member in self.node.membership.members():
-            record = self.node.decoded_record(member.node)
+        for member, record in self._swarm.records():
             if record is None or record.assignment is None:
                 continue
             failure = None
@@ -321,10 +334,9 @@ class Placement:
     # --- serving what the ledger assigns us ----------------------------------------
 
     async def _follow_assignment(self, nursery: trio.Nursery) -> None:
-        node = self.node
         while True:
             await trio.sleep(ASSIGNMENT_POLL_S)
-            mine = node.raft.ledger.assignment(node.node_id)
+            mine = self._raft.ledger.assignment(self.node_id)
             wanted = None
             if mine is not None and mine.tier != "operator":  # managed or bootstrap
                 wanted = (mine.model, mine.layers, mine.recipe, mine.epoch, mine.tier)
@@ -336,7 +348,7 @@ class Placement:
             if wanted is None:
                 continue
             self._serving = wanted
-            stored = node.store.get(wanted[0])
+            stored = self._store.get(wanted[0])
             if stored is None:
                 # The leader only assigns what our record says the store holds,
                 # so the store changed under us. Say it once; the assignment
@@ -344,21 +356,16 @@ class Placement:
                 log.error("assigned %s, which is not in this node's store", wanted[0])
                 continue
             self._serving_scope = trio.CancelScope()
-            admission = Admission(
+            admission = self._slot.start(
                 ServeOptions(
                     model_dir=stored.path,
                     layers=wanted[1],
                     recipe=wanted[2],
-                    backend=node.options.backend,
+                    backend=self._backend,
                 ),
-                engine=node.engine,
-                plane=node.data_plane,
-                drops=node.local_drops,
-                publish=node.republish,
                 tier=wanted[4],
                 epoch=wanted[3],
             )
-            node.admission = admission
             nursery.start_soon(self._serve, admission, self._serving_scope)
 
     @staticmethod
@@ -369,13 +376,16 @@ class Placement:
     def _stop_serving(self) -> None:
         if self._serving_scope is not None:
             self._serving_scope.cancel()
-        self.node.engine.detach()
-        self.node.admission = None
         self._serving = None
         self._serving_scope = None
-        self.node.republish()
+        self._slot.clear()
 
     # --- views ----------------------------------------------------------------------
+
+    def num_layers(self, model: str) -> int | None:
+        """The model's layer count, once its manifest has been read."""
+        facts = self.facts.get(model)
+        return None if facts is None else facts.num_layers
 
     def why_waiting(self, model: str) -> tuple[str, str]:
         """(code, text) for a 503 `model_loading` body."""
@@ -386,7 +396,7 @@ class Placement:
         now = time.time()
         cooldowns = {
             node_id_text(a.node): round(a.assigned_at + self.policy.cooldown_s - now, 1)
-            for a in self.node.raft.ledger.assignments()
+            for a in self._raft.ledger.assignments()
             if a.managed and now < a.assigned_at + self.policy.cooldown_s
         }
         return {

@@ -179,18 +179,18 @@ class RaftDriver:
         try:
             message = decode_raft(payload)
         except RaftDecodeError as exc:
-            self.drops[f"raft_{exc.reason}"] += 1
+            self.drops[exc.reason] += 1
             return
         if message.sender != sender:
-            self.drops["raft_sender_mismatch"] += 1
+            self.drops["sender_mismatch"] += 1
             return
         if message.to != self.node_id:
-            self.drops["raft_misdirected"] += 1
+            self.drops["misdirected"] += 1
             return
         try:
             self._inbox_send.send_nowait(message)
         except trio.WouldBlock:
-            self.drops["raft_inbox_full"] += 1
+            self.drops["inbox_full"] += 1
 
     async def propose(self, command: Command, timeout: float | None = None) -> Committed:
         """Replicate `command` and wait until it is applied here.
@@ -333,7 +333,7 @@ class RaftDriver:
                 payload = encode_raft(message)
             except RaftEncodeError as exc:
                 log.error("not sending a %s: %s", type(message).__name__, exc)
-                self.drops[f"raft_encode_{exc.reason}"] += 1
+                self.drops[f"encode_{exc.reason}"] += 1
                 continue
             self._send(message.to, payload)
 
@@ -368,6 +368,10 @@ class RaftDriver:
         await trio.to_thread.run_sync(self._storage.save, None, (), snapshot)
 
     # --- views ------------------------------------------------------------------------
+
+    @property
+    def is_leader(self) -> bool:
+        return self.raft.is_leader
 
     def leader(self) -> bytes | None:
         """The leader this node follows (itself when leading), or None."""

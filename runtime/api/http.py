@@ -1,0 +1,116 @@
+"""What every route shares: OpenAI-shaped errors, and one way to refuse a bad body.
+
+Errors of every kind, including unknown paths and wrong methods, use
+OpenAI's error shape, because the clients that talk to `/v1` are OpenAI
+clients and they parse that shape for messages. A route refuses bad input by
+raising `BadRequest` (or `ChatError`); the app's exception handlers turn
+each into its response, so no route formats an error of its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any, Final
+
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+
+from runtime.inference.chat import ChatError
+
+log = logging.getLogger("shardmesh.api")
+
+MAX_BODY_BYTES: Final = 64 * 1024
+"""Control-plane request bodies are tiny; refuse megabytes before parsing."""
+
+_ERROR_TYPES = {
+    400: "invalid_request_error",
+    404: "invalid_request_error",
+    405: "invalid_request_error",
+    422: "invalid_request_error",
+    503: "service_unavailable",
+}
+_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 500: "internal_error"}
+
+
+def error_response(
+    status: int,
+    message: str,
+    *,
+    type_: str | None = None,
+    code: str | None = None,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """An error in OpenAI's shape: `{"error": {"message", "type", "code"}}`
+    (plus `param`, which OpenAI clients expect to find, and any `extra`)."""
+    body: dict[str, Any] = {
+        "message": message,
+        "type": type_ or _ERROR_TYPES.get(status, "server_error" if status >= 500 else "error"),
+        "param": None,
+        "code": code if code is not None else _ERROR_CODES.get(status),
+    }
+    body.update(extra)  # e.g. param="model"
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
+
+
+class BadRequest(Exception):
+    """A request body we refuse; becomes a 400 naming `param`."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+async def json_object(request: Request) -> dict[str, Any]:
+    """The request body as a JSON object, or BadRequest saying what is wrong."""
+    body = await request.body()
+    if len(body) > MAX_BODY_BYTES:
+        raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+    try:
+        value = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"malformed JSON body: {exc}") from None
+    if not isinstance(value, dict):
+        raise BadRequest("the body must be a JSON object")
+    return value
+
+
+async def bad_request(request: Request, exc: Exception) -> JSONResponse:
+    """The one handler for refused input: a 400 naming the field."""
+    assert isinstance(exc, BadRequest)
+    return error_response(400, str(exc), param=exc.param)
+
+
+async def chat_error(request: Request, exc: Exception) -> JSONResponse:
+    """A refused or failed chat (before any byte was streamed)."""
+    assert isinstance(exc, ChatError)
+    return chat_error_response(exc)
+
+
+def chat_error_response(exc: ChatError) -> JSONResponse:
+    extra = dict(exc.extra)
+    if exc.param is not None:
+        extra["param"] = exc.param
+    return error_response(
+        exc.status, exc.message, type_=exc.type_, code=exc.code, headers=exc.headers, **extra
+    )
+
+
+async def http_error(request: Request, exc: Exception) -> JSONResponse:
+    """Starlette's own refusals (no such path, wrong method) in OpenAI's shape."""
+    assert isinstance(exc, HTTPException)
+    if exc.status_code == 404:
+        message = f"no such endpoint: {request.method} {request.url.path}"
+    elif exc.status_code == 405:
+        message = f"{request.method} is not allowed on {request.url.path}"
+    else:
+        message = str(exc.detail)
+    return error_response(exc.status_code, message, headers=exc.headers)
+
+
+async def server_error(request: Request, exc: Exception) -> JSONResponse:
+    log.error("%s %s failed", request.method, request.url.path, exc_info=exc)
+    return error_response(500, f"internal error: {type(exc).__name__}")

@@ -1,0 +1,283 @@
+"""The swarm's own routes: status, coverage, models' files, placement and its policy.
+
+* `GET /v1/network/status`, `GET /v1/network/coverage[?model=M]`;
+* `POST /v1/network/demand` records chat demand in the placement ledger:
+  any node accepts it and forwards it to the Raft leader;
+* `GET /v1/network/policy` shows the swarm's placement policy settings;
+  `POST /v1/network/policy` (knob -> value) commits new settings for the
+  whole swarm, forwarded to the leader like demand;
+* `POST /v1/network/assign` (the best gap for a joining node) and
+  `POST /v1/nodes/assign` (a bootstrap assignment, committed);
+* `GET /v1/network/artifacts/{digest}/{file}` and
+  `GET /v1/network/models/{name}/manifest`: the manifest, config and
+  tokenizer files of a model this node holds, for entries that lack them
+  (they verify every file against the digest);
+* with `--fault-injection`, `POST /v1/debug/faults` cuts the node off the
+  control plane (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Final, Protocol
+
+import httpx
+import trio
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from consensus.ledger import MAX_TEXT, Command, RecordDemand, SetPolicy
+from consensus.settings import PlacementSettings, policy_json, settings_error
+from mesh.identity import NODE_ID_BYTES, node_id_text
+from mesh.records import RECIPES
+from runtime.api.http import BadRequest, error_response, json_object
+from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files
+from runtime.model.store import ModelStore
+from runtime.node.membership_driver import MembershipDriver
+from runtime.node.placement_driver import AlreadyAssigned, Placement
+from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
+
+log = logging.getLogger("shardmesh.api")
+
+FORWARDED_HEADER: Final = "x-shardmesh-forwarded-by"
+"""Set on a request one node forwards to the leader. A forwarded request is
+never forwarded again: if leadership moved meanwhile, the caller gets a 503
+and retries, instead of the request bouncing between nodes."""
+FORWARD_TIMEOUT_S: Final = 10.0
+"""A forwarded proposal waits for its commit on the leader; this covers the
+leader's own proposal timeout plus a round trip."""
+MAX_DEMAND_COUNT: Final = 1_000_000
+"""One report's count; larger is a client bug, not demand."""
+
+
+class NetworkNode(Protocol):
+    """What the network routes need from a node (`runtime.node.daemon.Node`)."""
+
+    raft: RaftDriver
+    membership: MembershipDriver
+    placement: Placement
+    store: ModelStore
+
+    @property
+    def fault_injection(self) -> bool: ...
+    def status(self) -> dict[str, Any]: ...
+    def member_api(self, node: bytes) -> str | None: ...
+    def artifact_path(self, digest: str) -> Path | None: ...
+
+
+def network_routes(node: NetworkNode) -> list[Route]:
+    """The routes, served from `node`."""
+
+    async def network_assign(request: Request) -> JSONResponse:
+        """Bootstrap: the best gap for a joining node, by its memory and store."""
+        body = await json_object(request)
+        memory = body.get("memory_bytes")
+        if type(memory) is not int or memory < 0:
+            raise BadRequest("memory_bytes must be a non-negative integer", "memory_bytes")
+        models = body.get("models")
+        if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
+            raise BadRequest("models must be an array of model names", "models")
+        gap = node.placement.suggest(memory, models)
+        if gap is None:
+            return error_response(
+                404, "no gap of these models fits this node; stay spare", code="no_gap"
+            )
+        return JSONResponse(
+            {
+                "model": gap.model,
+                "layers": list(gap.layers),
+                "recipe": gap.recipe,
+                "demand_per_min": gap.demand_per_min,
+            }
+        )
+
+    async def nodes_assign(request: Request) -> JSONResponse:
+        """An operator (or `--auto-join`) assigns a node on its first join."""
+        fields = _bootstrap_fields(await json_object(request))
+        try:
+            command = node.placement.bootstrap_command(*fields)
+        except AlreadyAssigned as exc:
+            return error_response(409, str(exc), code="already_assigned", param="node_id")
+        return await commit(request, command)
+
+    async def model_manifest(request: Request) -> Response:
+        stored = node.store.get(request.path_params["name"])
+        if stored is None:
+            return error_response(404, "this node's store has no such model", code="not_found")
+        return FileResponse(stored.path / MANIFEST_FILE, media_type="application/json")
+
+    async def artifact(request: Request) -> Response:
+        digest = request.path_params["digest"]
+        name = request.path_params["name"]
+        directory = node.artifact_path(digest)
+        if directory is None:
+            return error_response(404, f"this node holds no model with digest {digest}")
+        if name == "manifest":
+            name = MANIFEST_FILE
+        else:
+            try:
+                allowed = await trio.to_thread.run_sync(artifact_files, directory)
+            except ManifestError as exc:
+                return error_response(500, str(exc))
+            if name not in allowed:
+                return error_response(404, f"{name!r} is not a shareable file of this model")
+        return FileResponse(directory / name, media_type="application/octet-stream")
+
+    async def commit(request: Request, command: Command) -> JSONResponse:
+        """Propose `command` here if we lead, else forward the request to
+        the leader once; answer with where it committed."""
+        try:
+            committed = await node.raft.propose(command)
+        except NotLeader as exc:
+            return await forward_to_leader(request, exc)
+        except ProposalFailed as exc:
+            return error_response(
+                503, str(exc), code="proposal_failed", headers={"Retry-After": "1"}
+            )
+        reply: dict[str, Any] = {
+            "index": committed.index,
+            "term": committed.term,
+            "accepted": committed.accepted,
+            "reason": committed.reason or None,
+            "detail": committed.detail or None,
+            "leader": node_id_text(node.raft.node_id),
+        }
+        if isinstance(command, SetPolicy):  # applied here: the swarm's policy from now on
+            reply["policy"] = policy_json(node.raft.ledger.policy())
+            reply["settings"] = node.raft.ledger.policy_settings()
+        return JSONResponse(reply)
+
+    async def forward_to_leader(request: Request, exc: NotLeader) -> JSONResponse:
+        leader = exc.leader
+        url = node.member_api(leader) if leader is not None else None
+        if leader is None or url is None or request.headers.get(FORWARDED_HEADER):
+            return error_response(
+                503,
+                str(exc),
+                code="no_leader" if leader is None else "not_leader",
+                headers={"Retry-After": "1"},
+                leader=node_id_text(leader) if leader else None,
+            )
+        try:
+            async with httpx.AsyncClient(timeout=FORWARD_TIMEOUT_S) as client:
+                reply = await client.post(
+                    url + request.url.path,
+                    content=await request.body(),
+                    headers={
+                        "content-type": "application/json",
+                        FORWARDED_HEADER: node_id_text(node.raft.node_id),
+                    },
+                )
+            body = reply.json()
+        except (httpx.HTTPError, ValueError) as err:
+            return error_response(
+                503,
+                f"the leader {node_id_text(leader)} did not answer: {err}",
+                code="leader_unreachable",
+                headers={"Retry-After": "1"},
+            )
+        return JSONResponse(body, status_code=reply.status_code)
+
+    async def network_demand(request: Request) -> JSONResponse:
+        return await commit(request, _demand_command(await json_object(request)))
+
+    async def network_policy(request: Request) -> JSONResponse:
+        ledger = node.raft.ledger
+        if request.method == "GET":
+            return JSONResponse(
+                {"policy": policy_json(ledger.policy()), "settings": ledger.policy_settings()}
+            )
+        command = _policy_command(await json_object(request), ledger.policy())
+        return await commit(request, command)
+
+    async def debug_faults(request: Request) -> JSONResponse:
+        if not node.fault_injection:
+            return error_response(404, "fault injection is off (start with --fault-injection)")
+        isolate = (await json_object(request)).get("isolate")
+        if type(isolate) is not bool:
+            raise BadRequest("isolate must be true or false", "isolate")
+        node.membership.isolate(isolate)
+        log.warning("fault injection: control plane %s", "cut" if isolate else "restored")
+        return JSONResponse({"isolated": node.membership.isolated})
+
+    async def network_status(request: Request) -> JSONResponse:
+        return JSONResponse(node.status())
+
+    async def network_coverage(request: Request) -> JSONResponse:
+        coverage = node.status()["coverage"]
+        model = request.query_params.get("model")
+        if model is None:
+            return JSONResponse(coverage)
+        if model not in coverage:
+            return error_response(
+                404,
+                f"no node reports an admitted capability for model {model!r}",
+                code="model_not_found",
+                param="model",
+            )
+        return JSONResponse({model: coverage[model]})
+
+    return [
+        Route("/v1/network/artifacts/{digest}/{name}", artifact, methods=["GET"]),
+        Route("/v1/network/models/{name}/manifest", model_manifest, methods=["GET"]),
+        Route("/v1/network/status", network_status, methods=["GET"]),
+        Route("/v1/network/coverage", network_coverage, methods=["GET"]),
+        Route("/v1/network/demand", network_demand, methods=["POST"]),
+        Route("/v1/network/policy", network_policy, methods=["GET", "POST"]),
+        Route("/v1/network/assign", network_assign, methods=["POST"]),
+        Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),
+        Route("/v1/debug/faults", debug_faults, methods=["POST"]),
+    ]
+
+
+def _bootstrap_fields(body: dict[str, Any]) -> tuple[bytes, str, tuple[int, int], str]:
+    """(node, model, layers, recipe) of a `POST /v1/nodes/assign` body."""
+    try:
+        node_id = bytes.fromhex(body.get("node_id", ""))
+    except (TypeError, ValueError):
+        node_id = b""
+    if len(node_id) != NODE_ID_BYTES:
+        raise BadRequest("node_id must be a node's 64-hex-digit id", "node_id")
+    model = body.get("model")
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_TEXT:
+        raise BadRequest(f"model must be a non-empty string of <= {MAX_TEXT} chars", "model")
+    layers = body.get("layers")
+    if (
+        not isinstance(layers, list)
+        or len(layers) != 2
+        or not all(type(x) is int for x in layers)
+        or not 0 <= layers[0] < layers[1]
+    ):
+        raise BadRequest("layers must be [a, b] with 0 <= a < b", "layers")
+    recipe = body.get("recipe", "fp32")
+    if recipe not in RECIPES:
+        raise BadRequest(f"recipe must be one of {sorted(RECIPES)}", "recipe")
+    return node_id, model, (layers[0], layers[1]), recipe
+
+
+def _demand_command(body: dict[str, Any]) -> RecordDemand:
+    model = body.get("model")
+    if not isinstance(model, str) or not 0 < len(model) <= MAX_TEXT:
+        raise BadRequest(f"model must be a non-empty string of <= {MAX_TEXT} chars", "model")
+    count = body.get("count", 1)
+    if type(count) is not int or not 1 <= count <= MAX_DEMAND_COUNT:
+        raise BadRequest(f"count must be an integer in [1, {MAX_DEMAND_COUNT}]", "count")
+    return RecordDemand(model=model, count=count, at=time.time())
+
+
+def _policy_command(body: dict[str, Any], current: PlacementSettings) -> SetPolicy:
+    """The SetPolicy of a `POST /v1/network/policy` body: each knob checked
+    alone (a 400 naming it), then all of them with the settings in force."""
+    if not body:
+        raise BadRequest('name at least one setting, e.g. {"idle_release_s": 600}')
+    for name, value in body.items():
+        error = settings_error({name: value}, PlacementSettings())
+        if error is not None:
+            raise BadRequest(error, name)
+    error = settings_error(body, current)
+    if error is not None:
+        raise BadRequest(f"with the settings in force: {error}")
+    return SetPolicy(tuple(sorted(body.items())), time.time())

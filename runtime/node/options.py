@@ -1,0 +1,103 @@
+"""What `shardmesh node` was asked to do, and the two planes it binds.
+
+`NodeOptions` is the daemon's whole input (the CLI builds it from flags);
+`open_node_planes` binds the control and data planes it names.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import zmq
+
+from mesh.transport import Plane, open_planes
+from mesh.wire import MAX_CONTROL_MESSAGE_BYTES
+from runtime.node.admission import ServeOptions
+from runtime.node.hostport import HostPort, parse_hostport
+
+PROFILES: Final = ("lan", "wan", "local")
+
+CONTROL_FRAME_HEADROOM: Final = 64 * 1024
+"""libzmq refuses a frame over the transport's limit by dropping the whole
+connection, before anything is read: nothing can count it. Setting that
+limit a little above the wire's decode cap means a frame just over the cap
+is read and refused by `mesh.wire` as `oversized` (counted, visible in the
+status API), while a grossly oversized one is still cut off by libzmq
+without ever being buffered. Memory per message stays bounded either way."""
+CONTROL_FRAME_LIMIT: Final = MAX_CONTROL_MESSAGE_BYTES + CONTROL_FRAME_HEADROOM
+
+
+class NodeStartupError(Exception):
+    """The node could not start (an address in use, a bad bind address)."""
+
+
+@dataclass(frozen=True)
+class NodeOptions:
+    """Everything `shardmesh node` was asked to do."""
+
+    listen: HostPort
+    api: HostPort
+    state_dir: Path
+    joins: tuple[HostPort, ...] = ()
+    profile: str = "lan"
+    data_listen: HostPort | None = None
+    advertise: str | None = None
+    fault_injection: bool = False
+    """Serve `POST /v1/debug/faults` (tests cut a node off the control
+    plane with it). Off by default: it lets anyone who reaches the API
+    partition the node."""
+    serve: ServeOptions | None = None
+    """The operator's pinned shard (`--model --layers --recipe`), if any."""
+    models: Path | None = None
+    """The local model store (`--models STORE`): what the placement leader
+    may ask this node to load."""
+    backend: str | None = None
+    """`--backend` (default: the platform's) for managed shards and the
+    capacity a model-less node offers."""
+    auto_join: bool = False
+    """`--auto-join`: take the placement's best gap as a bootstrap assignment."""
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise ValueError(f"unknown profile {self.profile!r}; use one of {', '.join(PROFILES)}")
+        if self.listen.is_wildcard and not self.advertise:
+            raise ValueError(
+                f"--listen {self.listen.text()} listens on every interface; peers need one "
+                "address to reach this node: give --advertise HOST"
+            )
+
+    def advertised(self, address: str) -> str:
+        """The address peers should use: the bound one, with the host
+        replaced when the node listens on a wildcard."""
+        if not self.advertise:
+            return address
+        return HostPort(self.advertise, parse_hostport(address).port).zmq()
+
+
+@asynccontextmanager
+async def open_node_planes(
+    options: NodeOptions, drops: Counter[str]
+) -> AsyncIterator[tuple[Plane, Plane]]:
+    """The control and data planes; a bind failure becomes a
+    NodeStartupError naming the addresses (errors after start-up pass)."""
+    listen = options.listen.zmq()
+    data_listen = (options.data_listen or HostPort(options.listen.host, 0)).zmq()
+    entered = False
+    try:
+        async with open_planes(
+            listen,
+            data_listen,
+            drops=drops,
+            control_max_message_bytes=CONTROL_FRAME_LIMIT,
+        ) as planes:
+            entered = True
+            yield planes
+    except zmq.ZMQError as exc:
+        if entered:
+            raise
+        raise NodeStartupError(f"cannot listen on {listen} / {data_listen}: {exc}") from exc
