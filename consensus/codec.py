@@ -53,6 +53,7 @@ from consensus.raft import (
     TimeoutNow,
     VoteResponse,
 )
+from mesh.fields import FieldError, array, boolean, bounded_bytes, fixed_bytes, sequence, uint
 from mesh.identity import NODE_ID_BYTES
 from mesh.wire import (
     MAX_CONTROL_MESSAGE_BYTES,
@@ -193,30 +194,12 @@ def _fail(detail: str, reason: str = REASON_BAD_FIELD) -> NoReturn:
 
 
 # --- field checks (shared by encode and decode) -----------------------------
-
-
-def _uint(value: object, what: str) -> int:
-    if type(value) is not int or not 0 <= value <= MAX_UINT:
-        _fail(f"{what} must be an integer in [0, 2**63)")
-    return value
-
-
-def _bool(value: object, what: str) -> bool:
-    if type(value) is not bool:
-        _fail(f"{what} must be a bool")
-    return value
+# The rules are mesh.fields'; a FieldError becomes REASON_BAD_FIELD at the
+# public boundary (encode_raft, decode_raft).
 
 
 def _node_id(value: object, what: str) -> bytes:
-    if type(value) is not bytes or len(value) != NODE_ID_BYTES:
-        _fail(f"{what} must be {NODE_ID_BYTES} bytes")
-    return value
-
-
-def _blob(value: object, limit: int, what: str) -> bytes:
-    if type(value) is not bytes or len(value) > limit:
-        _fail(f"{what} must be bytes of <= {limit}")
-    return value
+    return fixed_bytes(value, what, size=NODE_ID_BYTES)
 
 
 def _kind(value: object) -> EntryKind:
@@ -229,17 +212,9 @@ def _kind(value: object) -> EntryKind:
         _fail("unknown entry kind")
 
 
-def _array(value: object, size: int, what: str) -> list[Any]:
-    if type(value) is not list or len(value) != size:
-        _fail(f"{what} must be an array of {size}")
-    return value
-
-
 def _members(value: object, what: str) -> frozenset[bytes]:
     """Decode a sorted, duplicate-free id array (sorted so encoding is canonical)."""
-    if type(value) is not list or len(value) > MAX_CONFIG_MEMBERS:
-        _fail(f"{what} must be an array of <= {MAX_CONFIG_MEMBERS}")
-    ids = [_node_id(member, what) for member in value]
+    ids = [_node_id(member, what) for member in sequence(value, what, max_items=MAX_CONFIG_MEMBERS)]
     if any(a >= b for a, b in itertools.pairwise(ids)):
         _fail(f"{what} must be sorted and distinct")
     return frozenset(ids)
@@ -255,19 +230,19 @@ def _members_value(value: object, what: str) -> list[bytes]:
 
 
 def _entries_value(entries: object, prev_index: int) -> list[list[Any]]:
-    if not isinstance(entries, tuple | list) or len(entries) > MAX_ENTRIES_PER_MESSAGE:
-        _fail(f"entries must be a sequence of <= {MAX_ENTRIES_PER_MESSAGE}")
     out = []
-    for position, entry in enumerate(entries):
+    for position, entry in enumerate(
+        sequence(entries, "entries", max_items=MAX_ENTRIES_PER_MESSAGE)
+    ):
         if not isinstance(entry, Entry):
             _fail("entries must be Entry values")
-        if _uint(entry.index, "entry index") != prev_index + 1 + position:
+        if uint(entry.index, "entry index") != prev_index + 1 + position:
             _fail("entries must be consecutive after prev_index")
         out.append(
             [
-                _uint(entry.term, "entry term"),
+                uint(entry.term, "entry term"),
                 int(_kind(entry.kind)),
-                _blob(entry.data, MAX_ENTRY_DATA_BYTES, "entry data"),
+                bounded_bytes(entry.data, "entry data", max_bytes=MAX_ENTRY_DATA_BYTES),
             ]
         )
     return out
@@ -283,40 +258,40 @@ def _snapshot_value(snapshot: object) -> list[Any]:
     if set(voters) & set(learners):
         _fail("voters and learners must be disjoint")
     return [
-        _uint(snapshot.index, "snapshot index"),
-        _uint(snapshot.term, "snapshot term"),
+        uint(snapshot.index, "snapshot index"),
+        uint(snapshot.term, "snapshot term"),
         voters,
         learners,
-        _blob(snapshot.data, MAX_INSTALL_SNAPSHOT_BYTES, "snapshot data"),
+        bounded_bytes(snapshot.data, "snapshot data", max_bytes=MAX_INSTALL_SNAPSHOT_BYTES),
     ]
 
 
 def _message_value(m: object) -> list[Any]:
     match m:
         case RequestVote():
-            return [_REQUEST_VOTE, _node_id(m.to, "to"), _uint(m.term, "term"),
-                    _node_id(m.candidate, "candidate"), _uint(m.last_index, "last_index"),
-                    _uint(m.last_term, "last_term"), _bool(m.pre_vote, "pre_vote"),
-                    _bool(m.transfer, "transfer")]  # fmt: skip
+            return [_REQUEST_VOTE, _node_id(m.to, "to"), uint(m.term, "term"),
+                    _node_id(m.candidate, "candidate"), uint(m.last_index, "last_index"),
+                    uint(m.last_term, "last_term"), boolean(m.pre_vote, "pre_vote"),
+                    boolean(m.transfer, "transfer")]  # fmt: skip
         case VoteResponse():
-            return [_VOTE_RESPONSE, _node_id(m.to, "to"), _uint(m.term, "term"),
-                    _node_id(m.voter, "voter"), _bool(m.granted, "granted"),
-                    _bool(m.pre_vote, "pre_vote")]  # fmt: skip
+            return [_VOTE_RESPONSE, _node_id(m.to, "to"), uint(m.term, "term"),
+                    _node_id(m.voter, "voter"), boolean(m.granted, "granted"),
+                    boolean(m.pre_vote, "pre_vote")]  # fmt: skip
         case AppendEntries():
-            prev_index = _uint(m.prev_index, "prev_index")
-            return [_APPEND_ENTRIES, _node_id(m.to, "to"), _uint(m.term, "term"),
-                    _node_id(m.leader, "leader"), prev_index, _uint(m.prev_term, "prev_term"),
-                    _entries_value(m.entries, prev_index), _uint(m.commit, "commit")]  # fmt: skip
+            prev_index = uint(m.prev_index, "prev_index")
+            return [_APPEND_ENTRIES, _node_id(m.to, "to"), uint(m.term, "term"),
+                    _node_id(m.leader, "leader"), prev_index, uint(m.prev_term, "prev_term"),
+                    _entries_value(m.entries, prev_index), uint(m.commit, "commit")]  # fmt: skip
         case AppendResponse():
-            return [_APPEND_RESPONSE, _node_id(m.to, "to"), _uint(m.term, "term"),
-                    _node_id(m.follower, "follower"), _bool(m.success, "success"),
-                    _uint(m.match_index, "match_index"),
-                    _uint(m.reject_hint, "reject_hint")]  # fmt: skip
+            return [_APPEND_RESPONSE, _node_id(m.to, "to"), uint(m.term, "term"),
+                    _node_id(m.follower, "follower"), boolean(m.success, "success"),
+                    uint(m.match_index, "match_index"),
+                    uint(m.reject_hint, "reject_hint")]  # fmt: skip
         case InstallSnapshot():
-            return [_INSTALL_SNAPSHOT, _node_id(m.to, "to"), _uint(m.term, "term"),
+            return [_INSTALL_SNAPSHOT, _node_id(m.to, "to"), uint(m.term, "term"),
                     _node_id(m.leader, "leader"), _snapshot_value(m.snapshot)]  # fmt: skip
         case TimeoutNow():
-            return [_TIMEOUT_NOW, _node_id(m.to, "to"), _uint(m.term, "term"),
+            return [_TIMEOUT_NOW, _node_id(m.to, "to"), uint(m.term, "term"),
                     _node_id(m.leader, "leader")]  # fmt: skip
     _fail(f"not a Raft message: {type(m).__name__}", REASON_UNKNOWN_TYPE)
 
@@ -335,6 +310,8 @@ def encode_raft(message: Message) -> bytes:
         value = _message_value(message)
     except _Invalid as exc:
         raise RaftEncodeError(exc.reason, exc.detail) from None
+    except FieldError as exc:
+        raise RaftEncodeError(REASON_BAD_FIELD, exc.detail) from None
     try:
         return encode_strict_cbor(value, max_bytes=_cap_for(message))
     except EncodeError as exc:
@@ -345,26 +322,25 @@ def encode_raft(message: Message) -> bytes:
 
 
 def _entries(value: object, prev_index: int) -> tuple[Entry, ...]:
-    if type(value) is not list or len(value) > MAX_ENTRIES_PER_MESSAGE:
-        _fail(f"entries must be an array of <= {MAX_ENTRIES_PER_MESSAGE}")
+    value = sequence(value, "entries", max_items=MAX_ENTRIES_PER_MESSAGE)
     if prev_index + len(value) > MAX_UINT:
         _fail("entry index out of range")
     entries = []
     for position, item in enumerate(value):
-        term, kind, data = _array(item, 3, "entry")
+        term, kind, data = array(item, "entry", size=3)
         entries.append(
             Entry(
-                term=_uint(term, "entry term"),
+                term=uint(term, "entry term"),
                 index=prev_index + 1 + position,
                 kind=_kind(kind),
-                data=_blob(data, MAX_ENTRY_DATA_BYTES, "entry data"),
+                data=bounded_bytes(data, "entry data", max_bytes=MAX_ENTRY_DATA_BYTES),
             )
         )
     return tuple(entries)
 
 
 def _snapshot(value: object) -> Snapshot:
-    index, term, voters, learners, data = _array(value, 5, "snapshot")
+    index, term, voters, learners, data = array(value, "snapshot", size=5)
     voter_set = _members(voters, "voters")
     learner_set = _members(learners, "learners")
     if len(voter_set) + len(learner_set) > MAX_CONFIG_MEMBERS:
@@ -372,60 +348,60 @@ def _snapshot(value: object) -> Snapshot:
     if voter_set & learner_set:
         _fail("voters and learners must be disjoint")
     return Snapshot(
-        index=_uint(index, "snapshot index"),
-        term=_uint(term, "snapshot term"),
+        index=uint(index, "snapshot index"),
+        term=uint(term, "snapshot term"),
         voters=voter_set,
         learners=learner_set,
-        data=_blob(data, MAX_INSTALL_SNAPSHOT_BYTES, "snapshot data"),
+        data=bounded_bytes(data, "snapshot data", max_bytes=MAX_INSTALL_SNAPSHOT_BYTES),
     )
 
 
 def _request_vote(f: list[Any]) -> RequestVote:
     to, term, candidate, last_index, last_term, pre_vote, transfer = f
-    return RequestVote(to=_node_id(to, "to"), term=_uint(term, "term"),
+    return RequestVote(to=_node_id(to, "to"), term=uint(term, "term"),
                        candidate=_node_id(candidate, "candidate"),
-                       last_index=_uint(last_index, "last_index"),
-                       last_term=_uint(last_term, "last_term"),
-                       pre_vote=_bool(pre_vote, "pre_vote"),
-                       transfer=_bool(transfer, "transfer"))  # fmt: skip
+                       last_index=uint(last_index, "last_index"),
+                       last_term=uint(last_term, "last_term"),
+                       pre_vote=boolean(pre_vote, "pre_vote"),
+                       transfer=boolean(transfer, "transfer"))  # fmt: skip
 
 
 def _vote_response(f: list[Any]) -> VoteResponse:
     to, term, voter, granted, pre_vote = f
-    return VoteResponse(to=_node_id(to, "to"), term=_uint(term, "term"),
-                        voter=_node_id(voter, "voter"), granted=_bool(granted, "granted"),
-                        pre_vote=_bool(pre_vote, "pre_vote"))  # fmt: skip
+    return VoteResponse(to=_node_id(to, "to"), term=uint(term, "term"),
+                        voter=_node_id(voter, "voter"), granted=boolean(granted, "granted"),
+                        pre_vote=boolean(pre_vote, "pre_vote"))  # fmt: skip
 
 
 def _append_entries(f: list[Any]) -> AppendEntries:
     to, term, leader, prev_index, prev_term, entries, commit = f
-    prev = _uint(prev_index, "prev_index")
-    return AppendEntries(to=_node_id(to, "to"), term=_uint(term, "term"),
+    prev = uint(prev_index, "prev_index")
+    return AppendEntries(to=_node_id(to, "to"), term=uint(term, "term"),
                          leader=_node_id(leader, "leader"), prev_index=prev,
-                         prev_term=_uint(prev_term, "prev_term"),
+                         prev_term=uint(prev_term, "prev_term"),
                          entries=_entries(entries, prev),
-                         commit=_uint(commit, "commit"))  # fmt: skip
+                         commit=uint(commit, "commit"))  # fmt: skip
 
 
 def _append_response(f: list[Any]) -> AppendResponse:
     to, term, follower, success, match_index, reject_hint = f
-    return AppendResponse(to=_node_id(to, "to"), term=_uint(term, "term"),
+    return AppendResponse(to=_node_id(to, "to"), term=uint(term, "term"),
                           follower=_node_id(follower, "follower"),
-                          success=_bool(success, "success"),
-                          match_index=_uint(match_index, "match_index"),
-                          reject_hint=_uint(reject_hint, "reject_hint"))  # fmt: skip
+                          success=boolean(success, "success"),
+                          match_index=uint(match_index, "match_index"),
+                          reject_hint=uint(reject_hint, "reject_hint"))  # fmt: skip
 
 
 def _install_snapshot(f: list[Any]) -> InstallSnapshot:
     to, term, leader, snapshot = f
-    return InstallSnapshot(to=_node_id(to, "to"), term=_uint(term, "term"),
+    return InstallSnapshot(to=_node_id(to, "to"), term=uint(term, "term"),
                            leader=_node_id(leader, "leader"),
                            snapshot=_snapshot(snapshot))  # fmt: skip
 
 
 def _timeout_now(f: list[Any]) -> TimeoutNow:
     to, term, leader = f
-    return TimeoutNow(to=_node_id(to, "to"), term=_uint(term, "term"),
+    return TimeoutNow(to=_node_id(to, "to"), term=uint(term, "term"),
                       leader=_node_id(leader, "leader"))  # fmt: skip
 
 
@@ -472,6 +448,8 @@ def decode_raft(data: bytes) -> Message:
         return _decode(data)
     except _Invalid as exc:
         raise RaftDecodeError(exc.reason, exc.detail) from None
+    except FieldError as exc:
+        raise RaftDecodeError(REASON_BAD_FIELD, exc.detail) from None
     except Exception as exc:  # a bug, not input: still never escape as anything else
         raise RaftDecodeError(REASON_BAD_FIELD, f"{UNEXPECTED} {type(exc).__name__}") from None
 

@@ -42,14 +42,25 @@ trailing byte and smuggled tag in one check.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Final, NoReturn
 
 import cbor2
 
 from consensus.settings import POLICY_FIELDS, PlacementSettings, settings_error, with_settings
+from mesh.fields import (
+    MAX_UINT,
+    FieldError,
+    boolean,
+    fixed_bytes,
+    number,
+    one_of,
+    reraise_as,
+    span,
+    text,
+    uint,
+)
 from mesh.identity import NODE_ID_BYTES
 from mesh.records import RECIPES, TIERS, Tier
 from mesh.wire import DecodeError, decode_strict_cbor
@@ -65,7 +76,7 @@ MAX_SNAPSHOT_BYTES: Final = 256 * 1024 * 1024
 10,000-node swarm and still refuses a runaway or hostile blob."""
 MAX_TEXT: Final = 256
 """Model names, reasons: long enough for a manifest name, short enough to log."""
-MAX_INT: Final = 2**63 - 1
+MAX_INT: Final = MAX_UINT
 """Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
 SNAPSHOT_VERSION: Final = 2
 """Version 2 added the policy settings; version 1 snapshots are still read."""
@@ -79,43 +90,21 @@ def _fail(msg: str) -> NoReturn:
     raise LedgerError(msg)
 
 
-def _check_int(name: str, value: object, lo: int = 0) -> int:
-    # bool is an int subclass; a True epoch is a caller bug, not 1.
-    if type(value) is not int or not lo <= value <= MAX_INT:
-        _fail(f"{name} must be an integer in [{lo}, 2**63), got {value!r}")
-    return value
+def _ledger_error(exc: FieldError) -> LedgerError:
+    # Commands come from the leader (a trusted voter), so the value is shown.
+    return LedgerError(f"{exc.detail}, got {exc.value!r}")
 
 
-def _check_text(name: str, value: object, choices: Collection[str] = ()) -> str:
-    if type(value) is not str or not 0 < len(value) <= MAX_TEXT:
-        _fail(f"{name} must be a non-empty string of at most {MAX_TEXT} chars, got {value!r}")
-    if choices and value not in choices:
-        _fail(f"{name} must be one of {', '.join(sorted(choices))}, got {value!r}")
-    return value
+_as_ledger_error = reraise_as(_ledger_error)
+"""Field checks (mesh.fields) in a command or a snapshot raise `LedgerError`."""
 
 
-def _check_node(value: object) -> bytes:
-    if type(value) is not bytes or len(value) != NODE_ID_BYTES:
-        _fail(f"node must be {NODE_ID_BYTES} bytes, got {value!r}")
-    return value
+def _text(value: object, name: str) -> str:
+    return text(value, name, max_chars=MAX_TEXT)
 
 
-def _check_at(value: object) -> float:
-    # NaN != NaN would make two identical ledgers compare unequal; inf has no
-    # meaning as a time. Ints are accepted and normalized so the encoding is unique.
-    if type(value) not in (int, float) or not math.isfinite(value):  # type: ignore[arg-type]
-        _fail(f"at must be a finite number of seconds, got {value!r}")
-    return float(value)  # type: ignore[arg-type]
-
-
-def _check_layers(value: object) -> tuple[int, int]:
-    if type(value) not in (tuple, list) or len(value) != 2:  # type: ignore[arg-type]
-        _fail(f"layers must be a pair [a, b), got {value!r}")
-    a = _check_int("layers[0]", value[0])  # type: ignore[index]
-    b = _check_int("layers[1]", value[1])  # type: ignore[index]
-    if not a < b:
-        _fail(f"layers must satisfy a < b, got [{a}, {b})")
-    return (a, b)
+def _node(value: object) -> bytes:
+    return fixed_bytes(value, "node", size=NODE_ID_BYTES)
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,18 +120,18 @@ class Assign:
     epoch: int
     at: float
 
+    @_as_ledger_error
     def __post_init__(self) -> None:
-        _check_node(self.node)
-        _check_text("model", self.model)
-        object.__setattr__(self, "layers", _check_layers(self.layers))
-        _check_text("recipe", self.recipe, RECIPES)
-        _check_text("tier", self.tier, TIERS)
-        if type(self.managed) is not bool:
-            _fail(f"managed must be a bool, got {self.managed!r}")
+        _node(self.node)
+        _text(self.model, "model")
+        object.__setattr__(self, "layers", span(self.layers, "layers"))
+        one_of(self.recipe, "recipe", RECIPES)
+        one_of(self.tier, "tier", TIERS)
+        boolean(self.managed, "managed")
         if self.managed != (self.tier == "managed"):
             _fail(f"managed={self.managed} contradicts tier {self.tier!r}")
-        _check_int("epoch", self.epoch, lo=1)
-        object.__setattr__(self, "at", _check_at(self.at))
+        uint(self.epoch, "epoch", low=1)
+        object.__setattr__(self, "at", number(self.at, "at"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,12 +144,13 @@ class Release:
     reason: str
     at: float
 
+    @_as_ledger_error
     def __post_init__(self) -> None:
-        _check_node(self.node)
-        _check_text("model", self.model)
-        _check_int("epoch", self.epoch, lo=1)
-        _check_text("reason", self.reason)
-        object.__setattr__(self, "at", _check_at(self.at))
+        _node(self.node)
+        _text(self.model, "model")
+        uint(self.epoch, "epoch", low=1)
+        _text(self.reason, "reason")
+        object.__setattr__(self, "at", number(self.at, "at"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,10 +161,11 @@ class RecordDemand:
     count: int
     at: float
 
+    @_as_ledger_error
     def __post_init__(self) -> None:
-        _check_text("model", self.model)
-        _check_int("count", self.count, lo=1)
-        object.__setattr__(self, "at", _check_at(self.at))
+        _text(self.model, "model")
+        uint(self.count, "count", low=1)
+        object.__setattr__(self, "at", number(self.at, "at"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,11 +177,12 @@ class MarkAdmissionFailed:
     epoch: int
     at: float
 
+    @_as_ledger_error
     def __post_init__(self) -> None:
-        _check_node(self.node)
-        _check_text("model", self.model)
-        _check_int("epoch", self.epoch, lo=1)
-        object.__setattr__(self, "at", _check_at(self.at))
+        _node(self.node)
+        _text(self.model, "model")
+        uint(self.epoch, "epoch", low=1)
+        object.__setattr__(self, "at", number(self.at, "at"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +193,7 @@ class SetPolicy:
     settings: tuple[tuple[str, int | float], ...]
     at: float
 
+    @_as_ledger_error
     def __post_init__(self) -> None:
         if type(self.settings) not in (tuple, list) or not self.settings:
             _fail(f"settings must be a non-empty list of [name, value] pairs: {self.settings!r}")
@@ -209,7 +202,7 @@ class SetPolicy:
             if type(pair) not in (tuple, list) or len(pair) != 2:
                 _fail(f"a setting is a [name, value] pair, got {pair!r}")
             name, value = pair
-            _check_text("setting name", name, POLICY_FIELDS)
+            one_of(name, "setting name", POLICY_FIELDS)
             if POLICY_FIELDS[name] is float and type(value) is int:
                 value = float(value)  # one knob value, one encoding
             pairs.append((name, value))
@@ -220,7 +213,7 @@ class SetPolicy:
         if error is not None:
             _fail(error)
         object.__setattr__(self, "settings", tuple(pairs))
-        object.__setattr__(self, "at", _check_at(self.at))
+        object.__setattr__(self, "at", number(self.at, "at"))
 
 
 Command = Assign | Release | RecordDemand | MarkAdmissionFailed | SetPolicy
@@ -562,6 +555,7 @@ class PlacementLedger:
         return cbor2.dumps(state, canonical=True)
 
     @classmethod
+    @_as_ledger_error
     def restore(cls, data: bytes) -> PlacementLedger:
         """Rebuild a ledger from `snapshot()` bytes; `LedgerError` if they are not exactly that."""
         value = _loads(data, MAX_SNAPSHOT_BYTES)
@@ -574,24 +568,27 @@ class PlacementLedger:
                 f"reads version 1 (6 items) and {SNAPSHOT_VERSION} (7)"
             )
         version, applied, assignments, epochs, demand, rejected, *settings = value
-        ledger = cls(applied_index=_check_int("applied_index", applied))
+        ledger = cls(applied_index=uint(applied, "applied_index"))
         try:
             for node, epoch in epochs:
-                ledger._epochs[_check_node(node)] = _check_int("epoch", epoch, lo=1)
+                ledger._epochs[_node(node)] = uint(epoch, "epoch", low=1)
             for node, model, layers, recipe, tier, managed, epoch, at, failed_at in assignments:
                 cmd = Assign(node, model, layers, recipe, tier, managed, epoch, at)
                 if ledger._epochs.get(cmd.node, 0) < cmd.epoch:
                     _fail("an assignment's epoch is above its node's epoch")
+                failed = None if failed_at is None else number(failed_at, "admission_failed_at")
                 ledger._assignments[cmd.node] = Assignment(
                     cmd.node, cmd.model, cmd.layers, cmd.recipe, cmd.tier, cmd.managed,
-                    cmd.epoch, cmd.at, None if failed_at is None else _check_at(failed_at),
+                    cmd.epoch, cmd.at, failed,
                 )  # fmt: skip
             for model, count, first_at, last_at in demand:
-                ledger._demand[_check_text("model", model)] = Demand(
-                    _check_int("count", count, lo=1), _check_at(first_at), _check_at(last_at)
+                ledger._demand[_text(model, "model")] = Demand(
+                    uint(count, "count", low=1),
+                    number(first_at, "first_at"),
+                    number(last_at, "last_at"),
                 )
             for reason, count in rejected:
-                ledger._rejected[_check_text("reason", reason)] = _check_int("count", count, 1)
+                ledger._rejected[_text(reason, "reason")] = uint(count, "count", low=1)
             if settings and settings[0]:
                 ledger._settings = dict(SetPolicy(settings[0], 0.0).settings)
         except (TypeError, ValueError) as exc:

@@ -107,9 +107,8 @@ from consensus.ledger import (
     Release,
 )
 from consensus.settings import PlacementSettings
-from consensus.voters import MemberState
-from mesh.coverage import SERVING_STATES
 from mesh.identity import node_id_text
+from mesh.member_table import LIVE_STATES, MemberState, MemberStateName
 from mesh.records import RECIPES, CapabilityReport, NodeRecord
 from mesh.records import Assignment as RecordAssignment
 
@@ -204,7 +203,7 @@ class ModelFacts:
 class NodeView:
     """What membership and the node's signed record say about one node."""
 
-    state: MemberState
+    state: MemberStateName
     """SWIM's verdict."""
     state_since: float | None = None
     """When membership entered `state` (the dead grace counts from it); None:
@@ -370,7 +369,7 @@ def capability_state(
 
 
 def node_view(
-    state: MemberState,
+    state: MemberStateName,
     state_since: float | None,
     record: NodeRecord | None,
     assignment: Assignment | None,
@@ -527,7 +526,7 @@ def _coverage(
         end = min(end, facts.num_layers)
         if start >= end:
             continue
-        if view is None or view.state not in SERVING_STATES:
+        if view is None or view.state not in LIVE_STATES:
             dead.setdefault(assignment.model, []).append((start, end))
             continue
         if assignment.admission_failed_at is not None or view.capability == "failed":
@@ -568,11 +567,11 @@ def _release_code(
 ) -> str | None:
     """Rules 2-4 for one managed assignment (None: keep it)."""
     now = snapshot.now
-    if view is not None and view.state == "left":
+    if view is not None and view.state == MemberState.LEFT:
         return CODE_NODE_LEFT
     if (
         view is not None
-        and view.state == "dead"
+        and view.state == MemberState.DEAD
         and view.state_since is not None
         and now - view.state_since >= policy.dead_grace_s
     ):
@@ -675,7 +674,7 @@ class _Placer:
         failures = snapshot.failures
         pools: dict[str, list[tuple[int, bytes]]] = {}
         for node, view in snapshot.nodes.items():
-            if view.state != "alive" or not view.spare or node in assigned:
+            if view.state != MemberState.ALIVE or not view.spare or node in assigned:
                 continue
             last_release = released_at.get(node)
             if last_release is not None and now - last_release < policy.release_cooldown_s:
@@ -702,7 +701,7 @@ class _Placer:
                     assignment.pinned
                     or node in self.used
                     or view is None
-                    or view.state != "alive"
+                    or view.state != MemberState.ALIVE
                     or assignment.admission_failed_at is not None
                     or view.capability == "failed"
                     or assignment.model not in self.models

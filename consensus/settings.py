@@ -101,16 +101,18 @@ def settings_error(settings: Mapping[str, object], base: PlacementSettings) -> s
     """Why `settings` (knob name -> value) cannot be applied on top of
     `base`, or None when they can. Ints are knobs' counts; durations and
     ratios take any finite number (an int is read as a float)."""
+    checked: dict[str, int | float] = {}
     for name, value in settings.items():
         kind = POLICY_FIELDS.get(name)
         if kind is None:
             return f"unknown policy setting {name!r}; known: {', '.join(POLICY_FIELDS)}"
         if type(value) is not int and (kind is int or type(value) is not float):
             return f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}"
-        if not math.isfinite(value) or abs(value) > MAX_SETTING:  # type: ignore[arg-type]
+        if not math.isfinite(value) or abs(value) > MAX_SETTING:
             return f"{name} must be a finite number of magnitude at most 2**63-1, got {value!r}"
+        checked[name] = value
     try:
-        with_settings(base, settings)  # type: ignore[arg-type]
+        with_settings(base, checked)
     except ValueError as exc:
         return str(exc)
     return None
@@ -120,7 +122,7 @@ def with_settings(
     base: PlacementSettings, settings: Mapping[str, int | float]
 ) -> PlacementSettings:
     """`base` with `settings` applied (valid ones: see `settings_error`)."""
-    return replace(base, **{n: POLICY_FIELDS[n](v) for n, v in settings.items()})  # type: ignore[arg-type]
+    return replace(base, **{n: POLICY_FIELDS[n](v) for n, v in settings.items()})
 
 
 def policy_json(policy: PlacementSettings) -> dict[str, int | float]:

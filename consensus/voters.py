@@ -51,17 +51,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final, Literal
 
+from mesh.member_table import MemberState, MemberStateName
+
 __all__ = [
     "ChangeKind",
     "ConfigChange",
     "MemberInfo",
-    "MemberState",
     "VoterPolicy",
     "describe_rules",
     "next_change",
 ]
 
-MemberState = Literal["alive", "suspect", "dead", "left"]
 ChangeKind = Literal["add_learner", "promote", "remove"]
 
 # Reasons on a ConfigChange: fixed strings, so a driver can count them.
@@ -76,7 +76,7 @@ REASON_FAILED_LEARNER: Final = "failed_learner"
 class MemberInfo:
     """What the leader knows about one member, from membership and from Raft."""
 
-    state: MemberState
+    state: MemberStateName
     """Membership's (SWIM's) verdict."""
     alive_since: float | None = None
     """When the member last became alive and has stayed alive since; reset by
@@ -135,7 +135,7 @@ class ConfigChange:
 def _stable(info: MemberInfo | None, now: float, policy: VoterPolicy) -> bool:
     return (
         info is not None
-        and info.state == "alive"
+        and info.state == MemberState.ALIVE
         and info.alive_since is not None
         and now - info.alive_since >= policy.stabilization_s
         and info.last_contact is not None
@@ -146,9 +146,9 @@ def _stable(info: MemberInfo | None, now: float, policy: VoterPolicy) -> bool:
 def _failed(info: MemberInfo | None, now: float, policy: VoterPolicy) -> bool:
     if info is None:
         return False  # unknown is not failed (module doc)
-    if info.state == "left":
+    if info.state == MemberState.LEFT:
         return True
-    if info.state != "dead":
+    if info.state != MemberState.DEAD:
         return False
     known = [t for t in (info.state_since, info.last_contact) if t is not None]
     return bool(known) and now - max(known) >= policy.dead_grace_s
@@ -194,7 +194,9 @@ def next_change(
     if len(voters) < target and candidates:
         return ConfigChange("promote", candidates[0], REASON_STABLE_LEARNER)
     newcomers = sorted(
-        n for n, info in members.items() if info.state == "alive" and n not in voters | learners
+        n
+        for n, info in members.items()
+        if info.state == MemberState.ALIVE and n not in voters | learners
     )
     if newcomers:
         return ConfigChange("add_learner", newcomers[0], REASON_NEW_MEMBER)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,7 +200,7 @@ class MembershipConfig:
             choices = ", ".join(sorted(factories))
             raise ValueError(f"unknown profile {name!r}; choose one of {choices}") from None
 
-    def with_overrides(self, **changes: object) -> MembershipConfig:
+    def with_overrides(self, **changes: Any) -> MembershipConfig:
         return replace(self, **changes)
 
     # --- derived quantities -------------------------------------------------

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
 from mesh.identity import node_id_text
+from mesh.member_table import LIVE_STATES, MEMBER_STATES
 from mesh.records import MAX_LAYER_INDEX, CapabilityReport, NodeRecord
 
 RECIPE_CLASSES: Mapping[str, str] = {
@@ -49,15 +50,6 @@ clocks are not all NTP-disciplined and drift by seconds; 30 s absorbs that
 while a report claiming a validation time well ahead of us (a broken clock)
 is excluded as `not_yet_valid`. Expiry gets no allowance: a stale report must
 not keep a node routable."""
-
-SERVING_STATES: frozenset[str] = frozenset({"alive", "suspect"})
-"""Member states whose nodes still serve. A suspect node counts: suspicion is
-not yet death, Lifeguard's refutation clears most suspicions within a probe
-round or two, and dropping suspects would punch transient gaps into coverage
-(and trigger needless placement) on every lost packet. Routes may still rank
-suspects lower. `dead` and `left` nodes do not serve."""
-
-MEMBER_STATES: frozenset[str] = SERVING_STATES | {"dead", "left"}
 
 ExclusionReason = Literal["no_capability", "failed", "expired", "not_yet_valid", "dead", "mismatch"]
 
@@ -159,7 +151,7 @@ def _exclusion(
     num_layers: Mapping[str, int] | None,
 ) -> ExclusionReason | None:
     """Why this node does not serve, or None when it does."""
-    if state not in SERVING_STATES:
+    if state not in LIVE_STATES:
         return "dead"
     capability = None if record is None else record.capability
     if record is None or capability is None:

@@ -15,19 +15,55 @@ import random
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Final, Literal, get_args
 
 from mesh.identity import Verifier
 from mesh.messages import Alive, Dead, Record, Suspect, signer_of, signing_bytes
 
 
 class MemberState(StrEnum):
+    """What membership believes of a member (SWIM with Lifeguard)."""
+
     ALIVE = "alive"
     SUSPECT = "suspect"
     DEAD = "dead"
     LEFT = "left"
 
 
-LIVE_STATES = (MemberState.ALIVE, MemberState.SUSPECT)
+MemberStateName = Literal["alive", "suspect", "dead", "left"]
+"""A `MemberState` as plain text: how consensus, the status API and the
+simulator's oracles see a state. A `MemberState` is a str equal to its name,
+so ``state in LIVE_STATES`` holds alike for either."""
+
+MEMBER_STATES: Final[frozenset[MemberState]] = frozenset(MemberState)
+"""Every state; a name outside it is a bug or a forgery."""
+
+LIVE_STATES: Final[frozenset[MemberState]] = frozenset({MemberState.ALIVE, MemberState.SUSPECT})
+"""Members that still count: membership probes them and counts them in the
+swarm size its timeouts scale with, and they serve their shard (coverage,
+placement). A suspect node counts: suspicion is not yet death, Lifeguard's refutation
+clears most suspicions within a probe round or two, and dropping suspects
+would punch transient gaps into coverage (and trigger needless placement) on
+every lost packet. Routes may still rank suspects lower."""
+
+GONE_STATES: Final[frozenset[MemberState]] = MEMBER_STATES - LIVE_STATES
+"""Dead or left: members that neither serve nor are probed."""
+
+_STATE_NAMES: Final[Mapping[MemberState, MemberStateName]] = {
+    MemberState.ALIVE: "alive",
+    MemberState.SUSPECT: "suspect",
+    MemberState.DEAD: "dead",
+    MemberState.LEFT: "left",
+}
+# MemberStateName must name exactly MemberState's states (checked on import).
+if set(get_args(MemberStateName)) != MEMBER_STATES or set(_STATE_NAMES) != MEMBER_STATES:
+    raise AssertionError("MemberStateName, _STATE_NAMES and MemberState must list the same states")
+
+
+def state_name(state: MemberState) -> MemberStateName:
+    """`state` as its `MemberStateName` (equal to it, but typed as the Literal),
+    for consensus (`consensus.voters.MemberInfo`, `consensus.placement.node_view`)."""
+    return _STATE_NAMES[state]
 
 
 class MemberEntry:
@@ -116,16 +152,27 @@ class MemberTable:
             return entry
         return self._base.get(node)
 
+    def entry(self, node: bytes) -> MemberEntry:
+        """The entry for a node the table holds (a peer `random_peer` drew);
+        KeyError for any other."""
+        entry = self.get(node)
+        if entry is None:
+            raise KeyError(node)
+        return entry
+
     def writable(self, node: bytes) -> MemberEntry | None:
         """The entry for `node`, copied out of the shared base if need be."""
-        entry = self._own.get(node)
-        if entry is None:
-            shared = self.get(node)
-            if shared is None:
-                return None
-            entry = shared.clone()
-            self._own[node] = entry
-        return entry
+        shared = self.get(node)
+        return None if shared is None else self.own(shared)
+
+    def own(self, entry: MemberEntry) -> MemberEntry:
+        """This table's own, writable copy of `entry` (one `get` returned):
+        itself when it is already ours, else a copy out of the shared base."""
+        mine = self._own.get(entry.node)
+        if mine is None:
+            mine = entry.clone()
+            self._own[entry.node] = mine
+        return mine
 
     def add(self, entry: MemberEntry) -> None:
         node = entry.node

@@ -43,8 +43,10 @@ from dataclasses import dataclass
 
 from mesh.broadcasts import BroadcastQueue
 from mesh.config import MembershipConfig
+from mesh.fields import MAX_UINT
 from mesh.identity import Signer, Verifier
 from mesh.member_table import (
+    GONE_STATES,
     LIVE_STATES,
     MemberEntry,
     MemberState,
@@ -74,7 +76,7 @@ from mesh.messages import (
     suspect_signing_bytes,
 )
 
-MAX_COUNTER = 2**63 - 1
+MAX_COUNTER = MAX_UINT
 """Incarnations and record sequence numbers stay below 2**63 (wire limit)."""
 
 RELAY_NACK_FRACTION = 0.8
@@ -278,7 +280,7 @@ class Membership:
         # Send it now to more members than one gossip round would reach: the
         # process is about to exit and may not get another round.
         for node in self._random_peers(2 * self.config.gossip_fanout, now):
-            self._send(self._table.get(node).addr, Gossip((farewell,)))
+            self._send(self._table.entry(node).addr, Gossip((farewell,)))
 
     def publish_record(self, body: bytes, now: float) -> Record:
         """Sign `body` as our new node record (seq + 1) and disseminate it."""
@@ -452,7 +454,7 @@ class Membership:
         self._send(target.addr, Ping(probe.seq, probe.target, self._piggyback()))
         for node in helpers:
             self._send(
-                self._table.get(node).addr,
+                self._table.entry(node).addr,
                 PingReq(probe.seq, probe.target, target.addr, self._piggyback()),
             )
 
@@ -596,12 +598,12 @@ class Membership:
         return False
 
     def _apply_alive(self, alive: Alive, now: float, relay: bool = True) -> None:
-        member = self._table.get(alive.node)
         if alive.node == self.node_id:
-            stale_self = alive.incarnation > member.incarnation and not self._leaving
+            stale_self = alive.incarnation > self._me.incarnation and not self._leaving
             if stale_self and self._authentic(alive):
                 self._refute(alive.incarnation, now)
             return
+        member = self._table.get(alive.node)
         if member is None:
             if not self._authentic(alive):
                 return
@@ -616,7 +618,7 @@ class Membership:
             return
         if not self._authentic(alive):
             return
-        member = self._table.writable(alive.node)
+        member = self._table.own(member)
         was = member.state
         member.incarnation = alive.incarnation
         member.addr = alive.addr
@@ -635,7 +637,7 @@ class Membership:
         member = self._table.get(suspect.node)
         if member is None or suspect.incarnation < member.incarnation:
             return
-        if member.state in (MemberState.DEAD, MemberState.LEFT):
+        if member.state in GONE_STATES:
             return
         if suspect.node == self.node_id:
             if not self._leaving and (verified or self._authentic(suspect)):
@@ -654,7 +656,7 @@ class Membership:
             return
         if not (verified or self._authentic(suspect)):
             return
-        member = self._table.writable(suspect.node)
+        member = self._table.own(member)
         member.incarnation = suspect.incarnation
         member.accusation = suspect
         self._set_state(member, MemberState.SUSPECT, now)
@@ -678,7 +680,7 @@ class Membership:
         member = self._table.get(dead.node)
         if member is None or dead.incarnation < member.incarnation:
             return
-        if member.state in (MemberState.DEAD, MemberState.LEFT):
+        if member.state in GONE_STATES:
             return
         if dead.node == self.node_id:
             if not self._leaving and (verified or self._authentic(dead)):
@@ -687,7 +689,7 @@ class Membership:
         if not (verified or self._authentic(dead)):
             return
         departed = dead.accuser == dead.node
-        member = self._table.writable(dead.node)
+        member = self._table.own(member)
         member.incarnation = dead.incarnation
         member.accusation = dead
         self._suspicions.pop(dead.node, None)
@@ -753,7 +755,7 @@ class Membership:
             updates = self._piggyback()
             if not updates:
                 return
-            self._send(self._table.get(node).addr, Gossip(updates))
+            self._send(self._table.entry(node).addr, Gossip(updates))
 
     def _random_peers(self, count: int, now: float, *, live_only: bool = False) -> list[bytes]:
         """Up to `count` distinct random peers we may send to.
@@ -766,7 +768,7 @@ class Membership:
             node = self._table.random_peer(self._rng)
             if node is None or node in chosen:
                 continue
-            member = self._table.get(node)
+            member = self._table.entry(node)
             state = member.state
             if live_only and state is not MemberState.ALIVE:
                 continue
@@ -858,26 +860,24 @@ class Membership:
         self._forget_old_members(now)
         peers = self._random_peers(1, now, live_only=True)
         if peers:
-            self._send(self._table.get(peers[0]).addr, self._full_state(join=False, reply=False))
+            self._send(self._table.entry(peers[0]).addr, self._full_state(join=False, reply=False))
 
     def _reconnect(self, now: float) -> None:
         """Ping one random dead member; its ack triggers a full-state merge."""
         self._next_reconnect = now + self.config.reconnect_interval
         for _ in range(8):
             node = self._table.random_peer(self._rng)
-            member = None if node is None else self._table.get(node)
-            if member is not None and member.state is MemberState.DEAD:
+            if node is None:
+                continue
+            member = self._table.entry(node)
+            if member.state is MemberState.DEAD:
                 self._seq += 1
                 self._send(member.addr, Ping(self._seq, node, ()))
                 return
 
     def _forget_old_members(self, now: float) -> None:
         horizon = now - self.config.reconnect_timeout
-        stale = [
-            m.node
-            for m in self._table
-            if m.state in (MemberState.DEAD, MemberState.LEFT) and m.state_since < horizon
-        ]
+        stale = [m.node for m in self._table if m.state in GONE_STATES and m.state_since < horizon]
         for node in stale:
             self._table.forget(node)
 

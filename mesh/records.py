@@ -21,7 +21,6 @@ cannot publish a record its peers would drop without finding out locally.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -29,6 +28,19 @@ from typing import Any, Literal, get_args
 
 import cbor2
 
+from mesh.fields import (
+    MAX_UINT,
+    FieldError,
+    boolean,
+    hex_text,
+    is_uint,
+    number,
+    one_of,
+    reraise_as,
+    span,
+    text,
+    uint,
+)
 from mesh.identity import Signer, Verifier, node_id_text
 from mesh.messages import Record, record_signing_bytes
 from mesh.wire import REASON_BAD_FIELD, REASON_OVERSIZED, DecodeError, decode_strict_cbor
@@ -79,7 +91,7 @@ MAX_FAILURE_CHARS = 1024
 """A failed doctor run says why in one or two lines; the full log stays on the
 node."""
 
-MAX_COUNTER = 2**63 - 1
+MAX_COUNTER = MAX_UINT
 """Counters, epochs and byte sizes stay within a signed 64-bit integer, which
 CBOR encodes without bignum tags and sqlite and Prometheus store exactly."""
 
@@ -90,10 +102,10 @@ Recipe = Literal["fp32", "bf16", "fp16", "q8", "q4"]
 Tier = Literal["operator", "bootstrap", "managed"]
 CapabilityResult = Literal["admitted", "failed"]
 
-BACKEND_KINDS: frozenset[str] = frozenset(get_args(BackendKind))
-RECIPES: frozenset[str] = frozenset(get_args(Recipe))
-TIERS: frozenset[str] = frozenset(get_args(Tier))
-CAPABILITY_RESULTS: frozenset[str] = frozenset(get_args(CapabilityResult))
+BACKEND_KINDS: frozenset[BackendKind] = frozenset(get_args(BackendKind))
+RECIPES: frozenset[Recipe] = frozenset(get_args(Recipe))
+TIERS: frozenset[Tier] = frozenset(get_args(Tier))
+CAPABILITY_RESULTS: frozenset[CapabilityResult] = frozenset(get_args(CapabilityResult))
 
 # Drop reasons, as counted by the membership core.
 RECORD_OVERSIZED = "record_oversized"
@@ -123,83 +135,24 @@ def _bad(detail: str) -> RecordError:
 
 
 # --- field checks -----------------------------------------------------------
+# The rules are mesh.fields'; `_as_record_error` turns a FieldError raised in
+# a constructor into RecordError(record_bad_field). These name our bounds.
 
 
-def _check_str(value: object, name: str, max_chars: int, *, empty_ok: bool = False) -> str:
-    if not isinstance(value, str):
-        raise _bad(f"{name} must be a string, not {type(value).__name__}")
-    if not value and not empty_ok:
-        raise _bad(f"{name} must not be empty")
-    if len(value) > max_chars:
-        raise _bad(f"{name} is longer than {max_chars} characters")
-    return value
+def _record_error(exc: FieldError) -> RecordError:
+    return _bad(exc.detail)
 
 
-def _check_model_name(value: object, name: str) -> str:
-    text = _check_str(value, name, MAX_MODEL_NAME_CHARS)
-    if not text.isprintable():
-        raise _bad(f"{name} contains control characters")
-    return text
+_as_record_error = reraise_as(_record_error)
 
 
-def _check_address(value: object, name: str) -> str:
+def _model_name(value: object, name: str) -> str:
+    return text(value, name, max_chars=MAX_MODEL_NAME_CHARS, printable=True)
+
+
+def _address(value: object, name: str) -> str:
     # Printable ASCII, as on the wire (mesh.wire), so it can be logged unescaped.
-    text = _check_str(value, name, MAX_ADDRESS_CHARS)
-    if not (text.isascii() and text.isprintable()):
-        raise _bad(f"{name} must be printable ASCII")
-    return text
-
-
-def _check_int(value: object, name: str, low: int = 0, high: int = MAX_COUNTER) -> int:
-    # bool is an int subclass; `True` is never a meaningful count.
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise _bad(f"{name} must be an integer, not {type(value).__name__}")
-    if not low <= value <= high:
-        raise _bad(f"{name}={value} is outside [{low}, {high}]")
-    return value
-
-
-def _check_float(value: object, name: str, *, non_negative: bool = False) -> float:
-    # Integers are accepted (another encoder may shrink 3.0 to 3) and stored as
-    # float, so equal records compare and encode equal.
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise _bad(f"{name} must be a number, not {type(value).__name__}")
-    number = float(value)
-    if not math.isfinite(number):
-        raise _bad(f"{name} must be finite")
-    if non_negative and number < 0:
-        raise _bad(f"{name} must not be negative")
-    return number
-
-
-def _check_bool(value: object, name: str) -> bool:
-    if not isinstance(value, bool):
-        raise _bad(f"{name} must be a boolean, not {type(value).__name__}")
-    return value
-
-
-def _check_choice(value: object, name: str, choices: frozenset[str]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise _bad(f"{name}={value!r} is not one of {sorted(choices)}")
-    return value
-
-
-def _check_layers(value: object, name: str) -> tuple[int, int]:
-    """A half-open span [a, b) with 0 <= a < b <= MAX_LAYER_INDEX."""
-    if not isinstance(value, tuple | list) or len(value) != 2:
-        raise _bad(f"{name} must be a pair [a, b]")
-    start = _check_int(value[0], f"{name}[0]", 0, MAX_LAYER_INDEX)
-    end = _check_int(value[1], f"{name}[1]", 0, MAX_LAYER_INDEX)
-    if start >= end:
-        raise _bad(f"{name}=[{start}, {end}) is empty or reversed")
-    return (start, end)
-
-
-def _check_hex(value: object, name: str, max_chars: int) -> str:
-    text = _check_str(value, name, max_chars)
-    if any(ch not in "0123456789abcdef" for ch in text):
-        raise _bad(f"{name} must be lowercase hex")
-    return text
+    return text(value, name, max_chars=MAX_ADDRESS_CHARS, printable=True, ascii_only=True)
 
 
 # --- schema -----------------------------------------------------------------
@@ -214,11 +167,12 @@ class Addresses:
     data: str
     api: str | None = None
 
+    @_as_record_error
     def __post_init__(self) -> None:
-        _check_address(self.control, "addresses.control")
-        _check_address(self.data, "addresses.data")
+        _address(self.control, "addresses.control")
+        _address(self.data, "addresses.data")
         if self.api is not None:
-            _check_address(self.api, "addresses.api")
+            _address(self.api, "addresses.api")
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,10 +183,11 @@ class BackendInfo:
     device: str
     memory_bytes: int
 
+    @_as_record_error
     def __post_init__(self) -> None:
-        _check_choice(self.kind, "backend.kind", BACKEND_KINDS)
-        _check_str(self.device, "backend.device", MAX_DEVICE_CHARS)
-        _check_int(self.memory_bytes, "backend.memory_bytes")
+        one_of(self.kind, "backend.kind", BACKEND_KINDS)
+        text(self.device, "backend.device", max_chars=MAX_DEVICE_CHARS)
+        uint(self.memory_bytes, "backend.memory_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -251,13 +206,16 @@ class Assignment:
     managed: bool
     epoch: int
 
+    @_as_record_error
     def __post_init__(self) -> None:
-        _check_model_name(self.model, "assignment.model")
-        object.__setattr__(self, "layers", _check_layers(self.layers, "assignment.layers"))
-        _check_choice(self.recipe, "assignment.recipe", RECIPES)
-        _check_choice(self.tier, "assignment.tier", TIERS)
-        _check_bool(self.managed, "assignment.managed")
-        _check_int(self.epoch, "assignment.epoch")
+        _model_name(self.model, "assignment.model")
+        object.__setattr__(
+            self, "layers", span(self.layers, "assignment.layers", high=MAX_LAYER_INDEX)
+        )
+        one_of(self.recipe, "assignment.recipe", RECIPES)
+        one_of(self.tier, "assignment.tier", TIERS)
+        boolean(self.managed, "assignment.managed")
+        uint(self.epoch, "assignment.epoch")
         if self.managed != (self.tier == "managed"):
             raise _bad(f"assignment.managed={self.managed} contradicts tier={self.tier!r}")
 
@@ -288,22 +246,25 @@ class CapabilityReport:
     first shard [0, 3) of an 8-layer model would look like a complete
     3-layer one."""
 
+    @_as_record_error
     def __post_init__(self) -> None:
-        _check_choice(self.result, "capability.result", CAPABILITY_RESULTS)
-        _check_model_name(self.model, "capability.model")
-        _check_hex(self.manifest_digest, "capability.manifest_digest", MAX_DIGEST_HEX_CHARS)
-        object.__setattr__(self, "layers", _check_layers(self.layers, "capability.layers"))
-        _check_choice(self.recipe, "capability.recipe", RECIPES)
-        _check_choice(self.backend, "capability.backend", BACKEND_KINDS)
+        one_of(self.result, "capability.result", CAPABILITY_RESULTS)
+        _model_name(self.model, "capability.model")
+        hex_text(self.manifest_digest, "capability.manifest_digest", max_chars=MAX_DIGEST_HEX_CHARS)
+        object.__setattr__(
+            self, "layers", span(self.layers, "capability.layers", high=MAX_LAYER_INDEX)
+        )
+        one_of(self.recipe, "capability.recipe", RECIPES)
+        one_of(self.backend, "capability.backend", BACKEND_KINDS)
         for name in ("prefill_tokens_per_s", "decode_tokens_per_s"):
-            value = _check_float(getattr(self, name), f"capability.{name}", non_negative=True)
+            value = number(getattr(self, name), f"capability.{name}", non_negative=True)
             object.__setattr__(self, name, value)
         for name in ("validated_at", "expires_at"):
-            object.__setattr__(self, name, _check_float(getattr(self, name), f"capability.{name}"))
+            object.__setattr__(self, name, number(getattr(self, name), f"capability.{name}"))
         if self.expires_at < self.validated_at:
             raise _bad("capability.expires_at is before validated_at")
         if self.num_layers is not None:
-            _check_int(self.num_layers, "capability.num_layers", 1, MAX_LAYER_INDEX)
+            uint(self.num_layers, "capability.num_layers", low=1, high=MAX_LAYER_INDEX)
             if self.layers[1] > self.num_layers:
                 raise _bad("capability.layers end past capability.num_layers")
         if self.result == "admitted":
@@ -312,7 +273,7 @@ class CapabilityReport:
         elif self.failure is None:
             raise _bad("a failed capability report must say why (failure)")
         else:
-            _check_str(self.failure, "capability.failure", MAX_FAILURE_CHARS)
+            text(self.failure, "capability.failure", max_chars=MAX_FAILURE_CHARS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -333,10 +294,11 @@ class NodeRecord:
     spare: bool = False
     demand: Mapping[str, int] = field(default_factory=dict, hash=False)
 
+    @_as_record_error
     def __post_init__(self) -> None:
         if not isinstance(self.addresses, Addresses):
             raise _bad("addresses must be an Addresses")
-        object.__setattr__(self, "started_at", _check_float(self.started_at, "started_at"))
+        object.__setattr__(self, "started_at", number(self.started_at, "started_at"))
         if self.backend is not None and not isinstance(self.backend, BackendInfo):
             raise _bad("backend must be a BackendInfo or None")
         if self.assignment is not None and not isinstance(self.assignment, Assignment):
@@ -344,7 +306,7 @@ class NodeRecord:
         if self.capability is not None and not isinstance(self.capability, CapabilityReport):
             raise _bad("capability must be a CapabilityReport or None")
         object.__setattr__(self, "models", _check_models(self.models))
-        _check_bool(self.spare, "spare")
+        boolean(self.spare, "spare")
         object.__setattr__(self, "demand", _check_demand(self.demand))
 
 
@@ -353,7 +315,7 @@ def _check_models(value: object) -> tuple[str, ...]:
         raise _bad("models must be a list of model names")
     if len(value) > MAX_MODELS:
         raise _bad(f"models lists more than {MAX_MODELS} entries")
-    names = tuple(_check_model_name(name, "models[]") for name in value)
+    names = tuple(_model_name(name, "models[]") for name in value)
     if len(set(names)) != len(names):
         raise _bad("models lists a model twice")
     return names
@@ -365,7 +327,7 @@ def _check_demand(value: object) -> Mapping[str, int]:
     if len(value) > MAX_DEMAND_ENTRIES:
         raise _bad(f"demand has more than {MAX_DEMAND_ENTRIES} entries")
     checked = {
-        _check_model_name(model, "demand key"): _check_int(count, f"demand[{model!r}]")
+        _model_name(model, "demand key"): uint(count, f"demand[{model!r}]")
         for model, count in value.items()
     }
     return MappingProxyType(checked)
@@ -588,7 +550,7 @@ def sign_record(signer: Signer, seq: int, record: NodeRecord) -> Record:
 
     The caller keeps `seq` increasing (newest wins at every member).
     """
-    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < _SEQ_LIMIT:
+    if not is_uint(seq, high=_SEQ_LIMIT - 1):
         raise ValueError(f"seq {seq!r} must be an integer in [0, 2**64)")
     body = encode_record_body(record)
     node = signer.node_id
@@ -610,7 +572,7 @@ def check_record(record: Record, verifier: Verifier) -> str | None:
     if len(body) > MAX_RECORD_BODY_BYTES:
         return RECORD_OVERSIZED
     seq = record.seq
-    if isinstance(seq, bool) or not isinstance(seq, int) or not 0 <= seq < _SEQ_LIMIT:
+    if not is_uint(seq, high=_SEQ_LIMIT - 1):
         return RECORD_BAD_FIELD
     if not verifier(record.node, record_signing_bytes(record.node, seq, body), record.signature):
         return BAD_SIGNATURE

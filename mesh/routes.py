@@ -35,6 +35,7 @@ from typing import Literal
 
 from mesh.coverage import ModelCoverage, ServingNode
 from mesh.identity import node_id_text
+from mesh.member_table import MemberState
 
 DEFAULT_HOP_LATENCY_S = 0.05
 """One-way latency assumed for a node the membership probes have not yet
@@ -153,7 +154,7 @@ def hop_cost_s(node: ServingNode, num_layers: int, inputs: RouteInputs) -> float
     if node.node_id != inputs.entry:
         latency = inputs.latency_s.get(node.node_id, DEFAULT_HOP_LATENCY_S)
         cost += latency * (2 if node.layers[1] == num_layers else 1)
-    if node.state == "suspect":
+    if node.state == MemberState.SUSPECT:
         cost += SUSPECT_PENALTY_S
     return cost
 

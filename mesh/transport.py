@@ -276,6 +276,15 @@ class _Peer:
     queued_while_down: int = 0
 
 
+def _int_option(sock: zmq.Socket[bytes], option: int) -> int:
+    """An integer socket option (FD, EVENTS); pyzmq types every option as
+    ``int | bytes``, and these are always ints."""
+    value = sock.getsockopt(option)
+    if not isinstance(value, int):  # pragma: no cover - libzmq contract
+        raise TypeError(f"socket option {option} is not an integer")
+    return value
+
+
 def _frame_bytes(frame: bytes | memoryview) -> int:
     return frame.nbytes if isinstance(frame, memoryview) else len(frame)
 
@@ -433,13 +442,13 @@ class Plane:
         reading ``EVENTS`` also makes libzmq process its command queue, which
         is what re-arms the FD.
         """
-        fd = sock.getsockopt(zmq.FD)
+        fd = _int_option(sock, zmq.FD)
         handled = 0
         while True:
             try:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
-                if sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                if _int_option(sock, zmq.EVENTS) & zmq.POLLIN:
                     continue
                 handled = 0
                 await trio.lowlevel.wait_readable(fd)
@@ -644,7 +653,7 @@ class Plane:
         self._outbox_receive.close()
         self._inbox_send.close()
         for sock in (self._inbound, self._outbound, self._monitor):
-            trio.lowlevel.notify_closing(sock.getsockopt(zmq.FD))
+            trio.lowlevel.notify_closing(_int_option(sock, zmq.FD))
         with suppress(zmq.ZMQError):
             self._outbound.disable_monitor()
         for sock in (self._monitor, self._outbound, self._inbound):

@@ -72,6 +72,17 @@ from typing import Any, Final, NoReturn
 
 import cbor2
 
+from mesh import fields
+from mesh.fields import (
+    FieldError,
+    array,
+    boolean,
+    bounded_bytes,
+    fixed_bytes,
+    sequence,
+    text,
+    uint,
+)
 from mesh.identity import NODE_ID_BYTES, SIGNATURE_BYTES
 from mesh.messages import (
     Ack,
@@ -130,8 +141,8 @@ MAX_ADDR_CHARS: Final = 300
 MAX_RECORD_BODY_BYTES: Final = 16 * 1024
 
 # Largest integer field: counters are stored as sqlite INTEGER (signed 64-bit)
-# and signed as 8 big-endian bytes, so [0, 2**63) fits both.
-MAX_UINT: Final = 2**63 - 1
+# and signed as 8 big-endian bytes, so [0, 2**63) fits both (mesh.fields' rule).
+MAX_UINT: Final = fields.MAX_UINT
 
 # Entries in any one CBOR map. Our maps have at most 5; tensor headers a
 # handful. Small maps also stop a map of many integer keys with colliding
@@ -435,60 +446,26 @@ def encode_strict_cbor(value: Any, *, max_bytes: int, allow_floats: bool = False
 
 
 # --- field checks (shared by encode and decode) -----------------------------
-
-
-def _uint(value: object, what: str) -> int:
-    if type(value) is not int or not 0 <= value <= MAX_UINT:
-        _fail(REASON_BAD_FIELD, f"{what} must be an integer in [0, 2**63)")
-    return value
-
-
-def _bool(value: object, what: str) -> bool:
-    if type(value) is not bool:
-        _fail(REASON_BAD_FIELD, f"{what} must be a bool")
-    return value
-
-
-def _fixed_bytes(value: object, size: int, what: str) -> bytes:
-    if type(value) is not bytes or len(value) != size:
-        _fail(REASON_BAD_FIELD, f"{what} must be {size} bytes")
-    return value
+# The rules are mesh.fields'; a FieldError becomes REASON_BAD_FIELD at the
+# public boundary (encode_envelope, decode_envelope). These name our fields' bounds.
 
 
 def _node_id(value: object, what: str) -> bytes:
-    return _fixed_bytes(value, NODE_ID_BYTES, what)
+    return fixed_bytes(value, what, size=NODE_ID_BYTES)
 
 
 def _signature(value: object) -> bytes:
-    return _fixed_bytes(value, SIGNATURE_BYTES, "signature")
+    return fixed_bytes(value, "signature", size=SIGNATURE_BYTES)
 
 
 def _addr(value: object, what: str) -> str:
-    if (
-        type(value) is not str
-        or len(value) > MAX_ADDR_CHARS
-        or not (value.isascii() and value.isprintable())
-    ):
-        _fail(REASON_BAD_FIELD, f"{what} must be printable ASCII of <= {MAX_ADDR_CHARS} chars")
-    return value
+    # May be empty (a node that has no address to give yet); printable ASCII,
+    # so it can be logged unescaped.
+    return text(value, what, max_chars=MAX_ADDR_CHARS, min_chars=0, printable=True, ascii_only=True)
 
 
 def _record_body(value: object) -> bytes:
-    if type(value) is not bytes or len(value) > MAX_RECORD_BODY_BYTES:
-        _fail(REASON_BAD_FIELD, f"record body must be <= {MAX_RECORD_BODY_BYTES} bytes")
-    return value
-
-
-def _array(value: object, size: int, what: str) -> list[Any]:
-    if not isinstance(value, list) or len(value) != size:
-        _fail(REASON_BAD_FIELD, f"{what} must be an array of {size}")
-    return value
-
-
-def _bounded_list(value: object, limit: int, what: str) -> list[Any] | tuple[Any, ...]:
-    if not isinstance(value, list | tuple) or len(value) > limit:
-        _fail(REASON_BAD_FIELD, f"{what} must be a sequence of <= {limit}")
-    return value
+    return bounded_bytes(value, "record body", max_bytes=MAX_RECORD_BODY_BYTES)
 
 
 # --- updates ----------------------------------------------------------------
@@ -506,7 +483,7 @@ def _update_value(update: object) -> list[Any]:
             return [
                 _ALIVE,
                 _node_id(node, "alive node"),
-                _uint(incarnation, "incarnation"),
+                uint(incarnation, "incarnation"),
                 _addr(addr, "alive addr"),
                 _signature(signature),
             ]
@@ -516,7 +493,7 @@ def _update_value(update: object) -> list[Any]:
             return [
                 _SUSPECT if isinstance(update, Suspect) else _DEAD,
                 _node_id(node, "accused node"),
-                _uint(incarnation, "incarnation"),
+                uint(incarnation, "incarnation"),
                 _node_id(accuser, "accuser"),
                 _signature(signature),
             ]
@@ -524,7 +501,7 @@ def _update_value(update: object) -> list[Any]:
             return [
                 _RECORD,
                 _node_id(node, "record node"),
-                _uint(seq, "record seq"),
+                uint(seq, "record seq"),
                 _record_body(body),
                 _signature(signature),
             ]
@@ -537,27 +514,27 @@ def _update(value: object) -> Update:
         _fail(REASON_BAD_FIELD, "update must be an array starting with its kind")
     kind = value[0]
     if kind == _ALIVE:
-        _, node, incarnation, addr, signature = _array(value, 5, "alive")
+        _, node, incarnation, addr, signature = array(value, "alive", size=5)
         return Alive(
             _node_id(node, "alive node"),
-            _uint(incarnation, "incarnation"),
+            uint(incarnation, "incarnation"),
             _addr(addr, "alive addr"),
             _signature(signature),
         )
     if kind in (_SUSPECT, _DEAD):
-        _, node, incarnation, accuser, signature = _array(value, 5, "accusation")
+        _, node, incarnation, accuser, signature = array(value, "accusation", size=5)
         cls = Suspect if kind == _SUSPECT else Dead
         return cls(
             _node_id(node, "accused node"),
-            _uint(incarnation, "incarnation"),
+            uint(incarnation, "incarnation"),
             _node_id(accuser, "accuser"),
             _signature(signature),
         )
     if kind == _RECORD:
-        _, node, seq, body, signature = _array(value, 5, "record")
+        _, node, seq, body, signature = array(value, "record", size=5)
         return Record(
             _node_id(node, "record node"),
-            _uint(seq, "record seq"),
+            uint(seq, "record seq"),
             _record_body(body),
             _signature(signature),
         )
@@ -565,17 +542,17 @@ def _update(value: object) -> Update:
 
 
 def _updates_value(updates: object, limit: int, what: str) -> list[list[Any]]:
-    return [_update_value(u) for u in _bounded_list(updates, limit, what)]
+    return [_update_value(u) for u in sequence(updates, what, max_items=limit)]
 
 
 def _updates(value: object, limit: int, what: str) -> tuple[Update, ...]:
     if not isinstance(value, list):  # decoded CBOR arrays are lists, never tuples
         _fail(REASON_BAD_FIELD, f"{what} must be an array")
-    return tuple(_update(u) for u in _bounded_list(value, limit, what))
+    return tuple(_update(u) for u in sequence(value, what, max_items=limit))
 
 
 def _states_value(states: object) -> list[list[Any]]:
-    items = _bounded_list(states, MAX_PUSHPULL_ENTRIES, "states")
+    items = sequence(states, "states", max_items=MAX_PUSHPULL_ENTRIES)
     if not all(type(s) in (Alive, Suspect, Dead) for s in items):
         _fail(REASON_BAD_FIELD, "states must be alive/suspect/dead updates")
     return [_update_value(s) for s in items]
@@ -589,7 +566,7 @@ def _states(value: object) -> tuple[Alive | Suspect | Dead, ...]:
 
 
 def _records_value(records: object) -> list[list[Any]]:
-    items = _bounded_list(records, MAX_PUSHPULL_ENTRIES, "records")
+    items = sequence(records, "records", max_items=MAX_PUSHPULL_ENTRIES)
     if not all(type(r) is Record for r in items):
         _fail(REASON_BAD_FIELD, "records must be record updates")
     return [_update_value(r) for r in items]
@@ -616,27 +593,27 @@ def _body_value(message: Any) -> list[Any]:
     match message:
         case Ping():
             return [
-                _uint(message.seq, "seq"),
+                uint(message.seq, "seq"),
                 _node_id(message.target, "target"),
                 _updates_value(message.updates, _U, "updates"),
             ]
         case PingReq():
             return [
-                _uint(message.seq, "seq"),
+                uint(message.seq, "seq"),
                 _node_id(message.target, "target"),
                 _addr(message.target_addr, "target addr"),
                 _updates_value(message.updates, _U, "updates"),
             ]
         case Ack():
-            return [_uint(message.seq, "seq"), _updates_value(message.updates, _U, "updates")]
+            return [uint(message.seq, "seq"), _updates_value(message.updates, _U, "updates")]
         case Nack():
-            return [_uint(message.seq, "seq")]
+            return [uint(message.seq, "seq")]
         case Gossip():
             return [_updates_value(message.updates, _U, "updates")]
         case PushPull():
             return [
-                _bool(message.join, "join"),
-                _bool(message.reply, "reply"),
+                boolean(message.join, "join"),
+                boolean(message.reply, "reply"),
                 _states_value(message.states),
                 _records_value(message.records),
             ]
@@ -646,14 +623,14 @@ def _body_value(message: Any) -> list[Any]:
 
 
 def _ping(body: object) -> Ping:
-    seq, target, updates = _array(body, 3, "ping")
-    return Ping(_uint(seq, "seq"), _node_id(target, "target"), _updates(updates, _U, "updates"))
+    seq, target, updates = array(body, "ping", size=3)
+    return Ping(uint(seq, "seq"), _node_id(target, "target"), _updates(updates, _U, "updates"))
 
 
 def _ping_req(body: object) -> PingReq:
-    seq, target, target_addr, updates = _array(body, 4, "ping-req")
+    seq, target, target_addr, updates = array(body, "ping-req", size=4)
     return PingReq(
-        _uint(seq, "seq"),
+        uint(seq, "seq"),
         _node_id(target, "target"),
         _addr(target_addr, "target addr"),
         _updates(updates, _U, "updates"),
@@ -661,34 +638,34 @@ def _ping_req(body: object) -> PingReq:
 
 
 def _ack(body: object) -> Ack:
-    seq, updates = _array(body, 2, "ack")
-    return Ack(_uint(seq, "seq"), _updates(updates, _U, "updates"))
+    seq, updates = array(body, "ack", size=2)
+    return Ack(uint(seq, "seq"), _updates(updates, _U, "updates"))
 
 
 def _nack(body: object) -> Nack:
-    (seq,) = _array(body, 1, "nack")
-    return Nack(_uint(seq, "seq"))
+    (seq,) = array(body, "nack", size=1)
+    return Nack(uint(seq, "seq"))
 
 
 def _gossip(body: object) -> Gossip:
-    (updates,) = _array(body, 1, "gossip")
+    (updates,) = array(body, "gossip", size=1)
     return Gossip(_updates(updates, _U, "updates"))
 
 
 def _push_pull(body: object) -> PushPull:
-    join, reply, states, records = _array(body, 4, "push-pull")
-    return PushPull(_bool(join, "join"), _bool(reply, "reply"), _states(states), _records(records))
+    join, reply, states, records = array(body, "push-pull", size=4)
+    return PushPull(
+        boolean(join, "join"), boolean(reply, "reply"), _states(states), _records(records)
+    )
 
 
 def _consensus_payload(value: object) -> bytes:
     # The envelope's own cap bounds it; an empty payload is never a message.
-    if type(value) is not bytes or not value:
-        _fail(REASON_BAD_FIELD, "consensus payload must be non-empty bytes")
-    return value
+    return bounded_bytes(value, "consensus payload", non_empty=True)
 
 
 def _consensus(body: object) -> Consensus:
-    payload, signature = _array(body, 2, "consensus")
+    payload, signature = array(body, "consensus", size=2)
     return Consensus(_consensus_payload(payload), _signature(signature))
 
 
@@ -731,6 +708,8 @@ def encode_envelope(envelope: Envelope) -> bytes:
         }
     except _Invalid as exc:
         raise EncodeError(exc.reason, exc.detail) from None
+    except FieldError as exc:
+        raise EncodeError(REASON_BAD_FIELD, exc.detail) from None
     data = cbor2.dumps(value)
     if len(data) > MAX_CONTROL_MESSAGE_BYTES:
         raise EncodeError(REASON_OVERSIZED, "message over the size cap; split it")
@@ -743,6 +722,8 @@ def decode_envelope(data: bytes) -> Envelope:
         return _decode_envelope(data)
     except _Invalid as exc:
         raise DecodeError(exc.reason, exc.detail) from None
+    except FieldError as exc:
+        raise DecodeError(REASON_BAD_FIELD, exc.detail) from None
     except Exception as exc:  # a gap in the checks must still only drop the message
         raise DecodeError(REASON_BAD_FIELD, f"{UNEXPECTED} {type(exc).__name__}") from None
 

@@ -26,8 +26,8 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from mesh.config import MembershipConfig
-from mesh.member_table import StartingView
-from mesh.membership import MemberEvent, Membership, MemberState
+from mesh.member_table import GONE_STATES, LIVE_STATES, StartingView
+from mesh.membership import MemberEvent, Membership
 from mesh.messages import Alive, Envelope, alive_signing_bytes
 from simulations.loop import EventLoop, Timer
 from simulations.network import Network, NetworkConfig, SizeOf
@@ -61,9 +61,6 @@ DEFAULT_RECORD_SIZE = 1024
 AGREEMENT_OBSERVERS = 100
 """Observers sampled by ``view_agreement``: 100 x n lookups is well under a
 second at 10,000 nodes, and 100 independent views catch any split."""
-
-
-_LIVE = (MemberState.ALIVE, MemberState.SUSPECT)
 
 
 class NodeStatus(StrEnum):
@@ -550,7 +547,7 @@ class MembershipCluster:
         down = downs[-1]
         first: dict[int, float] = {}
         for at, observer, kind, subject, _ in self._verdicts:
-            if subject == crashed and down.start <= at <= down.end and kind in ("dead", "left"):
+            if subject == crashed and down.start <= at <= down.end and kind in GONE_STATES:
                 first.setdefault(observer, at - down.start)
         return {i: first.get(i) for i in self.running() if i != crashed}
 
@@ -619,7 +616,7 @@ class MembershipCluster:
                     continue
                 total += 1
                 view = core.member(self.node_id(subject))
-                good += view is not None and view.state in _LIVE
+                good += view is not None and view.state in LIVE_STATES
         return good / total if total else 1.0
 
     def traffic_mark(self) -> TrafficMark:

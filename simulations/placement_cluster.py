@@ -59,6 +59,8 @@ from consensus.placement import (
     upkeep,
 )
 from consensus.settings import PlacementSettings
+from mesh.fields import one_of
+from mesh.records import RECIPES, TIERS
 from mesh.records import Assignment as RecordAssignment
 from simulations.network import NetworkConfig
 from simulations.raft_cluster import Proposal, RaftCluster
@@ -378,7 +380,8 @@ class PlacementCluster:
 
     def _pin(self, model: str) -> RecordAssignment:
         layers = (0, self.models[model].num_layers)
-        return RecordAssignment(model, layers, self.models[model].recipe, "operator", False, 0)
+        recipe = one_of(self.models[model].recipe, "recipe", RECIPES)  # ModelFacts checked it
+        return RecordAssignment(model, layers, recipe, "operator", False, 0)
 
     def _load(self, worker: _Worker, assignment: RecordAssignment) -> None:
         facts = self.models[assignment.model]
@@ -406,13 +409,14 @@ class PlacementCluster:
             held = ledger.assignment(worker.node)
             wanted = None
             if held is not None and held.tier != "operator":
+                # The ledger checked recipe and tier; one_of narrows their types.
                 wanted = RecordAssignment(
                     held.model,
                     held.layers,
-                    held.recipe,
-                    held.tier,
+                    one_of(held.recipe, "recipe", RECIPES),
+                    one_of(held.tier, "tier", TIERS),
                     held.managed,
-                    held.epoch,  # type: ignore[arg-type]
+                    held.epoch,
                 )
             if wanted == worker.serving:
                 continue

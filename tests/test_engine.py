@@ -30,7 +30,8 @@ from mesh.transport import open_planes
 from mesh.wire import decode_tensor
 from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError, Timeouts
 from runtime.inference.dispatch import Engine
-from runtime.inference.hop_server import HopServer, encode_message, new_session_id
+from runtime.inference.hop_server import HopServer
+from runtime.inference.protocol import encode_message, new_session_id
 from runtime.model.backends import load_shard
 from runtime.model.backends.base import ShardBackend, ShardSpec
 from runtime.model.sampling import SamplingParams

@@ -17,9 +17,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from mesh.member_table import MemberState
+
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 PREFIX: Final = "shardmesh_"
-MEMBER_STATES: Final = ("alive", "suspect", "dead", "left")
+MEMBER_STATES: Final = tuple(str(state) for state in MemberState)  # in declaration order
 TIERS: Final = ("operator", "bootstrap", "managed")
 PHASES: Final = ("decode", "prefill")
 ADMISSION_STATES: Final = ("checking", "admitted", "failed")

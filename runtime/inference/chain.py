@@ -4,7 +4,7 @@
 the prompt into the first hop as one ``forward`` (the prefill), then one
 ``forward`` per generated token; each hop pushes its activations straight to
 the next and the last hop samples and sends the token back here. The
-message schema is in :mod:`runtime.inference.hop_server`.
+message schema is in :mod:`runtime.inference.protocol`.
 
 Failover
 ========
@@ -48,7 +48,7 @@ import numpy as np
 import trio
 
 from mesh.transport import Plane
-from runtime.inference.hop_server import (
+from runtime.inference.protocol import (
     MAX_REASON_CHARS,
     OP_BUSY,
     OP_CLOSE,

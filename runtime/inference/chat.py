@@ -43,6 +43,7 @@ import trio
 
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
+from mesh.member_table import MemberState
 from mesh.records import NodeRecord
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
 from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
@@ -637,7 +638,9 @@ class ChatService:
         failed = {bytes.fromhex(s) for s in failure.suspects}
         with trio.move_on_after(REROUTE_WAIT_S):
             while not failed:
-                failed = {n for n in chain if self.swarm.member_state(n) not in ("alive", None)}
+                failed = {
+                    n for n in chain if self.swarm.member_state(n) not in (MemberState.ALIVE, None)
+                }
                 if not failed:
                     await trio.sleep(REROUTE_POLL_S)
         now = trio.current_time()

@@ -9,7 +9,7 @@ drops what does not parse, and dispatches by ``op`` — hop ops (``open``,
 (``opened``, ``busy``, ``token``, ``error``) to its
 :class:`runtime.inference.chain.Pipeline`. The loop never waits on compute (the hop
 server queues steps for per-session tasks), so one slow forward never delays
-another session's messages. The message schema is in :mod:`runtime.inference.hop_server`.
+another session's messages. The message schema is in :mod:`runtime.inference.protocol`.
 
 Typical wiring::
 
@@ -29,14 +29,8 @@ import trio
 from mesh.transport import Plane
 from mesh.wire import DecodeError, decode_tensor
 from runtime.inference.chain import Pipeline
-from runtime.inference.hop_server import (
-    ENTRY_OPS,
-    HOP_OPS,
-    OP_OPEN,
-    R_WRONG_SHARD,
-    HopServer,
-    refuse_open,
-)
+from runtime.inference.hop_server import HopServer
+from runtime.inference.protocol import ENTRY_OPS, HOP_OPS, OP_OPEN, R_WRONG_SHARD, refuse_open
 
 __all__ = ["Engine"]
 

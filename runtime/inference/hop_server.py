@@ -1,45 +1,12 @@
-"""The engine's data-plane protocol, and the hop side of it.
+"""The hop side of the data plane: serve one shard to the entries that open sessions on it.
 
-A chat request is carried through a *chain* of hops, each running one shard
-(layers [a, b)) of the model. The entry node opens a *session* on every hop,
-pushes the prompt into the first hop, and each hop pushes its activations
-straight to the next; the last hop samples a token and sends it back to the
-entry. Only the token comes back to the entry, so a decode step costs one
-message per hop plus one reply, never a round trip through the entry per hop.
-
-Messages
-========
-Every message is one tensor frame pair from :func:`mesh.wire.encode_tensor`:
-a strict CBOR header (dtype, shape, and the map below) and the raw element
-bytes. Ops without a payload carry a 0-length uint8 tensor. Session ids are 32
-lowercase hex characters (16 random bytes, made by the entry, one per hop).
-
-=========  ===========  =========================================================
-op         direction    header fields (besides "op") and payload
-=========  ===========  =========================================================
-open       entry → hop  session, model (text), layers [a, b], reply (the entry's
-                        data address), budget (positions the session may use),
-                        next (next hop's data address, or null on the last hop),
-                        next_session (its session id, or null), sampling (null,
-                        or {temperature, top_p, top_k} on the last hop), seed
-opened     hop → entry  session
-busy       hop → entry  session, reason (session limit reached; try another node)
-forward    → hop        session, step, pos, compute_us (optional, see below):
-                        token ids int64 [T] into the first hop, hidden states
-                        float32 [T, H] into the others
-token      hop → entry  session (the last hop's), step, token, compute_us
-error      hop → entry  session, step (or null), reason
-close      entry → hop  session (idempotent; no reply)
-=========  ===========  =========================================================
-
-``step`` is the index of the token being produced (0 for the first generated
-token), so the last hop can sample with a generator seeded by (seed, step):
-a replay after failover draws exactly the tokens an uninterrupted run would.
-``pos`` is the absolute position of the first of the T inputs.
-``compute_us`` lists, in chain order, how long each hop so far took to
-compute this step (microseconds, by its own clock); each hop appends its own
-before pushing on, so the entry learns where a step's time went (compute at
-each hop, or the hops between them) at the cost of a few header bytes.
+A hop holds one shard (layers [a, b)) of a model. An entry opens a session
+on it (``open``), then sends one ``forward`` per step; the hop runs its
+shard over the inputs, with the session's KV cache, and pushes the result
+on: activations to the next hop, or, on the last hop, the sampled token back
+to the entry. The messages, their fields and the drop reasons are in
+:mod:`runtime.inference.protocol`; this module is what a hop does with them
+(:class:`HopServer`) and what it counts (:class:`HopStats`).
 
 Why the hop behaves as it does
 ==============================
@@ -65,8 +32,6 @@ Why the hop behaves as it does
 
 from __future__ import annotations
 
-import re
-import secrets
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -77,11 +42,46 @@ import numpy as np
 import trio
 
 from mesh.transport import Plane
-from mesh.wire import MAX_ADDR_CHARS, encode_tensor
+from mesh.wire import MAX_ADDR_CHARS
+from runtime.inference.protocol import (
+    MAX_NAME_CHARS,
+    OP_BUSY,
+    OP_FORWARD,
+    OP_OPEN,
+    OP_OPENED,
+    OP_TOKEN,
+    R_BAD_FIELD,
+    R_BAD_PAYLOAD,
+    R_BAD_POSITION,
+    R_BUDGET,
+    R_DUPLICATE,
+    R_OVERLOADED,
+    R_SHARD_FAILED,
+    R_UNKNOWN_SESSION,
+    R_WRONG_SHARD,
+    BadMessage,
+    compute_us_field,
+    encode_message,
+    error_header,
+    refuse_open,
+    sampling_from_header,
+    session_field,
+    text_field,
+    uint_field,
+)
 from runtime.model.backends.base import KVCache, ShardBackend
 from runtime.model.sampling import SEED_MODULUS, SamplingParams, sample
 
 T = TypeVar("T")
+
+__all__ = [
+    "DEFAULT_IDLE_TIMEOUT_S",
+    "DEFAULT_MAX_BUDGET",
+    "DEFAULT_MAX_SESSIONS",
+    "INLINE_MAX_TOKENS",
+    "HopServer",
+    "HopStats",
+]
 
 INLINE_MAX_TOKENS: Final = 1
 """Decode steps (one token) run on the event loop itself; prefills and
@@ -90,160 +90,6 @@ profiles' timer granularity for the shards a node holds), while a thread
 handoff costs ~0.5 ms per hop in GIL ping-pong on Python-heavy forwards,
 measured on loopback: half of a hop's overhead. A prefill can take seconds
 and would stall membership and Raft, so it never runs inline."""
-
-__all__ = [
-    "DEFAULT_IDLE_TIMEOUT_S",
-    "DEFAULT_MAX_BUDGET",
-    "DEFAULT_MAX_SESSIONS",
-    "ENTRY_OPS",
-    "HOP_OPS",
-    "OP_BUSY",
-    "OP_CLOSE",
-    "OP_ERROR",
-    "OP_FORWARD",
-    "OP_OPEN",
-    "OP_OPENED",
-    "OP_TOKEN",
-    "BadMessage",
-    "HopServer",
-    "HopStats",
-    "compute_us_field",
-    "encode_message",
-    "new_session_id",
-    "refuse_open",
-    "sampling_from_header",
-    "sampling_header",
-    "session_field",
-    "text_field",
-    "uint_field",
-]
-
-# --- protocol ---------------------------------------------------------------
-
-OP_OPEN: Final = "open"
-OP_OPENED: Final = "opened"
-OP_BUSY: Final = "busy"
-OP_FORWARD: Final = "forward"
-OP_TOKEN: Final = "token"
-OP_ERROR: Final = "error"
-OP_CLOSE: Final = "close"
-HOP_OPS: Final = frozenset({OP_OPEN, OP_FORWARD, OP_CLOSE})
-ENTRY_OPS: Final = frozenset({OP_OPENED, OP_BUSY, OP_TOKEN, OP_ERROR})
-
-SESSION_ID_BYTES: Final = 16  # 128 random bits: collisions are never a concern
-_SESSION_ID = re.compile(r"[0-9a-f]{32}")
-# Model names and error reasons are short text; capping them keeps a hostile
-# header from making us hold or echo kilobytes.
-MAX_NAME_CHARS: Final = 256
-MAX_REASON_CHARS: Final = 300
-MAX_CHAIN_HOPS: Final = 256
-"""Most per-hop timings a step may carry: a hop holds at least one layer and
-no model we know of has more layers; bounds what a header makes us parse."""
-_MAX_INT: Final = 2**63 - 1
-
-# Drop reasons (counted as "engine.<reason>" in the node's drops).
-R_BAD_FIELD: Final = "bad_field"  # missing or mistyped header field
-R_BAD_PAYLOAD: Final = "bad_payload"  # wrong dtype or shape for this hop
-R_UNKNOWN_SESSION: Final = "unknown_session"
-R_BAD_POSITION: Final = "bad_position"  # does not continue the session's cache
-R_BUDGET: Final = "budget_exceeded"
-R_OVERLOADED: Final = "overloaded"  # too many steps queued for one session
-R_SHARD_FAILED: Final = "shard_failed"
-R_WRONG_SHARD: Final = "wrong_shard"  # open for a model or layers we do not serve
-R_DUPLICATE: Final = "duplicate_session"
-
-_EMPTY: Final = np.zeros(0, dtype=np.uint8)
-
-
-class BadMessage(Exception):
-    """A data-plane header we refuse; ``reason`` is a drop reason."""
-
-    def __init__(self, reason: str, detail: str = "") -> None:
-        super().__init__(f"{reason}: {detail}" if detail else reason)
-        self.reason = reason
-        self.detail = detail
-
-
-def new_session_id() -> str:
-    """A fresh session id (the entry makes one per hop per attempt)."""
-    return secrets.token_hex(SESSION_ID_BYTES)
-
-
-def encode_message(header: Mapping[str, Any], array: np.ndarray | None = None) -> list[Any]:
-    """The two frames of one data-plane message. ``array`` (C-contiguous) is
-    passed to ZeroMQ by reference, not copied; the caller must not modify it."""
-    payload = _EMPTY if array is None else np.ascontiguousarray(array)
-    return encode_tensor(header, memoryview(payload), dtype=payload.dtype.name, shape=payload.shape)
-
-
-# Field readers shared with the entry side: each returns the checked value
-# or raises BadMessage(bad_field), so a handler validates as it reads.
-
-
-def session_field(header: Mapping[str, Any], key: str = "session") -> str:
-    value = header.get(key)
-    if type(value) is not str or not _SESSION_ID.fullmatch(value):
-        raise BadMessage(R_BAD_FIELD, f"{key} must be a 32-char hex session id")
-    return value
-
-
-def uint_field(header: Mapping[str, Any], key: str) -> int:
-    value = header.get(key)
-    if type(value) is not int or not 0 <= value <= _MAX_INT:
-        raise BadMessage(R_BAD_FIELD, f"{key} must be a non-negative integer")
-    return value
-
-
-def compute_us_field(header: Mapping[str, Any]) -> tuple[int, ...]:
-    """The per-hop compute times a step carries (none before the first hop)."""
-    value = header.get("compute_us", [])
-    if (
-        type(value) is not list
-        or len(value) > MAX_CHAIN_HOPS
-        or not all(type(us) is int and 0 <= us <= _MAX_INT for us in value)
-    ):
-        raise BadMessage(
-            R_BAD_FIELD, f"compute_us must list at most {MAX_CHAIN_HOPS} non-negative integers"
-        )
-    return tuple(value)
-
-
-def text_field(header: Mapping[str, Any], key: str, limit: int) -> str:
-    value = header.get(key)
-    if type(value) is not str or not 0 < len(value) <= limit:
-        raise BadMessage(R_BAD_FIELD, f"{key} must be text of 1..{limit} characters")
-    return value
-
-
-def refuse_open(plane: Plane, header: Mapping[str, Any], reason: str, detail: str = "") -> None:
-    """Answer a refused ``open`` with ``error``, so the entry fails over at
-    once instead of waiting for its open timeout; silent when the header
-    names no valid reply address and session (there is no one to answer)."""
-    try:
-        reply = text_field(header, "reply", MAX_ADDR_CHARS)
-        session_id = session_field(header)
-    except BadMessage:
-        return
-    error = {"op": OP_ERROR, "session": session_id, "step": None, "reason": _reason(reason, detail)}
-    plane.send(reply, encode_message(error))
-
-
-def sampling_header(params: SamplingParams) -> dict[str, Any]:
-    """What the last hop needs of the sampling parameters (max_tokens and stop
-    sequences stay with the entry)."""
-    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
-
-
-def sampling_from_header(value: object) -> SamplingParams:
-    """Rebuild and validate the parameters an ``open`` carries; raises
-    :class:`BadMessage`."""
-    if not isinstance(value, dict) or set(value) != {"temperature", "top_p", "top_k"}:
-        raise BadMessage(R_BAD_FIELD, "sampling must be {temperature, top_p, top_k}")
-    try:
-        return SamplingParams(**value)
-    except ValueError as exc:  # SamplingParams checks types and ranges
-        raise BadMessage(R_BAD_FIELD, f"sampling.{exc}") from None
-
 
 # --- the hop server -----------------------------------------------------------
 
@@ -467,9 +313,7 @@ class HopServer:
         budget = uint_field(header, "budget")
         if not 0 < budget <= self.max_budget:
             raise BadMessage(R_BUDGET, f"budget must be in 1..{self.max_budget}")
-        seed = header.get("seed")
-        if type(seed) is not int or not 0 <= seed < SEED_MODULUS:
-            raise BadMessage(R_BAD_FIELD, "seed must be an integer in [0, 2**64)")
+        seed = uint_field(header, "seed", high=SEED_MODULUS - 1)
         if self.shard.is_last:
             if header.get("next") is not None or header.get("next_session") is not None:
                 raise BadMessage(R_BAD_FIELD, "the last hop has no next hop")
@@ -632,20 +476,8 @@ class HopServer:
 
     def _fail(self, session: _Session, step: object, reason: str, detail: str) -> None:
         """Tell the entry this session failed, and end it."""
-        self._send(
-            session.reply,
-            {
-                "op": OP_ERROR,
-                "session": session.id,
-                "step": step if type(step) is int and 0 <= step <= _MAX_INT else None,
-                "reason": _reason(reason, detail),
-            },
-        )
+        self._send(session.reply, error_header(session.id, step, reason, detail))
         self._close(session)
 
     def _send(self, addr: str, header: Mapping[str, Any]) -> None:
         self.plane.send(addr, encode_message(header))
-
-
-def _reason(reason: str, detail: str) -> str:
-    return (f"{reason}: {detail}" if detail else reason)[:MAX_REASON_CHARS]

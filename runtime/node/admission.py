@@ -36,6 +36,7 @@ from typing import Any, Final
 import trio
 
 from mesh import records
+from mesh.fields import one_of
 from mesh.transport import Plane
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS, HopServer
@@ -129,8 +130,8 @@ class Admission:
         return records.Assignment(
             model=self.model_name,
             layers=self.options.layers,
-            recipe=self.options.recipe,  # type: ignore[arg-type]
-            tier=self.tier,  # type: ignore[arg-type]
+            recipe=one_of(self.options.recipe, "recipe", records.RECIPES),
+            tier=one_of(self.tier, "tier", records.TIERS),
             managed=self.tier == "managed",
             epoch=self.epoch,
         )

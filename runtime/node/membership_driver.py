@@ -32,6 +32,7 @@ import trio
 from mesh import records
 from mesh.config import MembershipConfig
 from mesh.identity import Identity, node_id_text, verify
+from mesh.member_table import MemberStateName, state_name
 from mesh.membership import Membership, MemberView
 from mesh.messages import Consensus, Envelope, consensus_signing_bytes
 from mesh.transport import Plane
@@ -132,11 +133,11 @@ class MembershipDriver:
     def member(self, node: bytes) -> MemberView | None:
         return self.core.member(node)
 
-    def peer_states(self) -> list[tuple[bytes, str, float]]:
+    def peer_states(self) -> list[tuple[bytes, MemberStateName, float]]:
         """(node, state, since) of every other member: what Raft's voter
         management reads."""
         return [
-            (view.node, str(view.state), view.state_since)
+            (view.node, state_name(view.state), view.state_since)
             for view in self.core.members()
             if view.node != self.node_id
         ]

@@ -56,6 +56,7 @@ from consensus.placement import (
 )
 from consensus.settings import policy_json
 from mesh.identity import node_id_text
+from mesh.member_table import LIVE_STATES, state_name
 from runtime.model.store import ModelStore, model_facts
 from runtime.node.admission import Admission, ServeOptions, ShardSlot
 from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
@@ -281,7 +282,7 @@ class Placement:
         for member, record in self._swarm.records():
             since = now - (mono - member.state_since)
             views[member.node] = node_view(
-                str(member.state), since, record, ledger.assignment(member.node), now
+                state_name(member.state), since, record, ledger.assignment(member.node), now
             )
             if record is not None:
                 wanted.update(record.models)
@@ -327,7 +328,7 @@ class Placement:
             failure = None
             if record.capability is not None and record.capability.result == "failed":
                 failure = record.capability.failure or "failed"
-            live = str(member.state) in ("alive", "suspect")
+            live = member.state in LIVE_STATES
             announced[member.node] = Announced(record.assignment, live, failure)
         return announced
 

@@ -45,8 +45,9 @@ from consensus.ledger import ApplyResult, Command, LedgerError, PlacementLedger,
 from consensus.log import Entry, EntryKind
 from consensus.raft import Message, RaftNode, Ready, Role
 from consensus.storage import RaftStorage, StorageError
-from consensus.voters import MemberInfo, MemberState, next_change
+from consensus.voters import MemberInfo, next_change
 from mesh.identity import node_id_text
+from mesh.member_table import MemberStateName
 
 log = logging.getLogger("shardmesh.raft")
 
@@ -58,7 +59,7 @@ which also carries membership probes that must never wait behind Raft."""
 RECENT_DECISIONS: Final = 32
 """Voter changes the status API shows, newest last."""
 
-MemberSource = Callable[[], Iterable[tuple[bytes, MemberState, float]]]
+MemberSource = Callable[[], Iterable[tuple[bytes, MemberStateName, float]]]
 """(node, membership state, state_since) for every member but ourselves."""
 Sender = Callable[[bytes, bytes], None]
 """send(to, payload): sign and carry an encoded Raft message to a node."""

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from consensus.ledger import PlacementLedger
 from consensus.placement import capability_state
 from mesh import records
-from mesh.coverage import SERVING_STATES, CoverageMap, build_coverage
+from mesh.coverage import CoverageMap, build_coverage
 from mesh.identity import node_id_text
+from mesh.member_table import LIVE_STATES
 from mesh.membership import MemberView
 from mesh.records import NodeRecord, Record
 from runtime.node.membership_driver import MembershipDriver
@@ -68,7 +69,7 @@ class SwarmView:
         return [
             (view, record)
             for view, record in self.records()
-            if str(view.state) in SERVING_STATES and record is not None
+            if str(view.state) in LIVE_STATES and record is not None
         ]
 
     def _decode(self, record: Record | None) -> NodeRecord | None:
@@ -111,7 +112,7 @@ class SwarmView:
         ledger, now = self._ledger(), time.time()
         loading = []
         for view, record in self.records():
-            if str(view.state) not in SERVING_STATES:
+            if str(view.state) not in LIVE_STATES:
                 continue
             claims = [ledger.assignment(view.node), record.assignment if record else None]
             shard = next((s for s in claims if s is not None and s.model == model), None)

@@ -1,0 +1,243 @@
+"""The data-plane protocol: the messages an entry and its hops exchange.
+
+A chat request is carried through a *chain* of hops, each running one shard
+(layers [a, b)) of the model. The entry node opens a *session* on every hop,
+pushes the prompt into the first hop, and each hop pushes its activations
+straight to the next; the last hop samples a token and sends it back to the
+entry. Only the token comes back to the entry, so a decode step costs one
+message per hop plus one reply, never a round trip through the entry per hop.
+
+This module is the vocabulary both sides share: the ops, the header fields
+and their readers, the drop reasons, the limits. The hop side is
+:mod:`runtime.inference.hop_server`, the entry side :mod:`runtime.inference.chain`,
+and :mod:`runtime.inference.dispatch` routes each received message to one of them.
+
+Messages
+========
+Every message is one tensor frame pair from :func:`mesh.wire.encode_tensor`:
+a strict CBOR header (dtype, shape, and the map below) and the raw element
+bytes. Ops without a payload carry a 0-length uint8 tensor. Session ids are 32
+lowercase hex characters (16 random bytes, made by the entry, one per hop).
+
+=========  ===========  =========================================================
+op         direction    header fields (besides "op") and payload
+=========  ===========  =========================================================
+open       entry → hop  session, model (text), layers [a, b], reply (the entry's
+                        data address), budget (positions the session may use),
+                        next (next hop's data address, or null on the last hop),
+                        next_session (its session id, or null), sampling (null,
+                        or {temperature, top_p, top_k} on the last hop), seed
+opened     hop → entry  session
+busy       hop → entry  session, reason (session limit reached; try another node)
+forward    → hop        session, step, pos, compute_us (optional, see below):
+                        token ids int64 [T] into the first hop, hidden states
+                        float32 [T, H] into the others
+token      hop → entry  session (the last hop's), step, token, compute_us
+error      hop → entry  session, step (or null), reason
+close      entry → hop  session (idempotent; no reply)
+=========  ===========  =========================================================
+
+``step`` is the index of the token being produced (0 for the first generated
+token), so the last hop can sample with a generator seeded by (seed, step):
+a replay after failover draws exactly the tokens an uninterrupted run would.
+``pos`` is the absolute position of the first of the T inputs.
+``compute_us`` lists, in chain order, how long each hop so far took to
+compute this step (microseconds, by its own clock); each hop appends its own
+before pushing on, so the entry learns where a step's time went (compute at
+each hop, or the hops between them) at the cost of a few header bytes.
+
+Header fields are checked by the rules of :mod:`mesh.fields`, like every
+other field a node reads; a field that breaks its rule is a
+:class:`BadMessage` with reason ``bad_field``.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Mapping
+from typing import Any, Final
+
+import numpy as np
+
+from mesh.fields import MAX_UINT, FieldError, hex_text, is_uint, sequence, text, uint
+from mesh.transport import Plane
+from mesh.wire import MAX_ADDR_CHARS, encode_tensor
+from runtime.model.sampling import SamplingParams
+
+__all__ = [
+    "ENTRY_OPS",
+    "HOP_OPS",
+    "MAX_CHAIN_HOPS",
+    "MAX_NAME_CHARS",
+    "MAX_REASON_CHARS",
+    "OP_BUSY",
+    "OP_CLOSE",
+    "OP_ERROR",
+    "OP_FORWARD",
+    "OP_OPEN",
+    "OP_OPENED",
+    "OP_TOKEN",
+    "R_BAD_FIELD",
+    "R_BAD_PAYLOAD",
+    "R_BAD_POSITION",
+    "R_BUDGET",
+    "R_DUPLICATE",
+    "R_OVERLOADED",
+    "R_SHARD_FAILED",
+    "R_UNKNOWN_SESSION",
+    "R_WRONG_SHARD",
+    "SESSION_ID_BYTES",
+    "BadMessage",
+    "compute_us_field",
+    "encode_message",
+    "error_header",
+    "new_session_id",
+    "refuse_open",
+    "sampling_from_header",
+    "sampling_header",
+    "session_field",
+    "text_field",
+    "uint_field",
+]
+
+# --- ops ----------------------------------------------------------------------
+
+OP_OPEN: Final = "open"
+OP_OPENED: Final = "opened"
+OP_BUSY: Final = "busy"
+OP_FORWARD: Final = "forward"
+OP_TOKEN: Final = "token"
+OP_ERROR: Final = "error"
+OP_CLOSE: Final = "close"
+HOP_OPS: Final = frozenset({OP_OPEN, OP_FORWARD, OP_CLOSE})
+ENTRY_OPS: Final = frozenset({OP_OPENED, OP_BUSY, OP_TOKEN, OP_ERROR})
+
+# --- limits -------------------------------------------------------------------
+
+SESSION_ID_BYTES: Final = 16  # 128 random bits: collisions are never a concern
+_SESSION_ID_CHARS: Final = 2 * SESSION_ID_BYTES
+# Model names and error reasons are short text; capping them keeps a hostile
+# header from making us hold or echo kilobytes.
+MAX_NAME_CHARS: Final = 256
+MAX_REASON_CHARS: Final = 300
+MAX_CHAIN_HOPS: Final = 256
+"""Most per-hop timings a step may carry: a hop holds at least one layer and
+no model we know of has more layers; bounds what a header makes us parse."""
+
+# --- drop reasons (counted as "engine.<reason>" in the node's drops) ----------
+
+R_BAD_FIELD: Final = "bad_field"  # missing or mistyped header field
+R_BAD_PAYLOAD: Final = "bad_payload"  # wrong dtype or shape for this hop
+R_UNKNOWN_SESSION: Final = "unknown_session"
+R_BAD_POSITION: Final = "bad_position"  # does not continue the session's cache
+R_BUDGET: Final = "budget_exceeded"
+R_OVERLOADED: Final = "overloaded"  # too many steps queued for one session
+R_SHARD_FAILED: Final = "shard_failed"
+R_WRONG_SHARD: Final = "wrong_shard"  # open for a model or layers we do not serve
+R_DUPLICATE: Final = "duplicate_session"
+
+_EMPTY: Final = np.zeros(0, dtype=np.uint8)
+
+
+class BadMessage(Exception):
+    """A data-plane header we refuse; ``reason`` is a drop reason."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def new_session_id() -> str:
+    """A fresh session id (the entry makes one per hop per attempt)."""
+    return secrets.token_hex(SESSION_ID_BYTES)
+
+
+def encode_message(header: Mapping[str, Any], array: np.ndarray | None = None) -> list[Any]:
+    """The two frames of one data-plane message. ``array`` (C-contiguous) is
+    passed to ZeroMQ by reference, not copied; the caller must not modify it."""
+    payload = _EMPTY if array is None else np.ascontiguousarray(array)
+    return encode_tensor(header, payload.data, dtype=payload.dtype.name, shape=payload.shape)
+
+
+# --- header fields --------------------------------------------------------------
+# Readers shared by both sides: each returns the checked value or raises
+# BadMessage(bad_field), so a handler validates as it reads.
+
+
+def session_field(header: Mapping[str, Any], key: str = "session") -> str:
+    """A session id: 32 lowercase hex characters."""
+    try:
+        return hex_text(
+            header.get(key), key, min_chars=_SESSION_ID_CHARS, max_chars=_SESSION_ID_CHARS
+        )
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
+
+
+def uint_field(header: Mapping[str, Any], key: str, *, high: int = MAX_UINT) -> int:
+    """An integer in [0, high]: a step, a position, a token, a budget, a seed."""
+    try:
+        return uint(header.get(key), key, high=high)
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
+
+
+def compute_us_field(header: Mapping[str, Any]) -> tuple[int, ...]:
+    """The per-hop compute times a step carries (none before the first hop)."""
+    try:
+        times = sequence(header.get("compute_us", []), "compute_us", max_items=MAX_CHAIN_HOPS)
+        return tuple([uint(us, "compute_us[]") for us in times])
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
+
+
+def text_field(header: Mapping[str, Any], key: str, limit: int) -> str:
+    """Non-empty text of at most ``limit`` characters (a model name, an address)."""
+    try:
+        return text(header.get(key), key, max_chars=limit)
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
+
+
+# --- composite parts ------------------------------------------------------------
+
+
+def error_header(session_id: str, step: object, reason: str, detail: str = "") -> dict[str, Any]:
+    """An ``error`` message's header; ``step`` is echoed only when it is a
+    valid step (the hop may be refusing that very field)."""
+    return {
+        "op": OP_ERROR,
+        "session": session_id,
+        "step": step if is_uint(step) else None,
+        "reason": (f"{reason}: {detail}" if detail else reason)[:MAX_REASON_CHARS],
+    }
+
+
+def refuse_open(plane: Plane, header: Mapping[str, Any], reason: str, detail: str = "") -> None:
+    """Answer a refused ``open`` with ``error``, so the entry fails over at
+    once instead of waiting for its open timeout; silent when the header
+    names no valid reply address and session (there is no one to answer)."""
+    try:
+        reply = text_field(header, "reply", MAX_ADDR_CHARS)
+        session_id = session_field(header)
+    except BadMessage:
+        return
+    plane.send(reply, encode_message(error_header(session_id, None, reason, detail)))
+
+
+def sampling_header(params: SamplingParams) -> dict[str, Any]:
+    """What the last hop needs of the sampling parameters (max_tokens and stop
+    sequences stay with the entry)."""
+    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+
+
+def sampling_from_header(value: object) -> SamplingParams:
+    """Rebuild and validate the parameters an ``open`` carries; raises
+    :class:`BadMessage`."""
+    if not isinstance(value, dict) or set(value) != {"temperature", "top_p", "top_k"}:
+        raise BadMessage(R_BAD_FIELD, "sampling must be {temperature, top_p, top_k}")
+    try:
+        return SamplingParams(**value)
+    except ValueError as exc:  # SamplingParams checks types and ranges
+        raise BadMessage(R_BAD_FIELD, f"sampling.{exc}") from None
