@@ -49,7 +49,7 @@ from typing import Any
 import httpx
 import trio
 
-from consensus.ledger import Assignment, Demand
+from consensus.ledger import Demand, LedgerAssignment
 from consensus.placement import (
     AdmissionFailures,
     CapabilityState,
@@ -87,7 +87,7 @@ def synthetic_snapshot(nodes: int = NODES, models: int = MODELS, seed: int = 1) 
     }
     weights = [1.0 / (rank + 1) for rank in range(models)]  # popular models are in more stores
     views: dict[bytes, NodeView] = {}
-    assignments: dict[bytes, Assignment] = {}
+    assignments: dict[bytes, LedgerAssignment] = {}
     epochs: dict[bytes, int] = {}
     failures: dict[tuple[bytes, str], AdmissionFailures] = {}
     for index in range(nodes):
@@ -106,7 +106,7 @@ def synthetic_snapshot(nodes: int = NODES, models: int = MODELS, seed: int = 1) 
             tier = rng.choice(("operator", "bootstrap")) if pinned else "managed"
             epoch = rng.randint(1, 5)
             failed_at = NOW - 5.0 if not pinned and rng.random() < 0.05 else None
-            assignments[node] = Assignment(
+            assignments[node] = LedgerAssignment(
                 node, model, (start, end), "bf16", tier, not pinned, epoch,
                 NOW - rng.uniform(0, 7200), failed_at,
             )  # fmt: skip

@@ -279,8 +279,11 @@ def decode_command(data: bytes) -> Command:
 
 
 @dataclass(frozen=True, slots=True)
-class Assignment:
-    """A node's live assignment as the ledger holds it."""
+class LedgerAssignment:
+    """A node's live assignment as the ledger holds it: the shard a node's
+    record calls its `mesh.records.Assignment`, plus whose node it is, when
+    it was made, and whether its admission failed. The one `Assignment` is
+    the record's; this is the ledger's row about one."""
 
     node: bytes
     model: str
@@ -342,7 +345,7 @@ class PlacementLedger:
     def __init__(self, applied_index: int = 0) -> None:
         """An empty ledger; `applied_index` is where a restored one resumes."""
         self.applied_index = applied_index
-        self._assignments: dict[bytes, Assignment] = {}
+        self._assignments: dict[bytes, LedgerAssignment] = {}
         self._epochs: dict[bytes, int] = {}
         self._demand: dict[str, Demand] = {}
         self._rejected: dict[str, int] = {}
@@ -417,7 +420,7 @@ class PlacementLedger:
                     "go only to spare capacity",
                 )
         self._epochs[cmd.node] = cmd.epoch
-        self._assignments[cmd.node] = Assignment(
+        self._assignments[cmd.node] = LedgerAssignment(
             node=cmd.node,
             model=cmd.model,
             layers=cmd.layers,
@@ -428,7 +431,7 @@ class PlacementLedger:
             assigned_at=cmd.at,
         )
 
-    def _live_for(self, node: bytes, model: str, epoch: int) -> Assignment:
+    def _live_for(self, node: bytes, model: str, epoch: int) -> LedgerAssignment:
         live = self._assignments.get(node)
         if live is None:
             raise _Reject(REASON_NO_ASSIGNMENT, "node has no live assignment")
@@ -468,11 +471,11 @@ class PlacementLedger:
 
     # -- reading -------------------------------------------------------------
 
-    def assignments(self) -> tuple[Assignment, ...]:
+    def assignments(self) -> tuple[LedgerAssignment, ...]:
         """Live assignments, ordered by node id (same order on every replica)."""
         return tuple(self._assignments[n] for n in sorted(self._assignments))
 
-    def assignment(self, node: bytes) -> Assignment | None:
+    def assignment(self, node: bytes) -> LedgerAssignment | None:
         """`node`'s live assignment, if any."""
         return self._assignments.get(node)
 
@@ -577,7 +580,7 @@ class PlacementLedger:
                 if ledger._epochs.get(cmd.node, 0) < cmd.epoch:
                     _fail("an assignment's epoch is above its node's epoch")
                 failed = None if failed_at is None else number(failed_at, "admission_failed_at")
-                ledger._assignments[cmd.node] = Assignment(
+                ledger._assignments[cmd.node] = LedgerAssignment(
                     cmd.node, cmd.model, cmd.layers, cmd.recipe, cmd.tier, cmd.managed,
                     cmd.epoch, cmd.at, failed,
                 )  # fmt: skip

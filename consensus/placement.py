@@ -99,9 +99,9 @@ from typing import Final, Literal, Protocol
 from consensus.ledger import (
     PINNED_TIERS,
     Assign,
-    Assignment,
     Command,
     Demand,
+    LedgerAssignment,
     MarkAdmissionFailed,
     PlacementLedger,
     Release,
@@ -109,8 +109,7 @@ from consensus.ledger import (
 from consensus.settings import PlacementSettings
 from mesh.identity import node_id_text
 from mesh.member_table import LIVE_STATES, MemberState, MemberStateName
-from mesh.records import RECIPES, CapabilityReport, NodeRecord
-from mesh.records import Assignment as RecordAssignment
+from mesh.records import RECIPES, Assignment, CapabilityReport, NodeRecord
 
 __all__ = [
     "AdmissionFailures",
@@ -237,7 +236,7 @@ class PlacementInput:
     has_quorum: bool
     """The caller is a leader that can commit: False on a minority side of a
     partition (CheckQuorum lost) or with no known leader; then no decisions."""
-    assignments: Mapping[bytes, Assignment]
+    assignments: Mapping[bytes, LedgerAssignment]
     epochs: Mapping[bytes, int]
     """The ledger's highest epoch per node; a new Assign uses the next one."""
     demand: Mapping[str, Demand]
@@ -314,7 +313,7 @@ class Decision:
 class Announced:
     """What a member's signed record says about its shard (`upkeep`'s input)."""
 
-    assignment: RecordAssignment
+    assignment: Assignment
     live: bool
     """Membership holds the member alive or suspect."""
     failure: str | None = None
@@ -372,7 +371,7 @@ def node_view(
     state: MemberStateName,
     state_since: float | None,
     record: NodeRecord | None,
-    assignment: Assignment | None,
+    assignment: LedgerAssignment | None,
     now: float,
 ) -> NodeView:
     """A `NodeView` from membership's verdict, the node's record and its ledger assignment."""
@@ -560,7 +559,7 @@ def _coverage(
 
 
 def _release_code(
-    assignment: Assignment,
+    assignment: LedgerAssignment,
     view: NodeView | None,
     snapshot: PlacementInput,
     policy: PlacementSettings,
@@ -663,7 +662,7 @@ class _Placer:
         self.used: set[bytes] = set(released)
         self.spare = self._spare_pools()
         self.movable: dict[str, list[bytes]] | None = None  # rule 6's candidates, built lazily
-        self.moving: dict[bytes, Assignment] = {}
+        self.moving: dict[bytes, LedgerAssignment] = {}
 
     def _spare_pools(self) -> dict[str, list[tuple[int, bytes]]]:
         """Eligible spare nodes per model (the "spare" definition in the module doc)."""

@@ -60,8 +60,7 @@ from consensus.placement import (
 )
 from consensus.settings import PlacementSettings
 from mesh.fields import one_of
-from mesh.records import RECIPES, TIERS
-from mesh.records import Assignment as RecordAssignment
+from mesh.records import RECIPES, TIERS, Assignment
 from simulations.network import NetworkConfig
 from simulations.raft_cluster import Proposal, RaftCluster
 from simulations.seeds import component_rng
@@ -112,7 +111,7 @@ class _Worker:
     node: bytes
     alive: bool = True
     since: float = 0.0
-    serving: RecordAssignment | None = None
+    serving: Assignment | None = None
     ready_at: float = math.inf
     verdict: CapabilityState = "none"
     """Its doctor's verdict on `serving`: none (loading), admitted, failed."""
@@ -378,12 +377,12 @@ class PlacementCluster:
 
     # --- workers ---------------------------------------------------------------------
 
-    def _pin(self, model: str) -> RecordAssignment:
+    def _pin(self, model: str) -> Assignment:
         layers = (0, self.models[model].num_layers)
         recipe = one_of(self.models[model].recipe, "recipe", RECIPES)  # ModelFacts checked it
-        return RecordAssignment(model, layers, recipe, "operator", False, 0)
+        return Assignment(model, layers, recipe, "operator", False, 0)
 
-    def _load(self, worker: _Worker, assignment: RecordAssignment) -> None:
+    def _load(self, worker: _Worker, assignment: Assignment) -> None:
         facts = self.models[assignment.model]
         size = (assignment.layers[1] - assignment.layers[0]) * facts.layer_bytes
         worker.serving = assignment
@@ -410,7 +409,7 @@ class PlacementCluster:
             wanted = None
             if held is not None and held.tier != "operator":
                 # The ledger checked recipe and tier; one_of narrows their types.
-                wanted = RecordAssignment(
+                wanted = Assignment(
                     held.model,
                     held.layers,
                     one_of(held.recipe, "recipe", RECIPES),

@@ -18,8 +18,8 @@ from hypothesis import strategies as st
 
 from consensus.ledger import (
     Assign,
-    Assignment,
     Demand,
+    LedgerAssignment,
     MarkAdmissionFailed,
     PlacementLedger,
     RecordDemand,
@@ -47,8 +47,7 @@ from consensus.placement import (
     node_view,
     upkeep,
 )
-from mesh.records import Addresses, BackendInfo, CapabilityReport, NodeRecord
-from mesh.records import Assignment as RecordAssignment
+from mesh.records import Addresses, Assignment, BackendInfo, CapabilityReport, NodeRecord
 
 GB = 1 << 30
 POLICY = PlacementSettings()
@@ -72,7 +71,7 @@ def fresh(count: int = 1, *, span_s: float = 0.0) -> Demand:
 @dataclass
 class Swarm:
     nodes: dict[bytes, NodeView] = field(default_factory=dict)
-    assignments: dict[bytes, Assignment] = field(default_factory=dict)
+    assignments: dict[bytes, LedgerAssignment] = field(default_factory=dict)
     demand: dict[str, Demand] = field(default_factory=dict)
     failures: dict[tuple[bytes, str], AdmissionFailures] = field(default_factory=dict)
     released_at: dict[bytes, float] = field(default_factory=dict)
@@ -101,7 +100,7 @@ class Swarm:
     ) -> bytes:
         node = nid(i)
         managed = tier == "managed"
-        self.assignments[node] = Assignment(
+        self.assignments[node] = LedgerAssignment(
             node, model, layers, "bf16", tier, managed, epoch, at, failed_at
         )
         models = frozenset({model, *store})
@@ -342,7 +341,7 @@ def test_history_counts_failures_and_releases_from_committed_commands() -> None:
 def announced(
     model: str, tier: str, epoch: int = 0, live: bool = True, failure: str | None = None
 ) -> Announced:
-    record = RecordAssignment(model, (0, 8), "bf16", tier, tier == "managed", epoch)  # type: ignore[arg-type]
+    record = Assignment(model, (0, 8), "bf16", tier, tier == "managed", epoch)  # type: ignore[arg-type]
     return Announced(record, live, failure)
 
 
@@ -604,7 +603,7 @@ def test_demand_rate_is_windowed_and_decays() -> None:
 
 
 def test_node_view_from_a_record() -> None:
-    assignment = Assignment(nid(1), Y, (0, 4), "bf16", "managed", True, 3, 0.0)
+    assignment = LedgerAssignment(nid(1), Y, (0, 4), "bf16", "managed", True, 3, 0.0)
 
     def report(
         result: str = "admitted", layers: tuple[int, int] = (0, 4), expires: float = NOW + 60
@@ -615,11 +614,7 @@ def test_node_view_from_a_record() -> None:
         )  # fmt: skip
 
     def record(capability: CapabilityReport | None, tier: str | None = "managed") -> NodeRecord:
-        held = (
-            None
-            if tier is None
-            else RecordAssignment(Y, (0, 4), "bf16", tier, tier == "managed", 3)
-        )
+        held = None if tier is None else Assignment(Y, (0, 4), "bf16", tier, tier == "managed", 3)
         return NodeRecord(
             Addresses("tcp://a:1", "tcp://a:2"), 0.0, BackendInfo("torch", "cpu", 4 * GB),
             held, capability, (X, Y),
@@ -654,7 +649,7 @@ def snapshots(draw: st.DrawFn) -> PlacementInput:
     names = [*sorted(models), "unknown"]
     now = 10_000.0
     nodes: dict[bytes, NodeView] = {}
-    assignments: dict[bytes, Assignment] = {}
+    assignments: dict[bytes, LedgerAssignment] = {}
     failures: dict[tuple[bytes, str], AdmissionFailures] = {}
     released_at: dict[bytes, float] = {}
     for i in range(draw(st.integers(0, 16))):
@@ -668,7 +663,7 @@ def snapshots(draw: st.DrawFn) -> PlacementInput:
             failed_at = draw(st.none() | st.floats(now - 500, now))
             at = draw(st.floats(now - 5000, now))
             epoch = draw(st.integers(1, 5))
-            assignments[node] = Assignment(
+            assignments[node] = LedgerAssignment(
                 node, model, (start, end), "bf16", kind, kind == "managed", epoch, at, failed_at
             )
             store |= {model}
@@ -842,7 +837,7 @@ class Sim:
     ledger: PlacementLedger = field(default_factory=PlacementLedger)
     history: PlacementHistory = field(default_factory=PlacementHistory)
     nodes: dict[bytes, SimNode] = field(default_factory=dict)
-    pinned: dict[bytes, Assignment] = field(default_factory=dict)
+    pinned: dict[bytes, LedgerAssignment] = field(default_factory=dict)
     now: float = 1000.0
     index: int = 0
     no_quorum_rounds: int = 0
