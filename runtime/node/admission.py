@@ -1,15 +1,16 @@
 """Node capability admission: the doctor gates serving, and keeps gating it.
 
-A node started with `--model DIR --layers A:B --recipe R` serves nothing
-until `runtime.model.doctor` has run the real forward of its exact shard and
-recipe against the manifest's golden activations (ADR-0026: no tier skips
-admission). Then, and only then:
+A shard, whoever asked for it (the operator's `--model DIR --layers A:B
+--recipe R`, or a managed or bootstrap assignment from the placement
+ledger), serves nothing until `runtime.model.doctor` has run the real
+forward of its exact shard and recipe against the manifest's golden
+activations (ADR-0026: no tier skips admission). Then, and only then:
 
 1. the shard the doctor loaded and checked is handed to a `HopServer` (the
    very object that passed, not a second load that could differ);
-2. the node's signed record gains the assignment (tier `operator`, pinned)
-   and an admitted capability report with `validated_at` and `expires_at`,
-   which the coverage map requires before anyone routes here.
+2. the node's signed record gains the assignment (with its tier) and an
+   admitted capability report with `validated_at` and `expires_at`, which
+   the coverage map requires before anyone routes here.
 
 While it serves, a cheap re-check (the probe forward alone, on the held
 shard, between sessions' forwards) refreshes the report every `refresh_s`,
@@ -85,7 +86,7 @@ class ServeOptions:
 
 
 class Admission:
-    """Runs the doctor for the node's pinned shard and keeps its report fresh."""
+    """Runs the doctor for one shard of this node and keeps its report fresh."""
 
     def __init__(
         self,

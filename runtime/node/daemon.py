@@ -9,11 +9,9 @@ module builds them, connects them, and runs them in one nursery:
   anything it sends;
 * `Engine` (`runtime.inference.dispatch`): the data plane's one reader,
   serving this node's shard and carrying its own chats through chains;
-* a `ShardSlot` with the operator's pinned shard, if any (`Admission`: the
-  doctor, then serving, then re-checks);
+* a `ShardSlot`: the one shard this node serves, the operator's pin if any;
 * `Placement`: demand out, the leader's decisions in, managed shards loaded;
-* `ChatService` over a `SwarmView`, and the HTTP API (hypercorn's trio
-  worker serving `runtime.api.app`).
+* `ChatService` over a `SwarmView`, and the HTTP API (`runtime.api.app`).
 
 SIGTERM or SIGINT makes the node leave gracefully: membership announces the
 leave and keeps gossiping for a short bounded grace, then everything is
@@ -105,6 +103,7 @@ class Node:
             plane=control,
             address=options.advertised(control.address),
             incarnation=self.incarnation,
+            on_consensus=lambda sender, payload: self.raft.deliver(sender, payload),
         )
         self.raft = RaftDriver(
             node_id=self.node_id,
@@ -115,7 +114,6 @@ class Node:
             members=self.membership.peer_states,
             rng=random.Random(int.from_bytes(os.urandom(16), "big")),
         )
-        self.membership.on_consensus = self.raft.deliver
         self.swarm = SwarmView(self.membership, lambda: self.raft.ledger)
         self.engine = Engine(data, drops=self.local_drops, reply_address=data_addr)
         self.slot = ShardSlot(
@@ -199,8 +197,8 @@ class Node:
                 if oserrors is None or rest is not None:
                     raise
                 bind_error = _first_leaf(oserrors)
-            api = self.options.api.text()
-            raise NodeStartupError(f"cannot serve the API on {api}: {bind_error}") from exc
+            where = self.options.api.text()
+            raise NodeStartupError(f"cannot serve the API on {where}: {bind_error}") from exc
         bound = parse_hostport(binds[0].split("//", 1)[1]) if binds else self.options.api
         if self.options.advertise:
             bound = HostPort(self.options.advertise, bound.port)

@@ -80,8 +80,10 @@ class MembershipDriver:
         plane: Plane,
         address: str,
         incarnation: int,
+        on_consensus: ConsensusHandler,
     ) -> None:
-        """`address` is the control address peers use (the advertised one)."""
+        """`address` is the control address peers use (the advertised one);
+        `on_consensus` is Raft's inbox."""
         self.identity = identity
         self.node_id = identity.node_id
         self.config = config
@@ -91,8 +93,7 @@ class MembershipDriver:
         self.recent_events: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=RECENT_EVENTS
         )
-        self.on_consensus: ConsensusHandler | None = None
-        """Where verified Raft payloads go; None drops them (before Raft runs)."""
+        self._on_consensus = on_consensus
         self._state = state
         self._plane = plane
         self._isolated = False
@@ -271,8 +272,7 @@ class MembershipDriver:
         if not verify(sender, signed, message.signature):
             self.local_drops["raft_bad_signature"] += 1
             return
-        if self.on_consensus is not None:
-            self.on_consensus(sender, message.payload)
+        self._on_consensus(sender, message.payload)
 
     # --- tasks ------------------------------------------------------------------------
 
