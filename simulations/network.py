@@ -72,15 +72,21 @@ class NetworkConfig:
     """How simulated links behave. All times are seconds of virtual time."""
 
     base_latency: float = LAN_BASE_LATENCY
+    """The fixed part of every one-way delay."""
     jitter: float = LAN_JITTER
     """Uniform: the width of the jitter interval. Lognormal: its median."""
     jitter_kind: Literal["uniform", "lognormal"] = "uniform"
+    """How the random part of a delay is drawn (lognormal: WAN's long tail)."""
     jitter_sigma: float = WAN_JITTER_SIGMA
     """Shape of the lognormal jitter; unused for uniform jitter."""
     loss: float = 0.0
+    """Probability in [0, 1] that a message is lost, per message."""
     duplicate: float = 0.0
+    """Probability in [0, 1] that a message is delivered twice."""
     queue_capacity: int = DEFAULT_QUEUE_CAPACITY
+    """Messages a node's inbound queue holds; more are dropped (queue_full)."""
     service_time: float = DEFAULT_SERVICE_TIME
+    """Virtual seconds a node spends on one inbound message."""
     count_bytes: bool = False
     """Measure every message's encoded size (costs an encode per message)."""
 

@@ -42,12 +42,11 @@ Example::
     heal = 80.0
 
 Workers are numbered in the order the tables list them (a `count` of n
-takes n numbers), voters from 0.
+takes n numbers), voters from 0. `simulations.schema` checks every key.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -60,61 +59,43 @@ PLACEMENT_FAULTS = ("crash", "restart", "partition")
 
 
 def run_placement_scenario(
-    scenario: Mapping[str, Any],
+    resolved: Mapping[str, Any],
     seed: int,
-    duration: float,
     timeline: list[str] | None,
     plots: Path | None = None,
 ) -> dict[str, Any]:
-    """Run a placement scenario; its metrics (`PlacementCluster.metrics`).
-    Given a `plots` folder, draws `placement.png` there."""
-    from simulations.scenario import ScenarioError  # one error type for every scenario
-
-    table = scenario["placement"]
-    if not isinstance(table, Mapping):
-        raise ScenarioError("[placement] must be a table")
-    try:
-        models = {
-            str(m["name"]): ModelFacts(
-                int(m["layers"]), int(float(m["layer_gb"]) * GB), recipe=m.get("recipe", "bf16")
-            )
-            for m in _tables(table, "models")
-        }
-        workers = [
-            WorkerSpec(
-                float(w["memory_gb"]),
-                tuple(w.get("models", ())),
-                pinned=w.get("pinned"),
-                hardware=w.get("hardware", "gpu"),
-                fails_doctor=bool(w.get("fails_doctor", False)),
-            )
-            for w in _tables(table, "workers")
-            for _ in range(int(w.get("count", 1)))
-        ]
-        for worker in workers:
-            for name in (*worker.models, *([worker.pinned] if worker.pinned else [])):
-                if name not in models:
-                    raise ValueError(f"a worker names model {name!r}, not in [[placement.models]]")
-        cluster = PlacementCluster(
-            seed,
-            workers,
-            models,
-            voters=int(table.get("voters", 3)),
-            detect_s=float(table.get("detect_s", 10.0)),
-            keep_trace=timeline is not None,
+    """Run a resolved placement scenario (`simulations.schema.resolve`); its
+    metrics (`PlacementCluster.metrics`). Given a `plots` folder, draws
+    `placement.png` there."""
+    table = resolved["placement"]
+    models = {
+        m["name"]: ModelFacts(m["layers"], int(m["layer_gb"] * GB), recipe=m["recipe"])
+        for m in table["models"]
+    }
+    workers = [
+        WorkerSpec(
+            w["memory_gb"],
+            tuple(w["models"]),
+            pinned=w["pinned"],
+            hardware=w["hardware"],
+            fails_doctor=w["fails_doctor"],
         )
-        for demand in _tables(table, "demand"):
-            cluster.demand(
-                str(demand["model"]),
-                float(demand["per_minute"]),
-                float(demand.get("from", 0.0)),
-                float(demand.get("until", duration)),
-            )
-        for number, fault in enumerate(scenario.get("faults", [])):
-            _schedule(cluster, fault, f"faults[{number}]", len(workers))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise ScenarioError(f"bad placement scenario: {exc!s}") from None
-    cluster.run_until(duration)
+        for w in table["workers"]
+        for _ in range(w["count"])
+    ]
+    cluster = PlacementCluster(
+        seed,
+        workers,
+        models,
+        voters=table["voters"],
+        detect_s=table["detect_s"],
+        keep_trace=timeline is not None,
+    )
+    for demand in table["demand"]:
+        cluster.demand(demand["model"], demand["per_minute"], demand["from"], demand["until"])
+    for fault in resolved["faults"]:
+        _schedule(cluster, fault)
+    cluster.run_until(resolved["duration"])
     if timeline is not None:
         timeline.extend(cluster.timeline())
     if plots is not None:
@@ -126,28 +107,14 @@ def run_placement_scenario(
     return cluster.metrics()
 
 
-def _tables(table: Mapping[str, Any], name: str) -> list[Mapping[str, Any]]:
-    items = table.get(name, [])
-    if not isinstance(items, list) or not all(isinstance(i, Mapping) for i in items):
-        raise ValueError(f"placement.{name} must be an array of tables ([[placement.{name}]])")
-    return items
-
-
-def _schedule(cluster: PlacementCluster, fault: Any, where: str, workers: int) -> None:
-    if not isinstance(fault, Mapping) or fault.get("kind") not in PLACEMENT_FAULTS:
-        raise ValueError(f"{where}: kind must be one of {', '.join(PLACEMENT_FAULTS)}")
-    at = float(fault.get("at", 0.0))
+def _schedule(cluster: PlacementCluster, fault: Mapping[str, Any]) -> None:
+    at = fault["at"]
     if fault["kind"] == "partition":
-        heal = float(fault.get("heal", math.inf))
         if fault["voters"] == "leader":
-            cluster.isolate_leader(at, heal)
+            cluster.isolate_leader(at, fault["heal"])
         else:
-            cluster.partition_voters(fault["voters"], at, heal)
-        return
-    worker = fault["worker"]
-    if type(worker) is not int or not 0 <= worker < workers:
-        raise ValueError(f"{where}: worker {worker!r} is not in 0..{workers - 1}")
-    if fault["kind"] == "crash":
-        cluster.crash(worker, at)
+            cluster.partition_voters(fault["voters"], at, fault["heal"])
+    elif fault["kind"] == "crash":
+        cluster.crash(fault["worker"], at)
     else:
-        cluster.restart(worker, at)
+        cluster.restart(fault["worker"], at)

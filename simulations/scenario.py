@@ -7,7 +7,9 @@ A scenario names the swarm (how many nodes, how they start), the membership
 profile, the network, a fault schedule and a duration. ``run_scenario`` runs
 it with a seed and returns a JSON-ready dict of metrics, including the trace
 digest: the same file and seed always give the same dict (nothing in it
-depends on the wall clock), which is what lets a researcher diff two runs.
+depends on the wall clock), which is what lets a researcher diff two runs. Every key is checked
+against `simulations.schema` before anything runs (`shardmesh simulate
+--schema` prints the reference).
 
 Example::
 
@@ -29,7 +31,7 @@ Example::
 
     [[faults]]
     kind = "crash"             # crash | pause | restart | leave | publish | partition
-    node = 7                   # or nodes = [1, 2], or random = 5 (seeded pick)
+    node = 7                   # or nodes = [1, {range = [2, 9]}], or random = 5
     at = 10.0
 
     [[faults]]
@@ -42,7 +44,7 @@ Example::
     kind = "partition"
     at = 30.0
     heal = 90.0
-    groups = "halves"          # or explicit: [[0, 1, 2], [3, 4]]
+    groups = "halves"          # or explicit: [[0, 1, 2], [{range = [3, 5]}]]
 
     [[faults]]
     kind = "publish"
@@ -64,20 +66,10 @@ from simulations.cluster import MembershipCluster, Publication
 from simulations.network import NetworkConfig
 from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
+from simulations.schema import ScenarioError, resolve
 from simulations.seeds import component_rng
 
-FAULT_KINDS = ("crash", "pause", "restart", "leave", "publish", "partition")
-
-DEFAULT_PAUSE = 10.0
-"""Seconds a pause lasts when the scenario does not say: longer than the LAN
-probe timeout and interval, shorter than the suspicion timeout, so a paused
-node is suspected but should refute on resume."""
-
 SECONDS_PER_HOUR = 3600.0
-
-
-class ScenarioError(ValueError):
-    """The scenario file is malformed; the message says where."""
 
 
 def load_scenario(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
@@ -105,90 +97,57 @@ def quantile(values: Sequence[float], q: float) -> float | None:
     return ordered[min(rank, len(ordered)) - 1]
 
 
-def _table(scenario: Mapping[str, Any], name: str) -> dict[str, Any]:
-    table = scenario.get(name, {})
-    if not isinstance(table, Mapping):
-        raise ScenarioError(f"[{name}] must be a table")
-    return dict(table)
-
-
 def build_cluster(
-    scenario: Mapping[str, Any], seed: int, *, keep_trace: bool = False
+    resolved: Mapping[str, Any], seed: int, *, keep_trace: bool = False
 ) -> MembershipCluster:
-    """The cluster a scenario describes, with its fault schedule laid down."""
-    nodes = _table(scenario, "nodes")
-    count = int(nodes.pop("count", 0))
-    if count < 1:
-        raise ScenarioError("[nodes] count must be a positive integer")
-    membership = _table(scenario, "membership")
-    network = _table(scenario, "network")
+    """The cluster a resolved scenario (`simulations.schema.resolve`)
+    describes, with its fault schedule laid down."""
+    nodes = resolved["nodes"]
+    membership = dict(resolved["membership"])
+    network = dict(resolved["network"])
     try:
-        config = MembershipConfig.profile(membership.pop("profile", "lan"))
+        config = MembershipConfig.profile(membership.pop("profile"))
         if membership:
             config = config.with_overrides(**membership)
-        net = NetworkConfig.profile(network.pop("profile", "lan"), **network)
+        net = NetworkConfig.profile(network.pop("profile"), **network)
         cluster = MembershipCluster(
-            count,
+            nodes["count"],
             seed,
             config,
             net,
-            join=nodes.pop("join", "preconverged"),
+            join=nodes["join"],
             keep_trace=keep_trace,
-            **nodes,
+            seeds=nodes["seeds"],
+            stagger=nodes["stagger"],
+            record_size=nodes["record_size"],
         )
-    except (TypeError, ValueError) as exc:
+    except ValueError as exc:  # a value the config itself refuses (e.g. loss > 1)
         raise ScenarioError(f"bad scenario settings: {exc}") from None
-    faults = scenario.get("faults", [])
-    if not isinstance(faults, list):
-        raise ScenarioError("faults must be an array of tables ([[faults]])")
     picker = component_rng(seed, "scenario", "faults")
-    for number, fault in enumerate(faults):
-        _schedule(cluster, fault, number, picker)
+    for fault in resolved["faults"]:
+        _schedule(cluster, fault, picker)
     return cluster
 
 
-def _targets(fault: Mapping[str, Any], n: int, picker: random.Random, where: str) -> list[int]:
-    if "node" in fault:
-        targets = [fault["node"]]
-    elif "nodes" in fault:
-        targets = list(fault["nodes"])
-    elif "random" in fault:
-        # Node 0 is spared: it is the seed that restarts and joins go through.
-        targets = sorted(picker.sample(range(1, n), int(fault["random"])))
-    else:
-        raise ScenarioError(f"{where}: say which node(s): node, nodes or random")
-    for target in targets:
-        if not isinstance(target, int) or not 0 <= target < n:
-            raise ScenarioError(f"{where}: node {target!r} is not in 0..{n - 1}")
-    return targets
-
-
-def _schedule(cluster: MembershipCluster, fault: Any, number: int, picker: random.Random) -> None:
-    where = f"faults[{number}]"
-    if not isinstance(fault, Mapping):
-        raise ScenarioError(f"{where} must be a table")
-    kind = fault.get("kind")
-    if kind not in FAULT_KINDS:
-        raise ScenarioError(f"{where}: kind must be one of {', '.join(FAULT_KINDS)}")
-    at = float(fault.get("at", 0.0))
+def _schedule(cluster: MembershipCluster, fault: Mapping[str, Any], picker: random.Random) -> None:
+    kind, at = fault["kind"], fault["at"]
     if kind == "partition":
-        groups = fault.get("groups", "halves")
+        groups = fault["groups"]
         if groups == "halves":
             half = cluster.n // 2
             groups = [list(range(half)), list(range(half, cluster.n))]
-        if not isinstance(groups, list) or not all(isinstance(g, list) for g in groups):
-            raise ScenarioError(f'{where}: groups must be "halves" or a list of lists')
-        heal = float(fault.get("heal", math.inf))
-        try:
-            cluster.partition(groups, at, heal)
-        except ValueError as exc:
-            raise ScenarioError(f"{where}: {exc}") from None
+        cluster.partition(groups, at, fault["heal"])
         return
-    for target in _targets(fault, cluster.n, picker, where):
+    if "random" in fault:
+        # Node 0 is spared: it is the seed that restarts and joins go through.
+        targets = sorted(picker.sample(range(1, cluster.n), fault["random"]))
+    else:
+        targets = fault["nodes"] if "nodes" in fault else [fault["node"]]
+    for target in targets:
         if kind == "crash":
             cluster.crash(target, at)
         elif kind == "pause":
-            cluster.pause(target, at, float(fault.get("duration", DEFAULT_PAUSE)))
+            cluster.pause(target, at, fault["duration"])
         elif kind == "restart":
             cluster.restart(target, at)
         elif kind == "leave":
@@ -283,14 +242,12 @@ def run_scenario(
     run's PNG plots there (``simulations.report``; needs matplotlib): the
     metrics are the same either way.
     """
-    scenario = load_scenario(source)
-    duration = float(scenario.get("duration", 60.0))
-    if duration <= 0:
-        raise ScenarioError("duration must be positive")
-    header = {"scenario": scenario.get("name", ""), "seed": seed, "duration": duration}
-    if "placement" in scenario:
-        return header | run_placement_scenario(scenario, seed, duration, timeline, plots)
-    cluster = build_cluster(scenario, seed, keep_trace=timeline is not None)
+    resolved = resolve(load_scenario(source))
+    duration = resolved["duration"]
+    header = {"scenario": resolved["name"], "seed": seed, "duration": duration}
+    if "placement" in resolved:
+        return header | run_placement_scenario(resolved, seed, timeline, plots)
+    cluster = build_cluster(resolved, seed, keep_trace=timeline is not None)
     if plots is None:
         cluster.run_until(duration)
     else:

@@ -307,7 +307,14 @@ def build_parser() -> argparse.ArgumentParser:
             "Same seed, same results and trace digest."
         ),
     )
-    simulate.add_argument("scenario", type=Path, metavar="SCENARIO.toml", help="the scenario")
+    simulate.add_argument(
+        "scenario", type=Path, nargs="?", metavar="SCENARIO.toml", help="the scenario"
+    )
+    simulate.add_argument(
+        "--schema",
+        action="store_true",
+        help="print every key a scenario may hold (Markdown) and exit",
+    )
     simulate.add_argument("--seed", type=int, default=1, help="run seed (default 1)")
     simulate.add_argument(
         "--out",
@@ -598,6 +605,14 @@ def _run_simulate(args: argparse.Namespace) -> int:
     from simulations.report import plots_unavailable
     from simulations.scenario import ScenarioError, run_scenario
 
+    if args.schema:
+        from simulations.schema import render_schema
+
+        print(render_schema(), end="")
+        return 0
+    if args.scenario is None:
+        print(f"{PROG} simulate: error: name a SCENARIO.toml (or --schema)", file=sys.stderr)
+        return 2
     if not args.scenario.is_file():
         print(f"{PROG} simulate: error: no scenario file at {args.scenario}", file=sys.stderr)
         return 1

@@ -1,0 +1,556 @@
+"""The scenario schema: every key a scenario file may hold, checked strictly.
+
+A wrong experiment must not run: a misspelled key, a value of the wrong
+type, a node that does not exist or a fault outside the run is an error
+naming the key's path and what is allowed, before anything is simulated.
+The schema is data (`SCENARIO`, `PLACEMENT`), so the same description
+checks a file (`resolve`), renders the reference (`render_schema`, which is
+`shardmesh simulate --schema` and `docs/simulation.md`) and cannot drift
+from either.
+
+`resolve` returns the scenario with every default filled in: what the run
+actually used, which the metrics record beside the seed.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import itertools
+import math
+import re
+import textwrap
+import typing
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Final
+
+from mesh.config import MembershipConfig
+from mesh.records import RECIPES
+from simulations.cluster import DEFAULT_RECORD_SIZE, DEFAULT_SEEDS, DEFAULT_STAGGER
+from simulations.network import NetworkConfig
+
+
+class ScenarioError(ValueError):
+    """The scenario is wrong; the message names the key path and what is allowed."""
+
+
+REQUIRED: Final = object()
+"""The default of a key that has none: leaving it out is an error."""
+PROFILE_DEFAULT: Final = object()
+"""The default of an override key: whatever the named profile says."""
+RUN_END: Final = object()
+"""The default of a time that lasts until the run ends."""
+
+
+@dataclass(frozen=True)
+class Key:
+    """One key of a table: its kind, what it means, and what it allows.
+
+    kinds: number, integer, boolean, string, choice, strings (an array of
+    strings), nodes (a node set), groups (node sets, or "halves"), voters
+    (voter id sets, or "leader"), table (`keys`), tables (an array of tables
+    with `keys`).
+    """
+
+    kind: str
+    doc: str
+    default: object = REQUIRED
+    low: float | None = None
+    high: float | None = None
+    positive: bool = False
+    choices: tuple[str, ...] = ()
+    keys: Mapping[str, Key] = field(default_factory=dict)
+
+
+def _number(doc: str, default: object = REQUIRED, **limits: Any) -> Key:
+    return Key("number", doc, default, **limits)
+
+
+def _integer(doc: str, default: object = REQUIRED, **limits: Any) -> Key:
+    return Key("integer", doc, default, **limits)
+
+
+def _field_docs(cls: type) -> dict[str, str]:
+    """The first sentence of each field's docstring in `cls`'s source: the
+    config classes document every field where it is declared."""
+    docs = {}
+    body = ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
+    assert isinstance(body, ast.ClassDef)
+    for field_node, doc_node in itertools.pairwise(body.body):
+        if (
+            isinstance(field_node, ast.AnnAssign)
+            and isinstance(field_node.target, ast.Name)
+            and isinstance(doc_node, ast.Expr)
+            and isinstance(doc_node.value, ast.Constant)
+            and isinstance(doc_node.value.value, str)
+        ):
+            text = " ".join(doc_node.value.value.split())
+            docs[field_node.target.id] = text.split(". ")[0].rstrip(".")
+    return docs
+
+
+def _overrides(cls: type, skip: frozenset[str]) -> dict[str, Key]:
+    """A key per field of a config dataclass, defaulting to its profile's value."""
+    docs = _field_docs(cls)
+    hints = typing.get_type_hints(cls)
+    kinds = {float: "number", int: "integer", bool: "boolean", str: "string"}
+    keys = {}
+    for item in dataclasses.fields(cls):
+        if item.name in skip:
+            continue
+        doc = docs.get(item.name, f"the profile's `{item.name}`, overridden")
+        hint = hints[item.name]
+        if typing.get_origin(hint) is typing.Literal:
+            keys[item.name] = Key("choice", doc, PROFILE_DEFAULT, choices=typing.get_args(hint))
+        elif hint in kinds:
+            keys[item.name] = Key(kinds[hint], doc, PROFILE_DEFAULT)
+        else:
+            raise TypeError(f"{cls.__name__}.{item.name}: no scenario kind for {hint!r}")
+    return keys
+
+
+AT: Final = _number("when it happens, simulated seconds in [0, duration]", 0.0, low=0.0)
+HEAL: Final = _number("when it ends: after `at`, at most `duration`", math.inf)
+
+FAULT_KEYS: Final[dict[str, dict[str, Key]]] = {
+    "crash": {},
+    "pause": {"duration": _number("seconds the node is frozen", 10.0, positive=True)},
+    "restart": {},
+    "leave": {},
+    "publish": {},
+    "partition": {
+        "groups": Key(
+            "groups",
+            'node sets that can only reach their own set ("halves", or e.g. '
+            "[[0, 1], [{range = [2, 50]}]]); nodes in no set form one more",
+            "halves",
+        ),
+        "heal": HEAL,
+    },
+}
+"""Per fault kind, the keys beside `kind` and `at`; every kind but partition
+also names its targets with exactly one of `node`, `nodes` or `random`."""
+
+TARGETS: Final = {
+    "node": _integer("one node id", low=0),
+    "nodes": Key("nodes", "node ids and ranges, e.g. [1, 2, {range = [10, 20]}]"),
+    "random": _integer("this many nodes, a seeded pick sparing node 0", low=1),
+}
+
+PLACEMENT_FAULT_KEYS: Final[dict[str, dict[str, Key]]] = {
+    "crash": {"worker": _integer("the worker's number", low=0)},
+    "restart": {"worker": _integer("the worker's number", low=0)},
+    "partition": {
+        "voters": Key(
+            "voters",
+            'voter id sets that can only reach their own set, or "leader": '
+            "whoever leads at `at`, alone",
+        ),
+        "heal": HEAL,
+    },
+}
+
+SCENARIO: Final[dict[str, Key]] = {
+    "name": Key("string", "the scenario's name, reported in the metrics", ""),
+    "duration": _number("simulated seconds the run lasts", 60.0, positive=True),
+    "nodes": Key(
+        "table",
+        "the swarm (membership scenarios)",
+        keys={
+            "count": _integer("how many nodes", low=1),
+            "join": Key(
+                "choice",
+                "preconverged: everyone knows everyone at t=0; seed: all join via node 0",
+                "preconverged",
+                choices=("preconverged", "seed"),
+            ),
+            "seeds": _integer("how many nodes joiners contact", DEFAULT_SEEDS, low=1),
+            "stagger": _number("seconds between two joins", DEFAULT_STAGGER, low=0.0),
+            "record_size": _integer("bytes of each node record", DEFAULT_RECORD_SIZE, low=0),
+        },
+    ),
+    "membership": Key(
+        "table",
+        "the membership configuration: a profile, then field overrides",
+        {},
+        keys={
+            "profile": Key("choice", "named defaults", "lan", choices=("lan", "wan", "local")),
+            **_overrides(MembershipConfig, frozenset({"name"})),
+        },
+    ),
+    "network": Key(
+        "table",
+        "the simulated network: a profile, then field overrides",
+        {},
+        keys={
+            "profile": Key("choice", "named defaults", "lan", choices=("lan", "wan")),
+            **_overrides(NetworkConfig, frozenset()),
+        },
+    ),
+    "faults": Key("tables", "the fault schedule; see the fault kinds below", []),
+}
+
+PLACEMENT: Final[dict[str, Key]] = {
+    "voters": _integer("Raft voters", 3, low=1, high=9),
+    "detect_s": _number("seconds from a crash to `dead` at the leader", 10.0, positive=True),
+    "models": Key(
+        "tables",
+        "the models that may be asked for",
+        [],
+        keys={
+            "name": Key("string", "the model's name"),
+            "layers": _integer("its layer count", low=1),
+            "layer_gb": _number("GB per layer", positive=True),
+            "recipe": Key("choice", "its recipe", "bf16", choices=tuple(sorted(RECIPES))),
+        },
+    ),
+    "workers": Key(
+        "tables",
+        "nodes that may serve, numbered in order (a count of n takes n numbers)",
+        [],
+        keys={
+            "count": _integer("how many such workers", 1, low=1),
+            "memory_gb": _number("memory for shards", positive=True),
+            "models": Key("strings", "what its store holds", []),
+            "pinned": Key("string", "a model its operator pinned it to (whole model)", None),
+            "hardware": Key(
+                "choice", "how fast it loads a shard", "gpu", choices=("gpu", "mac", "cpu")
+            ),
+            "fails_doctor": Key("boolean", "its copy is corrupt: every doctor fails", False),
+        },
+    ),
+    "demand": Key(
+        "tables",
+        "chat demand, Poisson per model",
+        [],
+        keys={
+            "model": Key("string", "a model of [[placement.models]]"),
+            "per_minute": _number("requests per minute", positive=True),
+            "from": _number("when it starts", 0.0, low=0.0),
+            "until": _number("when it stops", RUN_END, low=0.0),
+        },
+    ),
+}
+"""The `[placement]` table: a placement scenario has it and no [nodes],
+[membership] or [network] (placement runs its own cost model)."""
+
+
+# --- resolving ----------------------------------------------------------------
+
+
+def resolve(scenario: Mapping[str, Any]) -> dict[str, Any]:
+    """`scenario` checked against the schema, every default filled in."""
+    if not isinstance(scenario, Mapping):
+        raise ScenarioError("a scenario is a table of keys")
+    top = dict(SCENARIO)
+    placement = "placement" in scenario
+    if placement:
+        for unused in ("nodes", "membership", "network"):
+            if unused in scenario:
+                raise ScenarioError(
+                    f"[{unused}] is not used by placement scenarios (they have [placement])"
+                )
+            del top[unused]
+        top["placement"] = Key("table", "a placement scenario", keys=PLACEMENT)
+    resolved = _table(scenario, top, "")
+    duration = resolved["duration"]
+    if placement:
+        _check_placement(resolved, duration)
+    else:
+        resolved["faults"] = [
+            _fault(fault, f"faults[{i}]", resolved["nodes"]["count"], duration)
+            for i, fault in enumerate(scenario.get("faults", []))
+        ]
+    return resolved
+
+
+def _table(value: object, keys: Mapping[str, Key], path: str) -> dict[str, Any]:
+    where = path or "the scenario"
+    if not isinstance(value, Mapping):
+        raise ScenarioError(f"{where} must be a table")
+    unknown = sorted(set(value) - set(keys))
+    if unknown:
+        allowed = ", ".join(keys) or "nothing"
+        raise ScenarioError(f"{_join(path, unknown[0])}: unknown key; {where} allows {allowed}")
+    resolved = {}
+    for name, key in keys.items():
+        key_path = _join(path, name)
+        if name in value:
+            resolved[name] = _value(value[name], key, key_path)
+        elif key.default is REQUIRED:
+            raise ScenarioError(f"{key_path}: required ({key.doc})")
+        elif key.kind == "table":  # an absent table is an empty one, with its defaults
+            resolved[name] = _table({}, key.keys, key_path)
+        elif key.default is not PROFILE_DEFAULT:
+            resolved[name] = key.default
+    return resolved
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _value(value: object, key: Key, path: str) -> Any:
+    check = _CHECKS.get(key.kind)
+    return check(value, key, path) if check else value
+
+
+def _check_number(value: object, key: Key, path: str) -> float:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ScenarioError(f"{path}: {value!r} is not a number")
+    return _in_range(float(value), key, path)
+
+
+def _check_integer(value: object, key: Key, path: str) -> int:
+    if type(value) is not int:
+        raise ScenarioError(f"{path}: {value!r} is not an integer")
+    return int(_in_range(value, key, path))
+
+
+def _in_range(value: float, key: Key, path: str) -> float:
+    if math.isnan(value) or (key.positive and value <= 0):
+        raise ScenarioError(f"{path}: {value!r} must be positive")
+    if (key.low is not None and value < key.low) or (key.high is not None and value > key.high):
+        raise ScenarioError(f"{path}: {value!r} is not in [{key.low}, {key.high}]")
+    return value
+
+
+def _check_boolean(value: object, key: Key, path: str) -> bool:
+    if type(value) is not bool:
+        raise ScenarioError(f"{path}: {value!r} is not true or false")
+    return value
+
+
+def _check_string(value: object, key: Key, path: str) -> str:
+    if type(value) is not str:
+        raise ScenarioError(f"{path}: {value!r} is not a string")
+    return value
+
+
+def _check_choice(value: object, key: Key, path: str) -> str:
+    if value not in key.choices:
+        raise ScenarioError(f"{path}: {value!r} is not one of {', '.join(key.choices)}")
+    return str(value)
+
+
+def _check_strings(value: object, key: Key, path: str) -> list[str]:
+    if not isinstance(value, list):
+        raise ScenarioError(f"{path}: must be an array of strings")
+    return [_check_string(item, key, f"{path}[{i}]") for i, item in enumerate(value)]
+
+
+def _check_tables(value: object, key: Key, path: str) -> list[Any]:
+    if not isinstance(value, list) or not all(isinstance(item, Mapping) for item in value):
+        raise ScenarioError(f"{path} must be an array of tables ([[{path}]])")
+    if not key.keys:  # checked by its owner (faults depend on their kind)
+        return list(value)
+    return [_table(item, key.keys, f"{path}[{i}]") for i, item in enumerate(value)]
+
+
+_CHECKS: Final[dict[str, Callable[[object, Key, str], Any]]] = {
+    "number": _check_number,
+    "integer": _check_integer,
+    "boolean": _check_boolean,
+    "string": _check_string,
+    "choice": _check_choice,
+    "strings": _check_strings,
+    "tables": _check_tables,
+    "table": lambda value, key, path: _table(value, key.keys, path),
+}
+
+_DASHED_RANGE = re.compile(r"\s*(\d+)\s*-\s*(\d+)\s*")
+
+
+def node_set(value: object, count: int, path: str, what: str = "node") -> list[int]:
+    """Ids from `[id, {range = [a, b]}, ...]` (b excluded), each in 0..count-1."""
+    if not isinstance(value, list):
+        raise ScenarioError(f"{path}: must be an array of {what} ids and {{range = [a, b]}}")
+    ids: list[int] = []
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if isinstance(item, Mapping):
+            ids.extend(_range(item, count, where, what))
+            continue
+        ids.append(_member(item, count, where, what))
+    return ids
+
+
+def _member(item: object, count: int, path: str, what: str) -> int:
+    if type(item) is not int:
+        dashed = _DASHED_RANGE.fullmatch(item) if isinstance(item, str) else None
+        hint = f"; use {{range = [{dashed[1]}, {int(dashed[2]) + 1}]}}" if dashed else ""
+        raise ScenarioError(f"{path}: {item!r} is not a {what} id{hint}")
+    if not 0 <= item < count:
+        raise ScenarioError(f"{path}: {what} {item} is not in 0..{count - 1}")
+    return item
+
+
+def _range(item: Mapping[str, Any], count: int, path: str, what: str) -> list[int]:
+    bounds = item.get("range")
+    if set(item) != {"range"} or not isinstance(bounds, list) or len(bounds) != 2:
+        raise ScenarioError(f"{path}: a range is {{range = [first, end]}} (end excluded)")
+    first, end = (_member(b, count + 1, f"{path}.range", what) for b in bounds)
+    if first >= end:
+        raise ScenarioError(f"{path}.range: [{first}, {end}] is empty (end is excluded)")
+    return list(range(first, end))
+
+
+def _times(fault: dict[str, Any], path: str, duration: float) -> None:
+    if fault["at"] > duration:
+        raise ScenarioError(f"{path}.at: {fault['at']} is after the run ends ({duration})")
+    heal = fault.get("heal")
+    if heal is not None and not (fault["at"] < heal and (heal <= duration or heal == math.inf)):
+        raise ScenarioError(
+            f"{path}.heal: {heal} must be after `at` ({fault['at']}) and at most {duration}"
+        )
+
+
+def _fault_keys(fault: object, path: str, per_kind: Mapping[str, Mapping[str, Key]]) -> Any:
+    if not isinstance(fault, Mapping):
+        raise ScenarioError(f"{path} must be a table")
+    kind = fault.get("kind")
+    if kind not in per_kind:
+        raise ScenarioError(f"{path}.kind: kind must be one of {', '.join(per_kind)}")
+    return kind
+
+
+def _fault(fault: object, path: str, count: int, duration: float) -> dict[str, Any]:
+    kind = _fault_keys(fault, path, FAULT_KEYS)
+    assert isinstance(fault, Mapping)
+    keys = {"kind": Key("choice", "", choices=tuple(FAULT_KEYS)), "at": AT, **FAULT_KEYS[kind]}
+    if kind != "partition":
+        named = [name for name in TARGETS if name in fault]
+        if len(named) != 1:
+            raise ScenarioError(f"{path}: say which node(s) with one of node, nodes or random")
+        keys[named[0]] = TARGETS[named[0]]
+    resolved = _table(fault, keys, path)
+    _times(resolved, path, duration)
+    if "node" in resolved:
+        resolved["node"] = _member(resolved["node"], count, f"{path}.node", "node")
+    if "nodes" in resolved:
+        resolved["nodes"] = node_set(resolved["nodes"], count, f"{path}.nodes")
+    if "random" in resolved and resolved["random"] > count - 1:
+        raise ScenarioError(
+            f"{path}.random: {resolved['random']} is more than the {count - 1} nodes besides 0"
+        )
+    if kind == "partition" and resolved["groups"] != "halves":
+        groups = resolved["groups"]
+        if not isinstance(groups, list):
+            raise ScenarioError(f'{path}.groups: "halves" or an array of node sets')
+        resolved["groups"] = [
+            node_set(g, count, f"{path}.groups[{i}]") for i, g in enumerate(groups)
+        ]
+    return resolved
+
+
+def _check_placement(resolved: dict[str, Any], duration: float) -> None:
+    placement = resolved["placement"]
+    models = {model["name"] for model in placement["models"]}
+    workers = sum(worker["count"] for worker in placement["workers"])
+    for i, worker in enumerate(placement["workers"]):
+        for name in (*worker["models"], *([worker["pinned"]] if worker["pinned"] else [])):
+            if name not in models:
+                raise ScenarioError(
+                    f"placement.workers[{i}]: a worker names model {name!r}, "
+                    "not in [[placement.models]]"
+                )
+    for i, demand in enumerate(placement["demand"]):
+        if demand["model"] not in models:
+            raise ScenarioError(f"placement.demand[{i}].model: {demand['model']!r} is not a model")
+        if demand["until"] is RUN_END:
+            demand["until"] = duration
+    faults = []
+    for i, fault in enumerate(resolved["faults"]):
+        path = f"faults[{i}]"
+        kind = _fault_keys(fault, path, PLACEMENT_FAULT_KEYS)
+        keys = {"kind": Key("choice", "", choices=tuple(PLACEMENT_FAULT_KEYS)), "at": AT}
+        done = _table(fault, keys | PLACEMENT_FAULT_KEYS[kind], path)
+        _times(done, path, duration)
+        if "worker" in done:
+            done["worker"] = _member(done["worker"], workers, f"{path}.worker", "worker")
+        elif done["voters"] != "leader":
+            voters = done["voters"]
+            if not isinstance(voters, list):
+                raise ScenarioError(f'{path}.voters: "leader" or an array of voter id sets')
+            count = placement["voters"]
+            done["voters"] = [
+                node_set(g, count, f"{path}.voters[{j}]", "voter") for j, g in enumerate(voters)
+            ]
+        faults.append(done)
+    resolved["faults"] = faults
+
+
+# --- the reference ------------------------------------------------------------
+
+
+def render_schema() -> str:
+    """The schema as Markdown (`shardmesh simulate --schema`, docs/simulation.md)."""
+    lines = ["## Top level (every scenario)", ""]
+    lines += _rows(SCENARIO, "")
+    lines += ["", "## Fault kinds (`[[faults]]`, membership scenarios)", ""]
+    lines.append("Every fault has `kind` and `at`; every kind but `partition` names its")
+    lines.append("targets with exactly one of:")
+    lines.append("")
+    lines += _rows(TARGETS, "faults[]")
+    for kind, keys in FAULT_KEYS.items():
+        lines += ["", f"### `{kind}`", ""]
+        lines += (
+            _rows(keys, "faults[]") if keys else ["No keys besides `kind`, `at` and the targets."]
+        )
+    lines += ["", "## `[placement]` (placement scenarios)", ""]
+    lines.append("A placement scenario has `[placement]` and no `[nodes]`, `[membership]` or")
+    lines.append("`[network]`.")
+    lines.append("")
+    lines += _rows(PLACEMENT, "placement")
+    for kind, keys in PLACEMENT_FAULT_KEYS.items():
+        lines += ["", f"### placement fault `{kind}`", ""]
+        lines += _rows(keys, "faults[]")
+    return "\n".join(lines) + "\n"
+
+
+def _rows(keys: Mapping[str, Key], path: str) -> list[str]:
+    rows = ["| key | kind | default | meaning |", "|---|---|---|---|"]
+    nested = []
+    for name, key in keys.items():
+        full = _join(path, name)
+        rows.append(f"| `{full}` | {_kind(key)} | {_default(key)} | {key.doc} |")
+        if key.keys:
+            nested.append((full, key))
+    for full, key in nested:
+        suffix = "[]" if key.kind == "tables" else ""
+        rows += ["", f"### `{full}`", ""]
+        rows += _rows(key.keys, full + suffix)
+    return rows
+
+
+def _kind(key: Key) -> str:
+    if key.choices:
+        return " \\| ".join(f"`{choice}`" for choice in key.choices)
+    limits = []
+    if key.positive:
+        limits.append("> 0")
+    if key.low is not None:
+        limits.append(f">= {key.low:g}")
+    if key.high is not None:
+        limits.append(f"<= {key.high:g}")
+    return key.kind + (f" ({', '.join(limits)})" if limits else "")
+
+
+def _default(key: Key) -> str:
+    if key.default is REQUIRED:
+        return "required"
+    if key.default is PROFILE_DEFAULT:
+        return "the profile's"
+    if key.default is RUN_END:
+        return "the run's end"
+    if key.default is None:
+        return "none"
+    if isinstance(key.default, bool):
+        return f"`{str(key.default).lower()}`"
+    if key.default == math.inf:
+        return "never"
+    if key.kind in ("table", "tables"):
+        return "—"
+    return f"`{key.default!r}`".replace("'", '"')
