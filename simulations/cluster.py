@@ -293,6 +293,11 @@ class MembershipCluster:
     def _trace_action(self, index: int, action: str, value: int = 0) -> None:
         self._append_trace([f"{self.loop.now:.6f} {index} {action} {index} {value}\n"])
 
+    def trace_scenario(self, digest: str) -> None:
+        """Put the resolved scenario's digest first in the trace, so two
+        scenarios that happen to trace the same events still differ."""
+        self._append_trace([f"{self.loop.now:.6f} -1 scenario -1 {digest}\n"])
+
     def trace_digest(self) -> str:
         """sha256 (hex) over every trace line so far: same seed, same digest."""
         return self._trace.hexdigest()

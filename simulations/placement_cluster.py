@@ -237,6 +237,10 @@ class PlacementCluster:
         """The most advanced replica."""
         return max(self.ledgers, key=lambda ledger: ledger.applied_index)
 
+    def trace_scenario(self, digest: str) -> None:
+        """Put the resolved scenario's digest in the trace (at time 0)."""
+        self._note(f"scenario {digest}")
+
     def trace_digest(self) -> str:
         both = f"{self.raft.trace_digest()} {self._trace.hexdigest()}"
         return hashlib.sha256(both.encode()).hexdigest()

@@ -63,6 +63,8 @@ def run_placement_scenario(
     seed: int,
     timeline: list[str] | None,
     plots: Path | None = None,
+    *,
+    scenario_digest: str = "",
 ) -> dict[str, Any]:
     """Run a resolved placement scenario (`simulations.schema.resolve`); its
     metrics (`PlacementCluster.metrics`). Given a `plots` folder, draws
@@ -91,6 +93,7 @@ def run_placement_scenario(
         detect_s=table["detect_s"],
         keep_trace=timeline is not None,
     )
+    cluster.trace_scenario(scenario_digest)
     for demand in table["demand"]:
         cluster.demand(demand["model"], demand["per_minute"], demand["from"], demand["until"])
     for fault in resolved["faults"]:

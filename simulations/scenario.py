@@ -54,8 +54,12 @@ Example::
 
 from __future__ import annotations
 
+import hashlib
+import importlib.metadata
+import json
 import math
 import random
+import subprocess
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -236,7 +240,9 @@ def run_scenario(
     """Run a scenario (a TOML path or an already-loaded dict) with ``seed``.
 
     Returns the metrics dict (see ``metrics``) plus the scenario's name,
-    the seed and the duration. Deterministic: no wall-clock figures in it.
+    the seed, the duration and its ``provenance``. Deterministic: no
+    wall-clock figures in it; the trace digest covers the resolved scenario
+    as well as every traced event.
     Given a ``timeline`` list, appends the run's trace lines to it (what the
     trace digest is computed over). Given a ``plots`` folder, writes the
     run's PNG plots there (``simulations.report``; needs matplotlib): the
@@ -244,10 +250,15 @@ def run_scenario(
     """
     resolved = resolve(load_scenario(source))
     duration = resolved["duration"]
+    about = provenance(source, resolved, seed)
     header = {"scenario": resolved["name"], "seed": seed, "duration": duration}
+    header["provenance"] = about
+    digest = about["resolved_sha256"]
     if "placement" in resolved:
-        return header | run_placement_scenario(resolved, seed, timeline, plots)
+        placed = run_placement_scenario(resolved, seed, timeline, plots, scenario_digest=digest)
+        return header | placed
     cluster = build_cluster(resolved, seed, keep_trace=timeline is not None)
+    cluster.trace_scenario(digest)
     if plots is None:
         cluster.run_until(duration)
     else:
@@ -256,3 +267,69 @@ def run_scenario(
     if timeline is not None and cluster.trace_lines is not None:
         timeline.extend(cluster.trace_lines)
     return header | metrics(cluster)
+
+
+def provenance(
+    source: str | Path | Mapping[str, Any], resolved: Mapping[str, Any], seed: int
+) -> dict[str, Any]:
+    """What a reader needs to reproduce a run: the code (version and git
+    commit, when run from a checkout), the scenario as written (its file's
+    sha256, or the given dict's), and as it ran (every default filled in)."""
+    if isinstance(source, Mapping):
+        written = _canonical(dict(source)).encode()
+    else:
+        written = Path(source).read_bytes()
+    canonical = _canonical(resolved)
+    return {
+        "shardmesh_version": _version(),
+        "git_commit": _git_commit(),
+        "scenario_sha256": hashlib.sha256(written).hexdigest(),
+        "resolved_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
+        "seed": seed,
+        "resolved": json.loads(canonical),
+    }
+
+
+def _canonical(value: Any) -> str:
+    """Sorted-key JSON, with "never" for infinite times (JSON has no infinity)."""
+
+    def plain(item: Any) -> Any:
+        if isinstance(item, Mapping):
+            return {str(key): plain(inner) for key, inner in item.items()}
+        if isinstance(item, list | tuple):
+            return [plain(inner) for inner in item]
+        if isinstance(item, float) and math.isinf(item):
+            return "never"
+        return item
+
+    return json.dumps(plain(value), sort_keys=True, separators=(",", ":"))
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("shardmesh")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def _git_commit() -> str | None:
+    """The checkout's commit (with "+dirty" for uncommitted changes), or None."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "")
