@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -326,6 +327,24 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     simulate.add_argument("--json", action="store_true", help="print the metrics as JSON")
+    sweep = simulate.add_argument_group(
+        "sweeps", "run a grid of seeds x settings, one CSV row per run (simulations.sweep)"
+    )
+    sweep.add_argument("--seeds", metavar="A..B", help="seeds to sweep: 1..50, or 1,2,7")
+    sweep.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2",
+        help="sweep a scenario key over values, e.g. membership.suspicion_mult=2,3,4 "
+        "(repeatable: the grid is every combination)",
+    )
+    sweep.add_argument(
+        "--jobs", type=_positive_int, default=1, help="runs in parallel processes (default 1)"
+    )
+    sweep.add_argument(
+        "--csv", type=Path, metavar="FILE", help="write the sweep's rows here (default: stdout)"
+    )
 
     tiny = commands.add_parser(
         "tiny-model",
@@ -599,6 +618,27 @@ def _run_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_sweep(args: argparse.Namespace) -> int:
+    from simulations.schema import ScenarioError
+    from simulations.sweep import Setting, parse_seeds, run_sweep, write_csv
+
+    try:
+        seeds = parse_seeds(args.seeds) if args.seeds else [args.seed]
+        settings = [Setting.parse(text) for text in args.set]
+        runs = len(seeds) * math.prod(len(s.values) for s in settings)
+        print(
+            f"sweeping {args.scenario}: {runs} runs on {args.jobs} process(es) ...", file=sys.stderr
+        )
+        rows = run_sweep(args.scenario, seeds, settings, jobs=args.jobs)
+    except ScenarioError as exc:
+        print(f"{PROG} simulate: error: {args.scenario}: {exc}", file=sys.stderr)
+        return 1
+    write_csv(rows, args.csv if args.csv is not None else sys.stdout)
+    if args.csv is not None:
+        print(f"wrote {len(rows)} rows to {args.csv}", file=sys.stderr)
+    return 0
+
+
 def _run_simulate(args: argparse.Namespace) -> int:
     import json
 
@@ -616,6 +656,8 @@ def _run_simulate(args: argparse.Namespace) -> int:
     if not args.scenario.is_file():
         print(f"{PROG} simulate: error: no scenario file at {args.scenario}", file=sys.stderr)
         return 1
+    if args.seeds or args.set or args.csv:
+        return _run_sweep(args)
     if not args.json:
         print(f"simulating {args.scenario} with seed {args.seed} ...", file=sys.stderr)
     timeline: list[str] | None = [] if args.out is not None else None
