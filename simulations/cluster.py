@@ -30,7 +30,7 @@ from mesh.member_table import GONE_STATES, LIVE_STATES, StartingView
 from mesh.membership import MemberEvent, Membership
 from mesh.messages import Alive, Envelope, alive_signing_bytes
 from simulations.loop import EventLoop, Timer
-from simulations.network import Network, NetworkConfig, SizeOf
+from simulations.network import Cut, Network, NetworkConfig, SizeOf
 from simulations.seeds import component_rng
 from simulations.signing import SimSigner, sim_verify
 
@@ -169,6 +169,7 @@ class MembershipCluster:
         self._watched: dict[int, list[Publication]] = {}
         self.publications: list[Publication] = []
         self._partitions: list[tuple[float, float]] = []
+        self._cuts: list[Cut] = []
         self._retired_drops: Counter[str] = Counter()
         """Drop counters of cores that crashed or restarted (kept for totals)."""
 
@@ -481,6 +482,22 @@ class MembershipCluster:
         if heal != math.inf:
             self.loop.call_at(heal, lambda: self._trace_action(-1, "heal", number))
 
+    def cut(
+        self,
+        sources: Iterable[int],
+        targets: Iterable[int],
+        start: float,
+        heal: float = math.inf,
+    ) -> None:
+        """Lose messages from ``sources`` to ``targets`` (one way) from
+        ``start`` until ``heal``; shown with the partitions in reports."""
+        number = len(self._partitions)
+        self._partitions.append((start, heal))
+        self._cuts.append(self.network.schedule_cut(sources, targets, start, heal))
+        self.loop.call_at(start, lambda: self._trace_action(-1, "cut", number))
+        if heal != math.inf:
+            self.loop.call_at(heal, lambda: self._trace_action(-1, "heal", number))
+
     def heal(self, at: float | None = None) -> None:
         """End every partition in force at ``at`` (default: now), whatever
         heal time it was scheduled with: for runs that heal on a condition."""
@@ -593,6 +610,10 @@ class MembershipCluster:
     def partitions(self) -> list[tuple[float, float]]:
         """Every scheduled partition as (start, heal), in scheduling order."""
         return list(self._partitions)
+
+    def cuts(self) -> list[Cut]:
+        """Every scheduled one-way cut, in scheduling order."""
+        return list(self._cuts)
 
     def verdicts(self) -> list[tuple[float, int, str, int, int]]:
         """Every (time, observer, kind, subject, incarnation) state change

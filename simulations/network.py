@@ -137,6 +137,18 @@ class Partition:
 
 
 @dataclass
+class Cut:
+    """One scheduled one-way cut: messages from `sources` to `targets` are
+    lost while it is active (the reverse direction still works)."""
+
+    sources: frozenset[int]
+    targets: frozenset[int]
+    start: float
+    heal: float
+    active: bool = False
+
+
+@dataclass
 class _Inbox:
     """A node's inbound side: its queue and service state."""
 
@@ -174,6 +186,10 @@ class Network:
         self.duplicated = 0
         """Extra copies the network made (not drops, so counted apart)."""
         self.partitions: list[Partition] = []
+        self.cuts: list[Cut] = []
+        self._blocked: dict[int, list[frozenset[int]]] | None = None
+        """Per source node, the target sets active cuts block; None while no
+        cut is active (the common, fast case)."""
         self._inboxes: list[_Inbox] = []
         self._group_key: list[int] | None = None
         """Per node, a key equal for two nodes iff no active partition splits
@@ -224,6 +240,9 @@ class Network:
         if keys is not None and keys[src] != keys[dst]:
             self.drops["partition"] += 1
             return
+        if self._blocked is not None and self._is_cut(src, dst):
+            self.drops["cut"] += 1
+            return
         post = self.loop.post
         now = self.loop.now
         item = (src, dst, message)
@@ -239,6 +258,9 @@ class Network:
         keys = self._group_key
         if keys is not None and keys[src] != keys[dst]:
             self.drops["partition"] += 1
+            return
+        if self._blocked is not None and self._is_cut(src, dst):
+            self.drops["cut"] += 1
             return
         inbox = self._inboxes[dst]
         if inbox.crashed:
@@ -330,12 +352,14 @@ class Network:
         return partition
 
     def heal_all(self) -> None:
-        """End every partition in force now; ones scheduled later still start."""
-        for partition in self.partitions:
-            if partition.active:
-                partition.heal = self.loop.now
-                partition.active = False
+        """End every partition and cut in force now; ones scheduled later still start."""
+        faults: list[Partition | Cut] = [*self.partitions, *self.cuts]
+        for fault in faults:
+            if fault.active:
+                fault.heal = self.loop.now
+                fault.active = False
         self._recompute_groups()
+        self._blocked = None
 
     def _set_active(self, partition: Partition, active: bool) -> None:
         partition.active = active
@@ -360,9 +384,41 @@ class Network:
         ]
 
     def can_reach(self, src: int, dst: int) -> bool:
-        """True when no active partition separates ``src`` from ``dst``."""
+        """True when no active partition or cut stops ``src`` reaching ``dst``."""
         keys = self._group_key
-        return keys is None or keys[src] == keys[dst]
+        if keys is not None and keys[src] != keys[dst]:
+            return False
+        return self._blocked is None or not self._is_cut(src, dst)
+
+    # --- one-way cuts -----------------------------------------------------
+
+    def schedule_cut(
+        self, sources: Iterable[int], targets: Iterable[int], start: float, heal: float = math.inf
+    ) -> Cut:
+        """Lose every message from ``sources`` to ``targets`` from ``start``
+        until ``heal``; ``targets`` still reach ``sources``. Cuts and
+        partitions combine: a message must pass all of them."""
+        if heal <= start:
+            raise ValueError("a cut must heal after it starts")
+        cut = Cut(frozenset(sources), frozenset(targets), start, heal)
+        self.cuts.append(cut)
+        self.loop.call_at(start, lambda: self._set_cut(cut, True))
+        if heal != math.inf:
+            self.loop.call_at(heal, lambda: self._set_cut(cut, False))
+        return cut
+
+    def _set_cut(self, cut: Cut, active: bool) -> None:
+        cut.active = active
+        blocked: dict[int, list[frozenset[int]]] = {}
+        for each in self.cuts:
+            if each.active:
+                for source in each.sources:
+                    blocked.setdefault(source, []).append(each.targets)
+        self._blocked = blocked or None
+
+    def _is_cut(self, src: int, dst: int) -> bool:
+        assert self._blocked is not None
+        return any(dst in targets for targets in self._blocked.get(src, ()))
 
 
 def wire_size(message: Any) -> int:

@@ -67,7 +67,7 @@ from typing import Any
 
 from mesh.config import MembershipConfig
 from simulations.cluster import MembershipCluster, Publication
-from simulations.network import NetworkConfig
+from simulations.network import Cut, NetworkConfig
 from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
 from simulations.schema import ScenarioError, resolve
@@ -142,6 +142,9 @@ def _schedule(cluster: MembershipCluster, fault: Mapping[str, Any], picker: rand
             groups = [list(range(half)), list(range(half, cluster.n))]
         cluster.partition(groups, at, fault["heal"])
         return
+    if kind == "cut":
+        cluster.cut(fault["from"], fault["to"], at, fault["heal"])
+        return
     if "random" in fault:
         # Node 0 is spared: it is the seed that restarts and joins go through.
         targets = sorted(picker.sample(range(1, cluster.n), fault["random"]))
@@ -196,6 +199,31 @@ def _detection_reports(cluster: MembershipCluster) -> list[dict[str, Any]]:
     return reports
 
 
+def _cut_report(cluster: MembershipCluster, cut: Cut) -> dict[str, Any]:
+    """What each side came to believe of the other while a one-way cut held:
+    distinct (observer, subject) pairs with a suspect or dead verdict."""
+    end = min(cut.heal, cluster.now)
+    seen: dict[str, set[tuple[int, int]]] = {}
+    for at, observer, kind, subject, _ in cluster.verdicts():
+        if kind not in ("suspect", "dead") or not cut.start <= at < end:
+            continue
+        if observer in cut.targets and subject in cut.sources:
+            seen.setdefault(f"to_about_from.{kind}", set()).add((observer, subject))
+        elif observer in cut.sources and subject in cut.targets:
+            seen.setdefault(f"from_about_to.{kind}", set()).add((observer, subject))
+    counts = {
+        side: {kind: len(seen.get(f"{side}.{kind}", ())) for kind in ("suspect", "dead")}
+        for side in ("to_about_from", "from_about_to")
+    }
+    return {
+        "from": len(cut.sources),
+        "to": len(cut.targets),
+        "start": cut.start,
+        "heal": None if cut.heal == math.inf else cut.heal,
+        **counts,
+    }
+
+
 def metrics(cluster: MembershipCluster) -> dict[str, Any]:
     """What a run measured, as a JSON-ready dict (see ``run_scenario``)."""
     traffic = cluster.traffic()
@@ -228,6 +256,7 @@ def metrics(cluster: MembershipCluster) -> dict[str, Any]:
             len(false_positives) / node_hours if node_hours > 0 else 0.0
         ),
         "view_agreement": cluster.view_agreement(),
+        "cuts": [_cut_report(cluster, cut) for cut in cluster.cuts()],
     }
 
 

@@ -129,9 +129,16 @@ FAULT_KEYS: Final[dict[str, dict[str, Key]]] = {
         ),
         "heal": HEAL,
     },
+    "cut": {
+        "from": Key("nodes", "nodes whose messages are lost on the way..."),
+        "to": Key("nodes", "...to these nodes (one way: `to` still reaches `from`)"),
+        "heal": HEAL,
+    },
 }
-"""Per fault kind, the keys beside `kind` and `at`; every kind but partition
-also names its targets with exactly one of `node`, `nodes` or `random`."""
+"""Per fault kind, the keys beside `kind` and `at`; the node faults also
+name their targets with exactly one of `node`, `nodes` or `random`."""
+LINK_FAULTS: Final = frozenset({"partition", "cut"})
+"""Faults of the network between nodes, not of nodes: they name no targets."""
 
 TARGETS: Final = {
     "node": _integer("one node id", low=0),
@@ -420,7 +427,7 @@ def _fault(fault: object, path: str, count: int, duration: float) -> dict[str, A
     kind = _fault_keys(fault, path, FAULT_KEYS)
     assert isinstance(fault, Mapping)
     keys = {"kind": Key("choice", "", choices=tuple(FAULT_KEYS)), "at": AT, **FAULT_KEYS[kind]}
-    if kind != "partition":
+    if kind not in LINK_FAULTS:
         named = [name for name in TARGETS if name in fault]
         if len(named) != 1:
             raise ScenarioError(f"{path}: say which node(s) with one of node, nodes or random")
@@ -429,8 +436,9 @@ def _fault(fault: object, path: str, count: int, duration: float) -> dict[str, A
     _times(resolved, path, duration)
     if "node" in resolved:
         resolved["node"] = _member(resolved["node"], count, f"{path}.node", "node")
-    if "nodes" in resolved:
-        resolved["nodes"] = node_set(resolved["nodes"], count, f"{path}.nodes")
+    for name in ("nodes", "from", "to"):
+        if name in resolved:
+            resolved[name] = node_set(resolved[name], count, f"{path}.{name}")
     if "random" in resolved and resolved["random"] > count - 1:
         raise ScenarioError(
             f"{path}.random: {resolved['random']} is more than the {count - 1} nodes besides 0"
@@ -490,8 +498,8 @@ def render_schema() -> str:
     lines = ["## Top level (every scenario)", ""]
     lines += _rows(SCENARIO, "")
     lines += ["", "## Fault kinds (`[[faults]]`, membership scenarios)", ""]
-    lines.append("Every fault has `kind` and `at`; every kind but `partition` names its")
-    lines.append("targets with exactly one of:")
+    lines.append("Every fault has `kind` and `at`; every kind but `partition` and `cut`")
+    lines.append("names its targets with exactly one of:")
     lines.append("")
     lines += _rows(TARGETS, "faults[]")
     for kind, keys in FAULT_KEYS.items():
