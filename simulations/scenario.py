@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import itertools
 import json
 import math
 import random
@@ -70,7 +71,7 @@ from simulations.cluster import MembershipCluster, Publication
 from simulations.network import Cut, NetworkConfig
 from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
-from simulations.schema import ScenarioError, resolve
+from simulations.schema import LINK_FAULTS, ScenarioError, resolve
 from simulations.seeds import component_rng
 
 SECONDS_PER_HOUR = 3600.0
@@ -135,15 +136,9 @@ def build_cluster(
 
 def _schedule(cluster: MembershipCluster, fault: Mapping[str, Any], picker: random.Random) -> None:
     kind, at = fault["kind"], fault["at"]
-    if kind == "partition":
-        groups = fault["groups"]
-        if groups == "halves":
-            half = cluster.n // 2
-            groups = [list(range(half)), list(range(half, cluster.n))]
-        cluster.partition(groups, at, fault["heal"])
-        return
-    if kind == "cut":
-        cluster.cut(fault["from"], fault["to"], at, fault["heal"])
+    if kind in LINK_FAULTS:
+        for start, heal in windows(at, fault["heal"], fault["flap"]):
+            _cut_links(cluster, fault, start, heal)
         return
     if "random" in fault:
         # Node 0 is spared: it is the seed that restarts and joins go through.
@@ -161,6 +156,38 @@ def _schedule(cluster: MembershipCluster, fault: Mapping[str, Any], picker: rand
             cluster.leave(target, at)
         else:
             cluster.publish(target, at)
+
+
+def windows(at: float, heal: float, flap: Mapping[str, float] | None) -> list[tuple[float, float]]:
+    """When a link fault is on: once from `at` to `heal`, or, flapping, for
+    `duty` of every `period` in between."""
+    if flap is None:
+        return [(at, heal)]
+    period, on = flap["period"], flap["period"] * flap["duty"]
+    starts = itertools.takewhile(lambda s: s < heal, (at + k * period for k in itertools.count()))
+    return [(start, min(start + on, heal)) for start in starts]
+
+
+def _cut_links(
+    cluster: MembershipCluster, fault: Mapping[str, Any], start: float, heal: float
+) -> None:
+    kind = fault["kind"]
+    if kind == "cut":
+        cluster.cut(fault["from"], fault["to"], start, heal)
+        return
+    groups = fault["groups"]
+    if groups == "halves":
+        half = cluster.n // 2
+        groups = [list(range(half)), list(range(half, cluster.n))]
+    if kind == "partition":
+        cluster.partition(groups, start, heal)
+        return
+    # A bridge cuts every set from every other; a ring keeps each set's two
+    # neighbours. Nodes in no set are not cut from anyone.
+    count = len(groups)
+    for i, j in itertools.permutations(range(count), 2):
+        if kind == "bridge" or (j - i) % count not in (1, count - 1):
+            cluster.cut(groups[i], groups[j], start, heal)
 
 
 def _spread_report(cluster: MembershipCluster, publication: Publication) -> dict[str, Any]:

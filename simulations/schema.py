@@ -113,6 +113,20 @@ def _overrides(cls: type, skip: frozenset[str]) -> dict[str, Key]:
 
 AT: Final = _number("when it happens, simulated seconds in [0, duration]", 0.0, low=0.0)
 HEAL: Final = _number("when it ends: after `at`, at most `duration`", math.inf)
+FLAP: Final = Key(
+    "table",
+    "repeat it from `at` to `heal` (which must be set): on for `duty` of every `period`",
+    None,
+    keys={
+        "period": _number("seconds from one start to the next", positive=True),
+        "duty": _number("the fraction of each period it is on", positive=True, high=1.0),
+    },
+)
+
+
+def _groups(doc: str) -> Key:
+    return Key("groups", doc)
+
 
 FAULT_KEYS: Final[dict[str, dict[str, Key]]] = {
     "crash": {},
@@ -128,16 +142,37 @@ FAULT_KEYS: Final[dict[str, dict[str, Key]]] = {
             "halves",
         ),
         "heal": HEAL,
+        "flap": FLAP,
     },
     "cut": {
         "from": Key("nodes", "nodes whose messages are lost on the way..."),
         "to": Key("nodes", "...to these nodes (one way: `to` still reaches `from`)"),
         "heal": HEAL,
+        "flap": FLAP,
+    },
+    "bridge": {
+        "groups": _groups(
+            "node sets that cannot reach each other; nodes in no set are the "
+            "bridge, which reaches every set"
+        ),
+        "heal": HEAL,
+        "flap": FLAP,
+    },
+    "ring": {
+        "groups": _groups(
+            "at least 4 node sets in a ring: each reaches only itself and its two "
+            "neighbours; nodes in no set reach everyone"
+        ),
+        "heal": HEAL,
+        "flap": FLAP,
     },
 }
 """Per fault kind, the keys beside `kind` and `at`; the node faults also
 name their targets with exactly one of `node`, `nodes` or `random`."""
-LINK_FAULTS: Final = frozenset({"partition", "cut"})
+LINK_FAULTS: Final = frozenset({"partition", "cut", "bridge", "ring"})
+MIN_GROUPS: Final = {"bridge": 2, "ring": 4}
+"""A bridge joins at least two sets; a ring of three is no ring (every set
+is every other's neighbour), so a ring needs four."""
 """Faults of the network between nodes, not of nodes: they name no targets."""
 
 TARGETS: Final = {
@@ -288,7 +323,8 @@ def _table(value: object, keys: Mapping[str, Key], path: str) -> dict[str, Any]:
             resolved[name] = _value(value[name], key, key_path)
         elif key.default is REQUIRED:
             raise ScenarioError(f"{key_path}: required ({key.doc})")
-        elif key.kind == "table":  # an absent table is an empty one, with its defaults
+        elif key.kind == "table" and isinstance(key.default, Mapping):
+            # An absent table is an empty one, with its defaults.
             resolved[name] = _table({}, key.keys, key_path)
         elif key.default is not PROFILE_DEFAULT:
             resolved[name] = key.default
@@ -443,14 +479,27 @@ def _fault(fault: object, path: str, count: int, duration: float) -> dict[str, A
         raise ScenarioError(
             f"{path}.random: {resolved['random']} is more than the {count - 1} nodes besides 0"
         )
-    if kind == "partition" and resolved["groups"] != "halves":
-        groups = resolved["groups"]
-        if not isinstance(groups, list):
-            raise ScenarioError(f'{path}.groups: "halves" or an array of node sets')
-        resolved["groups"] = [
-            node_set(g, count, f"{path}.groups[{i}]") for i, g in enumerate(groups)
-        ]
+    if "groups" in resolved and resolved["groups"] != "halves":
+        resolved["groups"] = _node_groups(resolved["groups"], kind, count, f"{path}.groups")
+    if resolved.get("flap") is not None and resolved["heal"] == math.inf:
+        raise ScenarioError(f"{path}.flap: a flapping fault needs a `heal` time to stop")
     return resolved
+
+
+def _node_groups(groups: object, kind: str, count: int, path: str) -> list[list[int]]:
+    if not isinstance(groups, list):
+        halves = '"halves" or ' if kind == "partition" else ""
+        raise ScenarioError(f"{path}: {halves}an array of node sets")
+    sets = [node_set(group, count, f"{path}[{i}]") for i, group in enumerate(groups)]
+    needed = MIN_GROUPS.get(kind, 1)
+    if len(sets) < needed:
+        raise ScenarioError(f"{path}: a {kind} needs at least {needed} node sets")
+    seen: dict[int, int] = {}
+    for i, group in enumerate(sets):
+        for node in group:
+            if seen.setdefault(node, i) != i:
+                raise ScenarioError(f"{path}[{i}]: node {node} is already in set {seen[node]}")
+    return sets
 
 
 def _check_placement(resolved: dict[str, Any], duration: float) -> None:

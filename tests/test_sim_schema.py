@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,20 @@ def test_the_reference_is_printed_by_the_cli_and_kept_in_the_docs() -> None:
     assert docs.split(GENERATED, 1)[1] == reference, (
         "docs/simulation.md is stale: regenerate its reference with `shardmesh simulate --schema`"
     )
+
+
+@pytest.mark.parametrize(
+    ("fault", "message"),
+    [
+        (partition(heal=math.inf, flap={"period": 5.0, "duty": 0.5}), "needs a `heal` time"),
+        (partition(flap={"period": 5.0, "duty": 1.5}), r"flap\.duty: 1\.5 is not in"),
+        (partition(flap={"period": 5.0}), r"flap\.duty: required"),
+        ({"kind": "ring", "at": 1.0, "groups": [[0], [1], [2]]}, "at least 4 node sets"),
+        ({"kind": "bridge", "at": 1.0, "groups": [[0, 1], [1, 2]]}, r"node 1 is already in set 0"),
+        ({"kind": "bridge", "at": 1.0}, r"faults\[0\]\.groups: required"),
+        ({"kind": "cut", "at": 1.0, "from": [0]}, r"faults\[0\]\.to: required"),
+    ],
+)
+def test_link_fault_mistakes_name_the_key(fault: dict[str, Any], message: str) -> None:
+    with pytest.raises(ScenarioError, match=message):
+        resolve(membership(faults=[fault]))
