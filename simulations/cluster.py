@@ -30,7 +30,7 @@ from mesh.member_table import GONE_STATES, LIVE_STATES, StartingView
 from mesh.membership import MemberEvent, Membership
 from mesh.messages import Alive, Envelope, alive_signing_bytes
 from simulations.loop import EventLoop, Timer
-from simulations.network import Cut, Network, NetworkConfig, SizeOf
+from simulations.network import Cut, Network, NetworkConfig, Partition, SizeOf
 from simulations.seeds import component_rng
 from simulations.signing import SimSigner, sim_verify
 
@@ -170,6 +170,7 @@ class MembershipCluster:
         self.publications: list[Publication] = []
         self._partitions: list[tuple[float, float]] = []
         self._cuts: list[Cut] = []
+        self._splits: list[Partition] = []
         self._retired_drops: Counter[str] = Counter()
         """Drop counters of cores that crashed or restarted (kept for totals)."""
 
@@ -477,7 +478,7 @@ class MembershipCluster:
         frozen = [sorted(set(group)) for group in groups]
         number = len(self._partitions)
         self._partitions.append((start, heal))
-        self.network.schedule_partition(frozen, start, heal)
+        self._splits.append(self.network.schedule_partition(frozen, start, heal))
         self.loop.call_at(start, lambda: self._trace_action(-1, "partition", number))
         if heal != math.inf:
             self.loop.call_at(heal, lambda: self._trace_action(-1, "heal", number))
@@ -610,6 +611,10 @@ class MembershipCluster:
     def partitions(self) -> list[tuple[float, float]]:
         """Every scheduled partition as (start, heal), in scheduling order."""
         return list(self._partitions)
+
+    def splits(self) -> list[Partition]:
+        """Every scheduled partition, with its groups, in scheduling order."""
+        return list(self._splits)
 
     def cuts(self) -> list[Cut]:
         """Every scheduled one-way cut, in scheduling order."""

@@ -62,13 +62,14 @@ import math
 import random
 import subprocess
 import tomllib
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from mesh.config import MembershipConfig
 from simulations.cluster import MembershipCluster, Publication
-from simulations.network import Cut, NetworkConfig
+from simulations.network import Cut, NetworkConfig, Partition
 from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
 from simulations.schema import LINK_FAULTS, ScenarioError, resolve
@@ -226,6 +227,46 @@ def _detection_reports(cluster: MembershipCluster) -> list[dict[str, Any]]:
     return reports
 
 
+def _split_report(cluster: MembershipCluster, split: Partition) -> dict[str, Any]:
+    """How long the swarm took to see a partition and to heal from it.
+
+    Over the pairs (observer, subject) on different sides: the split is
+    detected for a pair at its first `dead` verdict while the partition
+    holds, and reconverged at the first `alive` verdict after the heal.
+    Times are the slowest pair's (None until every pair got there) and the
+    median's, in seconds from the start or the heal.
+    """
+    side = [len(split.groups)] * cluster.n
+    for number, group in enumerate(split.groups):
+        for node in group:
+            side[node] = number
+    dead_at: dict[tuple[int, int], float] = {}
+    alive_at: dict[tuple[int, int], float] = {}
+    for at, observer, kind, subject, _ in cluster.verdicts():
+        if side[observer] == side[subject]:
+            continue
+        pair = (observer, subject)
+        if kind == "dead" and split.start <= at < split.heal:
+            dead_at.setdefault(pair, at)
+        elif kind == "alive" and at >= split.heal and pair in dead_at:
+            alive_at.setdefault(pair, at)
+    sizes = Counter(side)
+    pairs = cluster.n * cluster.n - sum(size * size for size in sizes.values())
+    detect = [at - split.start for at in dead_at.values()]
+    back = [at - split.heal for at in alive_at.values()]
+    return {
+        "start": split.start,
+        "heal": None if split.heal == math.inf else split.heal,
+        "cross_pairs": pairs,
+        "detected_fraction": len(dead_at) / pairs if pairs else 0.0,
+        "time_to_detect_s": max(detect) if detect and len(dead_at) == pairs else None,
+        "median_detect_s": quantile(detect, 0.5),
+        "reconverged_fraction": len(alive_at) / len(dead_at) if dead_at else None,
+        "time_to_reconverge_s": (max(back) if back and len(alive_at) == len(dead_at) else None),
+        "median_reconverge_s": quantile(back, 0.5),
+    }
+
+
 def _cut_report(cluster: MembershipCluster, cut: Cut) -> dict[str, Any]:
     """What each side came to believe of the other while a one-way cut held:
     distinct (observer, subject) pairs with a suspect or dead verdict."""
@@ -283,6 +324,7 @@ def metrics(cluster: MembershipCluster) -> dict[str, Any]:
             len(false_positives) / node_hours if node_hours > 0 else 0.0
         ),
         "view_agreement": cluster.view_agreement(),
+        "partitions": [_split_report(cluster, split) for split in cluster.splits()],
         "cuts": [_cut_report(cluster, cut) for cut in cluster.cuts()],
     }
 

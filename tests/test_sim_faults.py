@@ -102,3 +102,19 @@ def test_bridge_and_ring_topologies_are_built_from_cuts() -> None:
     (*cuts,) = run_scenario(link_fault("ring", at=5.0, heal=40.0, groups=ring), seed=1)["cuts"]
     assert len(cuts) == 4  # sets 0-2 and 1-3, both ways: neighbours stay linked
     assert all((c["from"], c["to"]) == (3, 3) for c in cuts)
+
+
+def test_partition_metrics_time_the_split_and_the_reconvergence() -> None:
+    scenario = load_scenario(SCENARIOS / "partition-halves.toml")
+    scenario["nodes"]["count"] = 30
+    (split,) = run_scenario(scenario, seed=1)["partitions"]
+    assert (split["start"], split["heal"], split["cross_pairs"]) == (10.0, 70.0, 2 * 15 * 15)
+    assert split["detected_fraction"] == 1.0 and split["reconverged_fraction"] == 1.0
+    # Each side declares the other dead within the LAN profile's bound, and
+    # the heal is noticed within a few push-pull rounds.
+    assert 0 < split["median_detect_s"] <= split["time_to_detect_s"] < 60.0
+    assert 0 < split["median_reconverge_s"] <= split["time_to_reconverge_s"] < 30.0
+    # A partition that never heals reports no reconvergence time.
+    scenario["faults"][0].pop("heal")
+    (forever,) = run_scenario(scenario, seed=1)["partitions"]
+    assert forever["heal"] is None and forever["time_to_reconverge_s"] is None
