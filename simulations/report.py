@@ -5,14 +5,19 @@ The metrics say *how much* (spread p99.9, detection median, false
 positives); the plots say *when*, which is what a researcher looks at first
 after a partition or a burst of crashes:
 
-* ``membership.png``: how many (observer, subject) pairs currently believe
-  the subject suspect, and dead, with partitions shaded and crashes, pauses
-  and leaves marked. A healthy heal shows both curves returning to zero.
-* ``traffic.png``: messages (and bytes, when the network counts them) sent
+* ``membership``: the fraction of (observer, subject) pairs that currently
+  believe the subject suspect, and dead, with partitions and cuts shaded and
+  crashes, pauses and leaves marked. A healthy heal shows both curves
+  returning to zero.
+* ``traffic``: messages (and bytes, when the network counts them) sent
   per node and second in each step, the mean over running nodes and the
   busiest node. Suspicion storms and push-pull syncs after a heal show here.
-* ``spread.png``: for each ``publish`` fault, the fraction of running nodes
+* ``spread``: for each ``publish`` fault, the fraction of running nodes
   holding the new record against seconds since it was published.
+
+Each figure is written as PNG (for a quick look), SVG and PDF (for a
+paper), with the plotted series beside it as CSV, so a figure can be
+redrawn in any style without running the simulation again.
 
 The series come from the run itself: the verdict stream, each publication's
 spread times, and the network's send counters read between steps of
@@ -25,9 +30,11 @@ says whether it is there, so a caller can warn before the run.
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -43,7 +50,9 @@ MAX_SAMPLES: Final = 2_000
 """A long run samples less often, so a plot never has more points than
 pixels across."""
 FIGURE_SIZE_IN: Final = (9.0, 4.0)
-FIGURE_DPI: Final = 110
+FIGURE_DPI: Final = 200
+"""Sharp enough to print at the figure's size; the SVG and PDF scale freely."""
+FORMATS: Final = ("png", "svg", "pdf")
 
 
 def plots_unavailable() -> str | None:
@@ -116,41 +125,69 @@ def beliefs(
 
 
 def write_plots(cluster: MembershipCluster, samples: Samples, out: Path) -> list[Path]:
-    """Write the three PNGs (see the module doc) into `out`; their paths."""
-    import matplotlib  # see plots_unavailable
-
-    matplotlib.use("Agg")  # files only: never open a window
-    from matplotlib import pyplot
-
+    """Write the three figures (see the module doc) into `out`, each in
+    every format with its data as CSV; the paths written."""
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written: list[Path] = []
     for name, draw in (
-        ("membership.png", _draw_membership),
-        ("traffic.png", _draw_traffic),
-        ("spread.png", _draw_spread),
+        ("membership", _draw_membership),
+        ("traffic", _draw_traffic),
+        ("spread", _draw_spread),
     ):
-        figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
-        try:
-            draw(axes, cluster, samples)
-            figure.tight_layout()
-            figure.savefig(out / name)
-        finally:
-            pyplot.close(figure)
-        written.append(out / name)
+        with _figure(out, name, written) as axes:
+            header, rows = draw(axes, cluster, samples)
+        written.append(_write_csv(out / f"{name}.csv", header, rows))
     return written
 
 
-def write_placement_plot(cluster: PlacementCluster, out: Path) -> Path:
-    """`placement.png`: per model, requests and those served over time, with
-    the placement commands that changed what serves it."""
+Rows = tuple[list[str], list[list[Any]]]
+"""A figure's data: column names and rows, written as CSV beside it."""
+
+
+@contextlib.contextmanager
+def _figure(out: Path, name: str, written: list[Path]) -> Iterator[Any]:
+    """Axes to draw on; on exit, the figure saved as `name` in every format."""
     import matplotlib  # see plots_unavailable
 
-    matplotlib.use("Agg")
+    matplotlib.use("Agg")  # files only: never open a window
+    matplotlib.rcParams["svg.hashsalt"] = "shardmesh"  # stable SVG ids, run to run
     from matplotlib import pyplot
 
-    out.mkdir(parents=True, exist_ok=True)
     figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
     try:
+        yield axes
+        figure.tight_layout()
+        for suffix in FORMATS:
+            path = out / f"{name}.{suffix}"
+            # No timestamps in the files: the same run draws the same bytes.
+            figure.savefig(path, metadata=_METADATA.get(suffix))
+            written.append(path)
+    finally:
+        pyplot.close(figure)
+
+
+_METADATA: Final[dict[str, dict[str, Any]]] = {
+    "png": {"Software": None},
+    "svg": {"Date": None},
+    "pdf": {"CreationDate": None},
+}
+
+
+def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
+    with path.open("w", newline="") as handle:
+        writer = csv.writer(handle, lineterminator="\n")
+        writer.writerow(header)
+        writer.writerows(rows)
+    return path
+
+
+def write_placement_plot(cluster: PlacementCluster, out: Path) -> Path:
+    """`placement`: per model, requests and those served over time, with
+    the placement commands that changed what serves it; in every format,
+    with `placement.csv` (each request: time, model, served)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    with _figure(out, "placement", written) as axes:
         for model in sorted({model for _, model, _ in cluster.requests}):
             times = [at for at, name, _ in cluster.requests if name == model]
             served = list(itertools.accumulate(
@@ -161,37 +198,44 @@ def write_placement_plot(cluster: PlacementCluster, out: Path) -> Path:
             axes.step(times, served, where="post", linestyle="--",
                       color=line[0].get_color(), label=f"{model}: served")  # fmt: skip
         styles = {"Assign": "tab:green", "Release": "tab:grey", "MarkAdmissionFailed": "tab:red"}
+        labelled: set[str] = set()
         for at, kind, _ in cluster.commits:
-            axes.axvline(at, color=styles.get(kind, "black"), linewidth=0.7, linestyle=":")
+            label = None if kind in labelled else f"{kind} committed"
+            labelled.add(kind)
+            axes.axvline(at, color=styles.get(kind, "black"), linewidth=0.7, linestyle=":",
+                         label=label)  # fmt: skip
         axes.set_xlim(0, cluster.now)
-        axes.set_xlabel("virtual seconds (dotted: Assign green, Release grey, doctor failed red)")
+        axes.set_xlabel("virtual seconds")
         axes.set_ylabel("chat requests, cumulative")
         axes.set_title(f"demand placement, {len(cluster.workers)} workers, seed {cluster.seed}")
         axes.legend(loc="upper left")
-        figure.tight_layout()
-        figure.savefig(out / "placement.png")
-    finally:
-        pyplot.close(figure)
+    rows = [[at, model, int(ok)] for at, model, ok in cluster.requests]
+    _write_csv(out / "placement.csv", ["time_s", "model", "served"], rows)
     return out / "placement.png"
 
 
-def _draw_membership(axes: Any, cluster: MembershipCluster, samples: Samples) -> None:
+def _draw_membership(axes: Any, cluster: MembershipCluster, samples: Samples) -> Rows:
     times, suspect, dead = beliefs(cluster.verdicts())
+    pairs = max(1, cluster.n * (cluster.n - 1))
+    suspect_f = [count / pairs for count in suspect]
+    dead_f = [count / pairs for count in dead]
     end = cluster.now
     # Step plots from t = 0 to the end, so a flat tail shows as flat.
-    axes.step([0.0, *times, end], [0, *suspect, suspect[-1] if suspect else 0], where="post",
-              label="pairs believing suspect")  # fmt: skip
-    axes.step([0.0, *times, end], [0, *dead, dead[-1] if dead else 0], where="post",
-              label="pairs believing dead")  # fmt: skip
+    axes.step([0.0, *times, end], [0, *suspect_f, suspect_f[-1] if suspect else 0],
+              where="post", label="believed suspect")  # fmt: skip
+    axes.step([0.0, *times, end], [0, *dead_f, dead_f[-1] if dead else 0],
+              where="post", label="believed dead")  # fmt: skip
     _mark_faults(axes, cluster)
     axes.set_xlim(0, end)
     axes.set_xlabel("virtual seconds")
-    axes.set_ylabel("(observer, subject) pairs")
+    axes.set_ylabel(f"fraction of the {pairs:,} (observer, subject) pairs")
     axes.set_title(f"membership beliefs, {cluster.n} nodes, seed {cluster.seed}")
     axes.legend(loc="upper right")
+    rows = [list(row) for row in zip(times, suspect, dead, suspect_f, dead_f, strict=True)]
+    return ["time_s", "suspect_pairs", "dead_pairs", "suspect_fraction", "dead_fraction"], rows
 
 
-def _draw_traffic(axes: Any, cluster: MembershipCluster, samples: Samples) -> None:
+def _draw_traffic(axes: Any, cluster: MembershipCluster, samples: Samples) -> Rows:
     axes.step(samples.times, samples.mean_messages, where="pre", label="messages, mean node")
     axes.step(samples.times, samples.max_messages, where="pre", label="messages, busiest node")
     axes.set_ylabel("messages per node-second")
@@ -206,15 +250,21 @@ def _draw_traffic(axes: Any, cluster: MembershipCluster, samples: Samples) -> No
     axes.set_xlabel("virtual seconds")
     axes.set_title(f"traffic, {cluster.n} nodes, per {samples.step:g} s step")
     axes.legend(loc="upper right")
+    header = ["time_s", "mean_messages", "max_messages", "mean_bytes", "max_bytes"]
+    columns = (samples.mean_messages, samples.max_messages, samples.mean_bytes, samples.max_bytes)
+    return header, [list(row) for row in zip(samples.times, *columns, strict=True)]
 
 
-def _draw_spread(axes: Any, cluster: MembershipCluster, samples: Samples) -> None:
+def _draw_spread(axes: Any, cluster: MembershipCluster, samples: Samples) -> Rows:
+    rows: list[list[Any]] = []
     for publication in cluster.publications:
         times = cluster.spread_times(publication)
         got = sorted(t for t in times.values() if t is not None)
         if not times:
             continue
         fractions = [(i + 1) / len(times) for i in range(len(got))]
+        label = f"node {publication.node} at {publication.at:g} s"
+        rows += [[label, at, fraction] for at, fraction in zip(got, fractions, strict=True)]
         axes.step([0.0, *got], [0.0, *fractions], where="post",
                   label=f"node {publication.node} at {publication.at:g} s")  # fmt: skip
     if not cluster.publications:
@@ -227,13 +277,16 @@ def _draw_spread(axes: Any, cluster: MembershipCluster, samples: Samples) -> Non
     axes.set_xlabel("seconds since published")
     axes.set_ylabel("fraction of running nodes holding it")
     axes.set_title("record spread")
+    return ["publication", "seconds_since_published", "fraction_holding"], rows
 
 
 def _mark_faults(axes: Any, cluster: MembershipCluster) -> None:
-    """Partitions shaded; node faults as thin vertical lines at their start."""
-    for start, heal in cluster.partitions():
-        axes.axvspan(start, min(heal, cluster.now), color="tab:red", alpha=0.08, linewidth=0)
+    """Partitions and cuts shaded; node faults as thin vertical lines at
+    their start; each kind named once in the legend."""
+    for number, (start, heal) in enumerate(cluster.partitions()):
+        axes.axvspan(start, min(heal, cluster.now), color="tab:red", alpha=0.08, linewidth=0,
+                     label=None if number else "partition or cut")  # fmt: skip
     starts = sorted({fault.start for node in cluster.nodes for fault in node.faults})
-    for start in starts:
-        if math.isfinite(start):
-            axes.axvline(start, color="grey", linewidth=0.6, linestyle="--")
+    for number, start in enumerate(s for s in starts if math.isfinite(s)):
+        axes.axvline(start, color="grey", linewidth=0.6, linestyle="--",
+                     label=None if number else "crash, pause or leave")  # fmt: skip

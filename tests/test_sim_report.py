@@ -3,12 +3,15 @@ sampling a run for them changes nothing in it."""
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from simulations.cluster import MembershipCluster
 from simulations.network import NetworkConfig
-from simulations.report import beliefs, run_sampled, sample_step
+from simulations.report import FORMATS, beliefs, run_sampled, sample_step, write_plots
 
 
 def crashing_cluster(seed: int) -> MembershipCluster:
@@ -59,3 +62,34 @@ def test_a_sampled_run_is_the_same_run(seed: int, step: float) -> None:
 def test_the_sample_step_keeps_long_runs_to_a_bounded_number_of_points() -> None:
     assert sample_step(150.0) == 1.0
     assert sample_step(100_000.0) == 50.0
+
+
+def test_figures_come_in_every_format_with_their_data(tmp_path: Path) -> None:
+    """PNG, SVG and PDF of each figure, the same bytes for the same run, and
+    the plotted series as CSV beside them."""
+    runs = []
+    for out in (tmp_path / "one", tmp_path / "two"):
+        cluster = crashing_cluster(3)
+        samples = run_sampled(cluster, 20.0, 1.0)
+        written = write_plots(cluster, samples, out)
+        assert {path.name for path in written} == {
+            f"{name}.{suffix}"
+            for name in ("membership", "traffic", "spread")
+            for suffix in (*FORMATS, "csv")
+        }
+        runs.append((cluster, samples))
+    for path in sorted((tmp_path / "one").iterdir()):
+        assert path.read_bytes() == (tmp_path / "two" / path.name).read_bytes(), path.name
+    cluster, samples = runs[0]
+    times, suspect, dead = beliefs(cluster.verdicts())
+    with (tmp_path / "one" / "membership.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert [float(row["time_s"]) for row in rows] == times
+    assert [int(row["suspect_pairs"]) for row in rows] == suspect
+    assert [int(row["dead_pairs"]) for row in rows] == dead
+    assert float(rows[-1]["dead_fraction"]) == dead[-1] / (30 * 29)
+    with (tmp_path / "one" / "traffic.csv").open() as handle:
+        traffic = list(csv.DictReader(handle))
+    assert [float(row["mean_messages"]) for row in traffic] == samples.mean_messages
+    assert (tmp_path / "one" / "membership.svg").read_text().startswith("<?xml")
+    assert (tmp_path / "one" / "membership.pdf").read_bytes().startswith(b"%PDF")
