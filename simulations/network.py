@@ -182,6 +182,10 @@ class Network:
         self.sent_messages: list[int] = []
         self.sent_bytes: list[int] = []
         self.received_messages: list[int] = []
+        self.sent_by_type: Counter[str] = Counter()
+        """Messages sent, by the type of what they carry (Ping, Gossip, ...)."""
+        self.bytes_by_type: Counter[str] = Counter()
+        """The same in bytes, when the network counts bytes."""
         self.drops: Counter[str] = Counter()
         self.duplicated = 0
         """Extra copies the network made (not drops, so counted apart)."""
@@ -229,8 +233,12 @@ class Network:
     def send(self, src: int, dst: int, message: Any) -> None:
         """Put ``message`` on the link from ``src`` to ``dst``."""
         self.sent_messages[src] += 1
+        kind = type(getattr(message, "message", message)).__name__
+        self.sent_by_type[kind] += 1
         if self._size_of is not None:
-            self.sent_bytes[src] += self._size_of(message)
+            size = self._size_of(message)
+            self.sent_bytes[src] += size
+            self.bytes_by_type[kind] += size
         config = self.config
         random_ = self._rng.random
         if config.loss and random_() < config.loss:

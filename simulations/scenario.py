@@ -227,6 +227,21 @@ def _detection_reports(cluster: MembershipCluster) -> list[dict[str, Any]]:
     return reports
 
 
+def _by_type(cluster: MembershipCluster) -> dict[str, dict[str, float]]:
+    """Messages (and bytes, when counted) per node-second, by message type."""
+    node_seconds = cluster.n * cluster.now
+    if node_seconds <= 0:
+        return {}
+    network = cluster.network
+    return {
+        kind: {
+            "messages_per_node_second": count / node_seconds,
+            "bytes_per_node_second": network.bytes_by_type[kind] / node_seconds,
+        }
+        for kind, count in sorted(network.sent_by_type.items())
+    }
+
+
 def _split_report(cluster: MembershipCluster, split: Partition) -> dict[str, Any]:
     """How long the swarm took to see a partition and to heal from it.
 
@@ -308,13 +323,16 @@ def metrics(cluster: MembershipCluster) -> dict[str, Any]:
         "trace_lines": cluster.trace_length,
         "events": dict(sorted(cluster.event_counts.items())),
         "traffic": {
-            key: traffic[key]
-            for key in (
-                "messages_per_node_second",
-                "bytes_per_node_second",
-                "max_messages_per_node_second",
-                "max_bytes_per_node_second",
-            )
+            **{
+                key: traffic[key]
+                for key in (
+                    "messages_per_node_second",
+                    "bytes_per_node_second",
+                    "max_messages_per_node_second",
+                    "max_bytes_per_node_second",
+                )
+            },
+            "by_type": _by_type(cluster),
         },
         "drops": {where: dict(sorted(c.items())) for where, c in drops.items()},
         "publications": [_spread_report(cluster, p) for p in cluster.publications],

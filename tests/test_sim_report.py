@@ -93,3 +93,16 @@ def test_figures_come_in_every_format_with_their_data(tmp_path: Path) -> None:
     assert [float(row["mean_messages"]) for row in traffic] == samples.mean_messages
     assert (tmp_path / "one" / "membership.svg").read_text().startswith("<?xml")
     assert (tmp_path / "one" / "membership.pdf").read_bytes().startswith(b"%PDF")
+
+
+def test_traffic_by_message_type_adds_up_to_the_total() -> None:
+    from simulations.scenario import run_scenario
+
+    scenario = {"duration": 30.0, "nodes": {"count": 20}, "network": {"count_bytes": True}}
+    traffic = run_scenario(scenario, seed=1)["traffic"]
+    by_type = traffic["by_type"]
+    assert {"Ping", "Ack", "Gossip", "PushPull"} <= set(by_type)
+    for unit in ("messages_per_node_second", "bytes_per_node_second"):
+        total = sum(kind[unit] for kind in by_type.values())
+        assert abs(total - traffic[unit]) < 1e-9 * traffic[unit]
+    assert by_type["Ping"]["messages_per_node_second"] > 0
