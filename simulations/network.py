@@ -199,6 +199,9 @@ class Network:
         """Per node, a key equal for two nodes iff no active partition splits
         them; None while no partition is active (the common, fast case)."""
         self._latency = self._make_latency(config, rng)
+        self._links: dict[int, list[tuple[frozenset[int], float, Callable[[], float]]]] = {}
+        """Per source node, (targets, loss, latency) of the links set apart
+        from the config (`set_link`); the first that names a target wins."""
         for _ in range(n):
             self.add_node()
 
@@ -241,7 +244,13 @@ class Network:
             self.bytes_by_type[kind] += size
         config = self.config
         random_ = self._rng.random
-        if config.loss and random_() < config.loss:
+        loss, latency = config.loss, self._latency
+        if self._links:
+            for targets, link_loss, link_latency in self._links.get(src, ()):
+                if dst in targets:
+                    loss, latency = link_loss, link_latency
+                    break
+        if loss and random_() < loss:
             self.drops["loss"] += 1
             return
         keys = self._group_key
@@ -254,10 +263,10 @@ class Network:
         post = self.loop.post
         now = self.loop.now
         item = (src, dst, message)
-        post(now + self._latency(), self._arrive, item)
+        post(now + latency(), self._arrive, item)
         if config.duplicate and random_() < config.duplicate:
             self.duplicated += 1
-            post(now + self._latency(), self._arrive, item)
+            post(now + latency(), self._arrive, item)
 
     # --- receiving --------------------------------------------------------
 
@@ -397,6 +406,30 @@ class Network:
         if keys is not None and keys[src] != keys[dst]:
             return False
         return self._blocked is None or not self._is_cut(src, dst)
+
+    # --- links unlike the rest ---------------------------------------------
+
+    def set_link(
+        self,
+        sources: Iterable[int],
+        targets: Iterable[int],
+        *,
+        base_latency: float | None = None,
+        jitter: float | None = None,
+        loss: float | None = None,
+    ) -> None:
+        """Give the links from ``sources`` to ``targets`` their own latency
+        and loss (one way; None keeps the config's). Set before the run; a
+        link named by several calls takes the first."""
+        config = replace(
+            self.config,
+            base_latency=self.config.base_latency if base_latency is None else base_latency,
+            jitter=self.config.jitter if jitter is None else jitter,
+            loss=self.config.loss if loss is None else loss,
+        )  # validates the values like any config
+        rule = (frozenset(targets), config.loss, self._make_latency(config, self._rng))
+        for source in sources:
+            self._links.setdefault(source, []).append(rule)
 
     # --- one-way cuts -----------------------------------------------------
 

@@ -111,6 +111,7 @@ def build_cluster(
     nodes = resolved["nodes"]
     membership = dict(resolved["membership"])
     network = dict(resolved["network"])
+    links = network.pop("links")
     try:
         config = MembershipConfig.profile(membership.pop("profile"))
         if membership:
@@ -127,6 +128,11 @@ def build_cluster(
             stagger=nodes["stagger"],
             record_size=nodes["record_size"],
         )
+        for link in links:
+            latency = {key: link.get(key) for key in ("base_latency", "jitter", "loss")}
+            cluster.network.set_link(link["from"], link["to"], **latency)
+            if link["both"]:
+                cluster.network.set_link(link["to"], link["from"], **latency)
     except ValueError as exc:  # a value the config itself refuses (e.g. loss > 1)
         raise ScenarioError(f"bad scenario settings: {exc}") from None
     picker = component_rng(seed, "scenario", "faults")

@@ -229,6 +229,19 @@ SCENARIO: Final[dict[str, Key]] = {
         keys={
             "profile": Key("choice", "named defaults", "lan", choices=("lan", "wan")),
             **_overrides(NetworkConfig, frozenset()),
+            "links": Key(
+                "tables",
+                "links unlike the rest: their own latency and loss",
+                [],
+                keys={
+                    "from": Key("nodes", "the links from these nodes..."),
+                    "to": Key("nodes", "...to these nodes"),
+                    "both": Key("boolean", "also the links back, from `to` to `from`", True),
+                    "base_latency": _number("their fixed one-way delay", PROFILE_DEFAULT, low=0.0),
+                    "jitter": _number("their random delay's scale", PROFILE_DEFAULT, low=0.0),
+                    "loss": _number("their loss probability", PROFILE_DEFAULT, low=0.0, high=1.0),
+                },
+            ),
         },
     ),
     "faults": Key("tables", "the fault schedule; see the fault kinds below", []),
@@ -301,6 +314,10 @@ def resolve(scenario: Mapping[str, Any]) -> dict[str, Any]:
     if placement:
         _check_placement(resolved, duration)
     else:
+        count = resolved["nodes"]["count"]
+        for i, link in enumerate(resolved["network"]["links"]):
+            for end in ("from", "to"):
+                link[end] = node_set(link[end], count, f"network.links[{i}].{end}")
         resolved["faults"] = [
             _fault(fault, f"faults[{i}]", resolved["nodes"]["count"], duration)
             for i, fault in enumerate(scenario.get("faults", []))

@@ -118,3 +118,26 @@ def test_partition_metrics_time_the_split_and_the_reconvergence() -> None:
     scenario["faults"][0].pop("heal")
     (forever,) = run_scenario(scenario, seed=1)["partitions"]
     assert forever["heal"] is None and forever["time_to_reconverge_s"] is None
+
+
+def halves_link(**link: Any) -> dict[str, Any]:
+    halves = {"from": [{"range": [0, 10]}], "to": [{"range": [10, 20]}]}
+    return {"duration": 60.0, "nodes": {"count": 20}, "network": {"links": [halves | link]}}
+
+
+def test_links_slower_than_the_probe_timeout_raise_suspicion_only_across() -> None:
+    """LAN probes time out after 0.5 s: a 0.3 s link between the halves is
+    slow but fine; a 0.6 s one makes each half suspect the other (and the
+    refutations keep everyone alive)."""
+    assert run_scenario(halves_link(base_latency=0.3), seed=1)["events"] == {}
+    slow = run_scenario(halves_link(base_latency=0.6), seed=1)
+    assert slow["events"]["suspect"] > 0 and "dead" not in slow["events"]
+    assert slow["view_agreement"] == 1.0
+
+
+def test_a_lossy_one_way_link_is_counted_as_loss() -> None:
+    muted = halves_link(loss=1.0, both=False)
+    muted["network"]["links"][0] |= {"from": [0], "to": [{"range": [1, 20]}]}
+    result = run_scenario(muted, seed=1)
+    assert result["drops"]["network"]["loss"] > 0  # the profile itself loses nothing
+    assert result["events"]["dead"] > 0  # node 0 cannot be heard: declared dead

@@ -86,6 +86,14 @@ def partition(**keys: Any) -> dict[str, Any]:
         ),
         (placement({"voters": 0}), r"placement\.voters: 0 is not in \[1"),
         (
+            membership(network={"links": [{"from": [0], "to": [1], "loss": 1.5}]}),
+            r"network\.links\[0\]\.loss: 1\.5 is not in \[0\.0, 1\.0\]",
+        ),
+        (
+            membership(network={"links": [{"from": [0], "to": [9]}]}),
+            r"network\.links\[0\]\.to\[0\]: node 9 is not in 0\.\.5",
+        ),
+        (
             placement({"demand": [{"model": "z", "per_minute": 1}]}),
             r"placement\.demand\[0\]\.model: 'z' is not a model",
         ),
