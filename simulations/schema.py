@@ -564,8 +564,9 @@ def render_schema() -> str:
     lines = ["## Top level (every scenario)", ""]
     lines += _rows(SCENARIO, "")
     lines += ["", "## Fault kinds (`[[faults]]`, membership scenarios)", ""]
-    lines.append("Every fault has `kind` and `at`; every kind but `partition` and `cut`")
-    lines.append("names its targets with exactly one of:")
+    node_faults = ", ".join(f"`{kind}`" for kind in FAULT_KEYS if kind not in LINK_FAULTS)
+    lines.append(f"Every fault has `kind` and `at`. The node faults ({node_faults}) name")
+    lines.append("their targets with exactly one of:")
     lines.append("")
     lines += _rows(TARGETS, "faults[]")
     for kind, keys in FAULT_KEYS.items():
