@@ -518,6 +518,13 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     except ValueError as exc:
         parser.error(str(exc))
+    if serve is not None:
+        from runtime.model.doctor import preflight
+
+        checked = preflight(serve.model_dir, *serve.layers, serve.recipe, serve.backend)
+        if not checked.admitted:
+            print(f"{PROG} node: error: --model: {checked.message}", file=sys.stderr)
+            return 2
     try:
         trio.run(serve_node, options)
     except (StateDirError, IdentityError, NodeStartupError) as exc:

@@ -34,9 +34,11 @@ Every refusal is a `DoctorReport` with `admitted=False`, the failed check
 and a reason code (below); nothing an operator can cause raises. `recheck`
 is the cheap variant a serving node runs to refresh its capability report:
 the probe forward on the shard it already holds, digests optional, no
-throughput.
+throughput. `preflight` is what `shardmesh node` checks before it joins,
+importing no backend and reading no weights, so a mistake is one line at
+once: the backend is installed, the manifest (2) and the span (3).
 
-Reason codes: backend_unknown, backend_not_installed, manifest_missing,
+Reason codes: backend_unknown, backend_not_installed, model_missing, manifest_missing,
 manifest_invalid, model_invalid, config_mismatch, tokenizer_mismatch,
 golden_invalid, span_out_of_range, recipe_unsupported, insufficient_memory,
 weights_unreadable, missing_tensor, tensor_not_in_manifest, shape_mismatch,
@@ -149,7 +151,7 @@ class DoctorReport:
     decode_tok_s: float | None
     duration_s: float
     checked_at: float  # UNIX time the run ended
-    mode: str  # "full" (run_doctor) or "recheck"
+    mode: str  # "full" (run_doctor), "recheck" or "preflight"
 
     def to_dict(self) -> dict[str, Any]:
         """The report as plain JSON types."""
@@ -213,6 +215,18 @@ def run_doctor(
     default backend). Never raises for a refusal; see the module docstring."""
     run = _Run(Path(model_dir), start, end, recipe, backend or default_backend())
     return _execute(run, _full_steps(measure), mode="full")
+
+
+def preflight(
+    model_dir: Path, start: int, end: int, recipe: str, backend: str | None = None
+) -> DoctorReport:
+    """The doctor's checks that import no backend and read no weights: a
+    node runs them before joining, so an operator's mistake stops it at
+    once with one line, instead of a failed admission after it joined (the
+    recipe's support on the device needs the backend: the doctor checks it)."""
+    run = _Run(Path(model_dir), start, end, recipe, backend or default_backend())
+    steps = [("backend", _check_backend_installed), ("manifest", _check_manifest)]
+    return _execute(run, [*steps, ("span", _check_span)], mode="preflight")
 
 
 def _full_steps(measure: bool) -> list[tuple[str, Any]]:
@@ -426,15 +440,26 @@ def _execute(run: _Run, steps: list[tuple[str, Any]], mode: str) -> DoctorReport
 # --- the checks: each returns its details or raises _Refused ---------------------
 
 
-def _check_backend(run: _Run) -> dict[str, Any]:
+def _check_backend_installed(run: _Run) -> dict[str, Any]:
     name = run.backend
     if name not in BACKENDS:
         raise _Refused(
             "backend_unknown", f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}"
         )
-    hint = f"install it with pip install 'shardmesh[runtime,{name}]'"
     if not backend_available(name):
-        raise _Refused("backend_not_installed", f"backend {name} is not installed; {hint}")
+        raise _Refused("backend_not_installed", f"backend {name} is not installed; {_hint(name)}")
+    return {"backend": name}
+
+
+def _hint(name: str) -> str:
+    return f"install it with pip install 'shardmesh[runtime,{name}]'"
+
+
+def _check_backend(run: _Run) -> dict[str, Any]:
+    _check_backend_installed(run)
+    name = run.backend
+    assert name is not None
+    hint = _hint(name)
     for module in REQUIRED_MODULES[name]:
         try:
             import_libraries(module)
@@ -465,6 +490,12 @@ def default_device(backend: str) -> str:
 
 
 def _check_manifest(run: _Run) -> dict[str, Any]:
+    if not run.model_dir.is_dir():
+        raise _Refused(
+            "model_missing",
+            f"{run.model_dir}: no such model folder; give the folder that holds "
+            "config.json, the safetensors files and shardmesh-manifest.json",
+        )
     if not (run.model_dir / MANIFEST_FILE).is_file():
         raise _Refused(
             "manifest_missing",
