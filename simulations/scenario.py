@@ -54,6 +54,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib.metadata
 import itertools
@@ -80,13 +81,18 @@ SECONDS_PER_HOUR = 3600.0
 
 def load_scenario(source: str | Path | Mapping[str, Any]) -> dict[str, Any]:
     """The scenario as a dict: a TOML file's contents, or a dict as given."""
+    return _read(source)[0]
+
+
+def _read(source: str | Path | Mapping[str, Any]) -> tuple[dict[str, Any], bytes]:
+    """The scenario, and the bytes it was written as (a dict's canonical JSON),
+    read once: provenance hashes what the run parsed."""
     if isinstance(source, Mapping):
-        return dict(source)
-    path = Path(source)
+        return dict(source), _canonical(dict(source)).encode()
+    written = Path(source).read_bytes()
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except tomllib.TOMLDecodeError as exc:
+        return tomllib.loads(written.decode()), written
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ScenarioError(f"invalid TOML: {exc}") from None
 
 
@@ -370,9 +376,10 @@ def run_scenario(
     run's PNG plots there (``simulations.report``; needs matplotlib): the
     metrics are the same either way.
     """
-    resolved = resolve(load_scenario(source))
+    scenario, written = _read(source)
+    resolved = resolve(scenario)
     duration = resolved["duration"]
-    about = provenance(source, resolved, seed)
+    about = provenance(written, resolved, seed)
     header = {"scenario": resolved["name"], "seed": seed, "duration": duration}
     header["provenance"] = about
     digest = about["resolved_sha256"]
@@ -391,16 +398,11 @@ def run_scenario(
     return header | metrics(cluster)
 
 
-def provenance(
-    source: str | Path | Mapping[str, Any], resolved: Mapping[str, Any], seed: int
-) -> dict[str, Any]:
+def provenance(written: bytes, resolved: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """What a reader needs to reproduce a run: the code (version and git
-    commit, when run from a checkout), the scenario as written (its file's
-    sha256, or the given dict's), and as it ran (every default filled in)."""
-    if isinstance(source, Mapping):
-        written = _canonical(dict(source)).encode()
-    else:
-        written = Path(source).read_bytes()
+    commit, when run from a checkout), the scenario as written (the sha256
+    of its file, or of a given dict's canonical JSON), and as it ran (every
+    default filled in)."""
     canonical = _canonical(resolved)
     return {
         "shardmesh_version": _version(),
@@ -427,6 +429,7 @@ def _canonical(value: Any) -> str:
     return json.dumps(plain(value), sort_keys=True, separators=(",", ":"))
 
 
+@functools.cache
 def _version() -> str:
     try:
         return importlib.metadata.version("shardmesh")
@@ -434,8 +437,10 @@ def _version() -> str:
         return "unknown"
 
 
+@functools.cache
 def _git_commit() -> str | None:
-    """The checkout's commit (with "+dirty" for uncommitted changes), or None."""
+    """The checkout's commit (with "+dirty" for uncommitted changes), or None;
+    asked once per process, not once per run of a sweep."""
     root = Path(__file__).resolve().parent.parent
     try:
         commit = subprocess.run(
