@@ -67,6 +67,7 @@ CRASH_WINDOW_S = 0.5
 """The crash lands uniformly in this window after the warm-up commits:
 several heartbeats, so every phase of the followers' timers is sampled."""
 GIVE_UP_S = 10.0
+DEMAND_PATH = "/v1/network/demand"
 LOAD_INTERVALS_S = (0.004, 0.002, 0.001, 0.0005)
 LOAD_DURATION_S = 5.0
 LATENCY_BOUND_MS = 60.0
@@ -185,7 +186,7 @@ async def _real_failover_trials(root: Path, trials: int) -> list[float]:
     ):
         nodes = [swarm.new_node() for _ in range(VOTERS)]
         await swarm.start_ready(nodes[0])
-        await swarm.start_many(nodes[1:], [nodes[0].control])
+        await swarm.start_many(nodes[1:], [nodes[0].seed])
 
         def settled(views: Views) -> bool:
             leader = _real_leader(views, nodes)
@@ -207,9 +208,12 @@ async def _real_failover_trials(root: Path, trials: int) -> list[float]:
             killed_at = trio.current_time()
             for attempt in range(1_000_000):
                 target = survivors[attempt % len(survivors)]
-                try:
+                body = json.dumps({"model": f"trial-{trial}"}).encode()
+                try:  # signed as the target's own chat entry reports demand
                     reply = await client.post(
-                        target.api + "/v1/network/demand", json={"model": f"trial-{trial}"}
+                        target.api + DEMAND_PATH,
+                        content=body,
+                        headers=target.signed_headers(DEMAND_PATH, body),
                     )
                 except httpx.HTTPError:
                     reply = None
@@ -224,7 +228,7 @@ async def _real_failover_trials(root: Path, trials: int) -> list[float]:
                 await trio.sleep(REAL_POLL_S)
             results.append((trio.current_time() - killed_at) * 1000)
             await leader.wait_exit(5)
-            await swarm.start_ready(leader, [survivors[0].control])
+            await swarm.start_ready(leader, [survivors[0].seed])
         return results
 
 

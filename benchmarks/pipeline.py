@@ -25,6 +25,10 @@ For each model:
   a streaming chat request from this process (the entry is the hop);
 - `swarm_3hop_decode_tok_s`: three node processes holding [0, L/3), ...,
   the entry being the first hop;
+- `curve_3hop_decode_ratio`: the 3-hop swarm's decode rate with CurveZMQ
+  planes (every node's default) over the same swarm with plaintext planes
+  (`--insecure-plaintext`, a hidden flag for this measurement), run back to
+  back; `curve` holds both runs' rates and time to first token;
 - `ttft_ms`: request sent to first streamed token (tokenize, route, open
   three sessions, prefill) on the 3-hop swarm;
 - `per_hop_overhead_ms`: (3-hop step time - 1-hop step time) / 2: the same
@@ -86,6 +90,9 @@ from runtime.model.tiny import make_tiny_model
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
 TARGET_PER_HOP_MS = 1.0
 TARGET_LARGE_3HOP_RATIO = 0.9
+TARGET_CURVE_RATIO = 0.9
+"""A 3-hop decode with CurveZMQ planes keeps at least this share of the same
+swarm's speed with plaintext planes (`curve_3hop_decode_ratio`)."""
 READY_TIMEOUT_S = 180.0
 MODELS = {
     # name: (layers, hidden, intermediate, compute threads per node)
@@ -161,18 +168,20 @@ async def _swarm(
     tokens: int,
     requests: int,
     node_cores: Sequence[frozenset[int]] | None,
+    curve: bool,
 ) -> dict[str, Any]:
     env = {"OMP_NUM_THREADS": str(threads)}
+    plaintext = [] if curve else ["--insecure-plaintext"]
     async with LocalSwarm(root, profile="local", extra_env=env) as swarm:
         nodes = [
             swarm.new_node(
-                args=["--model", str(model_dir), "--layers", f"{a}:{b}"],
+                args=["--model", str(model_dir), "--layers", f"{a}:{b}", *plaintext],
                 cpus=None if node_cores is None else node_cores[i],
             )
             for i, (a, b) in enumerate(spans(layers, hops))
         ]
         await swarm.start_ready(nodes[0], timeout=60)
-        await swarm.start_many(nodes[1:], [nodes[0].control], timeout=60)
+        await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=60)
 
         def ready(views: dict[str, Any]) -> bool:
             coverage = (views[nodes[0].name] or {}).get("coverage", {}).get(name)
@@ -287,10 +296,11 @@ def measure(
     )
     anchor = _single_process(model_dir, tokens)
 
-    def swarm(hops: int) -> dict[str, Any]:
+    def swarm(hops: int, curve: bool = True) -> dict[str, Any]:
         return trio.run(
-            _swarm, root / f"{name}-{hops}hop", model_dir, name, layers, hops, threads,
-            tokens, requests, None if pinned is None else pinned[1:],
+            _swarm, root / f"{name}-{hops}hop-{'curve' if curve else 'plain'}", model_dir,
+            name, layers, hops, threads, tokens, requests,
+            None if pinned is None else pinned[1:], curve,
         )  # fmt: skip
 
     # The anchor is measured before, between and after the swarms, and each
@@ -301,6 +311,9 @@ def measure(
     one = swarm(1)
     singles.append(anchor())
     three = swarm(3)
+    # What CURVE costs: the same 3-hop swarm with plaintext planes, run right
+    # after the encrypted one so the machine's drift barely separates them.
+    three_plain = swarm(3, curve=False)
     singles.append(anchor())
     single = statistics.median(singles)
     single_one = statistics.mean(singles[:2])
@@ -337,6 +350,11 @@ def measure(
         "single_process_step_ms": round(1000 / single, 3),
         "ttft_ms": three["ttft_ms"],
         "ttft_1hop_ms": one["ttft_ms"],
+        "curve_3hop_decode_ratio": round(three["decode_tok_s"] / three_plain["decode_tok_s"], 3),
+        "curve": {
+            "true": {k: three[k] for k in ("decode_tok_s", "ttft_ms")},
+            "false": {k: three_plain[k] for k in ("decode_tok_s", "ttft_ms")},
+        },
     }
 
 
@@ -380,6 +398,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "meets_large_target": None
         if large is None
         else large["swarm_3hop_vs_single"] >= TARGET_LARGE_3HOP_RATIO,
+        "target_curve_3hop_decode_ratio": TARGET_CURVE_RATIO,
+        "meets_curve_target": all(
+            m["curve_3hop_decode_ratio"] >= TARGET_CURVE_RATIO for m in (tiny, large) if m
+        ),
         "wall_s": round(time.perf_counter() - began, 1),
     }
     if not args.json:

@@ -167,7 +167,7 @@ async def _demand_trial(root: Path) -> tuple[float, float]:
         a = swarm.new_node("a", args=["--model", str(x), "--layers", "0:8"])
         b = swarm.new_node("b", args=["--models", str(root / "store")])
         await swarm.start_ready(a, timeout=60)
-        await swarm.start_ready(b, [a.control], timeout=60)
+        await swarm.start_ready(b, [a.seed], timeout=60)
 
         def ready(views: dict[str, Any]) -> bool:
             view = views["a"] or {}

@@ -11,9 +11,19 @@ It records, per ADR-0026, who serves what and why:
   (`operator`, `bootstrap` or `managed`), the `managed` flag, an epoch that
   only grows per node, and when it was made (the policy's cooldown clock);
 * the **demand table**: raw request counts and first/last times per model
-  (how demand decays is policy, decided later);
+  (how a count turns into a rate is policy, `consensus.placement`). It is
+  bounded and forgets: applying demand first drops models not asked for
+  within the horizon (`demand_horizon`, measured from the command's `at`),
+  and a table of `MAX_DEMAND_MODELS` gives up its least recently asked-for
+  model for a new one, so demand cannot grow the state of every replica
+  without end;
 * the swarm's **policy settings** (`consensus.settings`): the knobs an
   operator changed from their defaults, so every leader decides alike;
+* the **swarm**: its founder's id and its mode, `open` (any key may be a
+  member) or `private` (only admitted keys complete a handshake), fixed by
+  the first `Found` and never changed; and, in a private swarm, the
+  **admitted** members: each with whether it may become a voter and the
+  digest of the invitation that let it in (`consensus.invitations`);
 * counts of rejected commands per reason, so a bad proposer is visible.
 
 Rules enforced at apply time (the policy on the leader should never propose
@@ -78,8 +88,30 @@ MAX_TEXT: Final = 256
 """Model names, reasons: long enough for a manifest name, short enough to log."""
 MAX_INT: Final = MAX_UINT
 """Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
-SNAPSHOT_VERSION: Final = 2
-"""Version 2 added the policy settings; version 1 snapshots are still read."""
+SNAPSHOT_VERSION: Final = 3
+"""Version 2 added the policy settings, version 3 the swarm and its admitted
+members; older snapshots are still read.
+Bounding the demand table changed what apply does, not the encoding: a
+snapshot holds the rows left, in the same format."""
+MAX_DEMAND_MODELS: Final = 256
+"""Most models the demand table holds. The leader records demand only for
+models some member can serve (`runtime.node.swarm_view.SwarmView.known_models`),
+so this is a ceiling on a swarm's catalogue, not a working size: every model
+in it needs volunteers holding its weights, and a swarm serving even dozens
+is large. At ~300 bytes a row it keeps the snapshot and each placement round
+(which reads every row) small, whatever a buggy or hostile proposer sends.
+When it is full, a model new to the table takes the place of the least
+recently asked-for one: the row whose loss changes the policy least, its rate
+having decayed the most."""
+DEMAND_HORIZON_S: Final = 24 * 3600.0
+"""A model nobody asked for in a day is dropped from the demand table. The
+policy reads demand within `idle_release_s` (30 min by default) and decays
+rates with `demand_window_s` (5 min: after a day a rate is e**-288 of what it
+was), so a day loses nothing it uses. An operator who sets those knobs
+longer moves the horizon with them (`PlacementLedger.demand_horizon`)."""
+DEMAND_DECAY_WINDOWS: Final = 20
+"""The horizon is at least this many `demand_window_s`: by then a rate has
+decayed to e**-20 (2e-9) of its value, nothing the policy can tell from 0."""
 
 
 class LedgerError(Exception):
@@ -216,7 +248,42 @@ class SetPolicy:
         object.__setattr__(self, "at", number(self.at, "at"))
 
 
-Command = Assign | Release | RecordDemand | MarkAdmissionFailed | SetPolicy
+SWARM_MODES: Final = ("open", "private")
+
+
+@dataclass(frozen=True, slots=True)
+class Found:
+    """The swarm's identity (its founder's id) and mode, once and for all."""
+
+    swarm: bytes
+    mode: str
+    at: float
+
+    @_as_ledger_error
+    def __post_init__(self) -> None:
+        _node(self.swarm)
+        one_of(self.mode, "mode", SWARM_MODES)
+        object.__setattr__(self, "at", number(self.at, "at"))
+
+
+@dataclass(frozen=True, slots=True)
+class Admit:
+    """Admit `node` to a private swarm, by the invitation with this digest."""
+
+    node: bytes
+    voter: bool
+    invitation: bytes
+    at: float
+
+    @_as_ledger_error
+    def __post_init__(self) -> None:
+        _node(self.node)
+        boolean(self.voter, "voter")
+        fixed_bytes(self.invitation, "invitation", size=32)
+        object.__setattr__(self, "at", number(self.at, "at"))
+
+
+Command = Assign | Release | RecordDemand | MarkAdmissionFailed | SetPolicy | Found | Admit
 
 # Append-only: never renumber or reuse an id; 0 is reserved.
 _TYPE_IDS: Final[Mapping[type, int]] = {
@@ -225,6 +292,8 @@ _TYPE_IDS: Final[Mapping[type, int]] = {
     RecordDemand: 3,
     MarkAdmissionFailed: 4,
     SetPolicy: 5,
+    Found: 6,
+    Admit: 7,
 }
 _TYPES_BY_ID: Final = {v: k for k, v in _TYPE_IDS.items()}
 
@@ -311,6 +380,15 @@ class Demand:
 
 
 @dataclass(frozen=True, slots=True)
+class Admission:
+    """A member admitted to a private swarm."""
+
+    voter: bool
+    invitation: bytes
+    at: float
+
+
+@dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What one committed entry did: `accepted`, or rejected with a `reason` code and `detail`."""
 
@@ -330,6 +408,9 @@ REASON_NO_ASSIGNMENT: Final = "no_assignment"
 REASON_WRONG_EPOCH: Final = "wrong_epoch"
 REASON_WRONG_MODEL: Final = "wrong_model"
 REASON_BAD_POLICY: Final = "bad_policy"
+REASON_ALREADY_FOUNDED: Final = "already_founded"
+REASON_NOT_PRIVATE: Final = "not_private"
+REASON_ALREADY_ADMITTED: Final = "already_admitted"
 
 
 class _Reject(Exception):
@@ -350,6 +431,8 @@ class PlacementLedger:
         self._demand: dict[str, Demand] = {}
         self._rejected: dict[str, int] = {}
         self._settings: dict[str, int | float] = {}
+        self._swarm: Found | None = None
+        self._admitted: dict[bytes, Admission] = {}
 
     def __eq__(self, other: object) -> bool:
         """Equal when their snapshots are byte-identical (the determinism contract)."""
@@ -391,6 +474,10 @@ class PlacementLedger:
                     self._mark_failed(command)
                 case SetPolicy():
                     self._set_policy(command)
+                case Found():
+                    self._found(command)
+                case Admit():
+                    self._admit(command)
         except _Reject as rej:
             return self._rejected_result(index, command, rej.reason, rej.detail)
         return ApplyResult(index, command, True)
@@ -431,6 +518,21 @@ class PlacementLedger:
             assigned_at=cmd.at,
         )
 
+    def _found(self, cmd: Found) -> None:
+        if self._swarm is not None:
+            raise _Reject(
+                REASON_ALREADY_FOUNDED,
+                f"the swarm was founded {self._swarm.mode} and stays so",
+            )
+        self._swarm = cmd
+
+    def _admit(self, cmd: Admit) -> None:
+        if self._swarm is None or self._swarm.mode != "private":
+            raise _Reject(REASON_NOT_PRIVATE, "only a private swarm admits members")
+        if cmd.node in self._admitted or cmd.node == self._swarm.swarm:
+            raise _Reject(REASON_ALREADY_ADMITTED, "the node is a member already")
+        self._admitted[cmd.node] = Admission(cmd.voter, cmd.invitation, cmd.at)
+
     def _live_for(self, node: bytes, model: str, epoch: int) -> LedgerAssignment:
         live = self._assignments.get(node)
         if live is None:
@@ -450,6 +552,11 @@ class PlacementLedger:
         self._assignments[cmd.node] = replace(live, admission_failed_at=cmd.at)
 
     def _record_demand(self, cmd: RecordDemand) -> None:
+        # Forget first: time is the command's `at` (never a clock), and ties
+        # break by model name, so every replica keeps the same rows.
+        oldest = cmd.at - self.demand_horizon()
+        for model in [m for m, d in self._demand.items() if d.last_at < oldest]:
+            del self._demand[model]
         old = self._demand.get(cmd.model)
         if old is None:
             self._demand[cmd.model] = Demand(cmd.count, cmd.at, cmd.at)
@@ -459,6 +566,9 @@ class PlacementLedger:
                 min(old.first_at, cmd.at),
                 max(old.last_at, cmd.at),
             )
+        while len(self._demand) > MAX_DEMAND_MODELS:  # one row at most, or a restored excess
+            stalest = min(self._demand, key=lambda m: (self._demand[m].last_at, m))
+            del self._demand[stalest]
 
     def _set_policy(self, cmd: SetPolicy) -> None:
         settings = {**self._settings, **dict(cmd.settings)}
@@ -487,9 +597,30 @@ class PlacementLedger:
         """Demand per model, ordered by model name."""
         return {m: self._demand[m] for m in sorted(self._demand)}
 
+    @property
+    def swarm(self) -> Found | None:
+        """The swarm's founding (None until the founder commits it)."""
+        return self._swarm
+
+    def admitted(self) -> dict[bytes, Admission]:
+        """A private swarm's admitted members, by node id (the founder is
+        implicitly one), in id order."""
+        return {n: self._admitted[n] for n in sorted(self._admitted)}
+
     def policy(self) -> PlacementSettings:
         """The swarm's placement policy: the defaults with its settings applied."""
         return with_settings(PlacementSettings(), self._settings)
+
+    def demand_horizon(self) -> float:
+        """Seconds after its last request that a model's demand is dropped:
+        `DEMAND_HORIZON_S`, or longer when the swarm's policy reads demand
+        for longer (`idle_release_s`, `DEMAND_DECAY_WINDOWS` rate windows)."""
+        policy = self.policy()
+        return max(
+            DEMAND_HORIZON_S,
+            policy.idle_release_s,
+            DEMAND_DECAY_WINDOWS * policy.demand_window_s,
+        )
 
     def policy_settings(self) -> dict[str, int | float]:
         """The knobs the swarm set (a committed `SetPolicy`), by name."""
@@ -523,6 +654,16 @@ class PlacementLedger:
             "ledger_applied_index": self.applied_index,
             "ledger_rejected": self.rejected(),
             "policy_settings": self.policy_settings(),
+            "swarm": None
+            if self._swarm is None
+            else {
+                "id": self._swarm.swarm.hex(),
+                "mode": self._swarm.mode,
+                "admitted": [
+                    {"node_id": n.hex(), "voter": a.voter, "invitation": a.invitation.hex()}
+                    for n, a in self.admitted().items()
+                ],
+            },
         }
 
     # -- snapshots -----------------------------------------------------------
@@ -555,6 +696,10 @@ class PlacementLedger:
         ]
         if version >= 2:
             state.append([[name, value] for name, value in self._settings.items()])
+        if version >= 3:
+            swarm = self._swarm
+            state.append(None if swarm is None else [swarm.swarm, swarm.mode, swarm.at])
+            state.append([[n, a.voter, a.invitation, a.at] for n, a in self.admitted().items()])
         return cbor2.dumps(state, canonical=True)
 
     @classmethod
@@ -562,15 +707,19 @@ class PlacementLedger:
     def restore(cls, data: bytes) -> PlacementLedger:
         """Rebuild a ledger from `snapshot()` bytes; `LedgerError` if they are not exactly that."""
         value = _loads(data, MAX_SNAPSHOT_BYTES)
-        sizes = {1: 6, SNAPSHOT_VERSION: 7}  # version 2 appended the policy settings
+        # Version 2 appended the policy settings, version 3 the swarm and
+        # its admitted members.
+        sizes = {1: 6, 2: 7, SNAPSHOT_VERSION: 9}
         if type(value) is not list or not value or type(value[0]) is not int:
             _fail("a ledger snapshot is an array that starts with its version")
         if sizes.get(value[0]) != len(value):
             _fail(
                 f"ledger snapshot version {value[0]} with {len(value)} items; this build "
-                f"reads version 1 (6 items) and {SNAPSHOT_VERSION} (7)"
+                f"reads versions 1 (6 items), 2 (7) and {SNAPSHOT_VERSION} (9)"
             )
-        version, applied, assignments, epochs, demand, rejected, *settings = value
+        version, applied, assignments, epochs, demand, rejected, *later = value
+        defaults: list[Any] = [[], None, []]  # what versions 1 and 2 lack
+        settings, founding, admitted = [*later, *defaults[len(later) :]]
         ledger = cls(applied_index=uint(applied, "applied_index"))
         try:
             for node, epoch in epochs:
@@ -592,8 +741,13 @@ class PlacementLedger:
                 )
             for reason, count in rejected:
                 ledger._rejected[_text(reason, "reason")] = uint(count, "count", low=1)
-            if settings and settings[0]:
-                ledger._settings = dict(SetPolicy(settings[0], 0.0).settings)
+            if settings:
+                ledger._settings = dict(SetPolicy(settings, 0.0).settings)
+            if founding is not None:
+                ledger._swarm = Found(*founding)
+            for node, voter, invitation, at in admitted:
+                admit = Admit(node, voter, invitation, at)
+                ledger._admitted[admit.node] = Admission(admit.voter, admit.invitation, admit.at)
         except (TypeError, ValueError) as exc:
             _fail(f"malformed ledger snapshot: {exc}")
         if ledger._snapshot(version) != data:

@@ -8,10 +8,13 @@ that claims to come from node X verifies only under X's own key.
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import os
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Final, Protocol
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
@@ -23,6 +26,10 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 NODE_ID_BYTES = 32
 SIGNATURE_BYTES = 64
 KEY_FILE = "node.key"
+
+# Curve25519's field prime: Ed25519 keys map onto X25519 (CurveZMQ) keys
+# through the birational map between the two curves, computed mod this.
+_P: Final = 2**255 - 19
 
 
 class IdentityError(Exception):
@@ -96,6 +103,59 @@ class Identity:
 
     def sign(self, data: bytes) -> bytes:
         return self._key.sign(data)
+
+    def plane_keys(self) -> PlaneKeys:
+        """The CurveZMQ key pair of this identity: one key file, one id.
+
+        The secret is the Ed25519 signing scalar (SHA-512 of the seed,
+        clamped), as libsodium's `crypto_sign_ed25519_sk_to_curve25519`
+        derives it, so its public half is `curve_public_key(node_id)`: a
+        peer that knows our id knows our plane key, with no key exchange.
+        """
+        seed = self._key.private_bytes(
+            serialization.Encoding.Raw,
+            serialization.PrivateFormat.Raw,
+            serialization.NoEncryption(),
+        )
+        scalar = bytearray(hashlib.sha512(seed).digest()[:32])
+        scalar[0] &= 248
+        scalar[31] &= 127
+        scalar[31] |= 64
+        public = curve_public_key(self.node_id)
+        if public is None:  # pragma: no cover - a generated key is always a point
+            raise IdentityError("this identity has no Curve25519 form")
+        return PlaneKeys(self.node_id, public, bytes(scalar))
+
+
+@dataclass(frozen=True)
+class PlaneKeys:
+    """What a node's planes need: its id (sent to peers in the handshake's
+    metadata) and its CurveZMQ key pair (raw 32-byte keys)."""
+
+    node_id: bytes
+    curve_public: bytes
+    curve_secret: bytes = field(repr=False)
+
+
+@functools.lru_cache(maxsize=4096)
+def curve_public_key(node_id: bytes) -> bytes | None:
+    """The X25519 public key of the Ed25519 key that is `node_id`, or None
+    when `node_id` cannot be one (wrong length, or not a curve point's y).
+
+    Montgomery u = (1 + y) / (1 - y) mod p, where y is the Edwards point's
+    y coordinate (the id's low 255 bits). Two ids (a point and its negation)
+    share one u; only the holder of the secret scalar can complete a
+    handshake under it, so the id a peer claims is checked by mapping it
+    here and comparing with the key the handshake proved. Cached: a node
+    maps the same few hundred peer ids over and over.
+    """
+    if len(node_id) != NODE_ID_BYTES:
+        return None
+    y = int.from_bytes(node_id, "little") & ((1 << 255) - 1)
+    if y >= _P or y == 1:
+        return None
+    u = (1 + y) * pow(1 - y, _P - 2, _P) % _P
+    return u.to_bytes(32, "little")
 
 
 def verify(node_id: bytes, data: bytes, signature: bytes) -> bool:

@@ -92,9 +92,12 @@ _SIZE_RECORD = 130
 
 @dataclass(frozen=True, slots=True)
 class Send:
-    """Send `envelope` to the node listening at `addr`."""
+    """Send `envelope` to the node `node` listening at `addr`. The transport
+    needs both: it authenticates the peer by its id (its key) before anything
+    is delivered."""
 
     addr: str
+    node: bytes
     envelope: Envelope
 
 
@@ -214,14 +217,14 @@ class Membership:
 
         self._seq = 0
         self._probe: _Probe | None = None
-        self._relays: dict[int, tuple[str, int, float]] = {}
+        self._relays: dict[int, tuple[bytes, str, int, float]] = {}
         self._suspicions: dict[bytes, _Suspicion] = {}
         # (deadline, node) for every armed suspicion timer; entries whose
         # suspicion is gone or was re-armed are skipped when they surface.
         self._suspicion_timers: list[tuple[float, bytes]] = []
         self._awareness = 0
         self._leaving = False
-        self._join_seeds: tuple[str, ...] = ()
+        self._join_seeds: tuple[tuple[bytes, str], ...] = ()
         self._joined = True
 
         jitter = rng.random()
@@ -254,9 +257,10 @@ class Membership:
         """Lifeguard local-health score: 0 is healthy; timeouts scale by score + 1."""
         return self._awareness
 
-    def join(self, seeds: Sequence[str], now: float) -> None:
-        """Start a full-state exchange with every seed, retried until one answers."""
-        self._join_seeds = tuple(addr for addr in seeds if addr != self.addr)
+    def join(self, seeds: Sequence[tuple[bytes, str]], now: float) -> None:
+        """Start a full-state exchange with every seed `(node id, address)`,
+        retried until one answers."""
+        self._join_seeds = tuple(seed for seed in seeds if seed[0] != self.node_id)
         if not self._join_seeds:
             return
         self._joined = False
@@ -280,7 +284,7 @@ class Membership:
         # Send it now to more members than one gossip round would reach: the
         # process is about to exit and may not get another round.
         for node in self._random_peers(2 * self.config.gossip_fanout, now):
-            self._send(self._table.entry(node).addr, Gossip((farewell,)))
+            self._send(node, self._table.entry(node).addr, Gossip((farewell,)))
 
     def publish_record(self, body: bytes, now: float) -> Record:
         """Sign `body` as our new node record (seq + 1) and disseminate it."""
@@ -305,7 +309,7 @@ class Membership:
             and not self._leaving
             and self._table.get(envelope.sender) is None
         ):
-            self._ask_stranger(envelope.addr, now)
+            self._ask_stranger(envelope, now)
         match message:
             case Ping():
                 self._on_ping(envelope, message, now)
@@ -344,9 +348,9 @@ class Membership:
             suspicion = self._suspicions.get(node)
             if suspicion is not None and suspicion.deadline == deadline:
                 self._suspicion_expired(node, now)
-        for seq in [s for s, relay in self._relays.items() if now >= relay[2]]:
-            requester_addr, requester_seq, _ = self._relays.pop(seq)
-            self._send(requester_addr, Nack(requester_seq))
+        for seq in [s for s, relay in self._relays.items() if now >= relay[3]]:
+            requester, requester_addr, requester_seq, _ = self._relays.pop(seq)
+            self._send(requester, requester_addr, Nack(requester_seq))
         if now >= self._next_gossip:
             self._gossip(now)
         if now >= self._next_push_pull:
@@ -378,7 +382,7 @@ class Membership:
                 deadline = min(deadline, due)
                 break
             heapq.heappop(timers)  # stale: refuted, decided or re-armed
-        for _, _, nack_at in self._relays.values():
+        for _, _, _, nack_at in self._relays.values():
             deadline = min(deadline, nack_at)
         return deadline
 
@@ -437,7 +441,9 @@ class Membership:
         first: tuple[Update, ...] = ()
         if target.state is MemberState.SUSPECT and isinstance(target.accusation, Suspect):
             first = (target.accusation,)
-        self._send(target.addr, Ping(self._seq, target.node, first + self._piggyback()))
+        self._send(
+            target.node, target.addr, Ping(self._seq, target.node, first + self._piggyback())
+        )
 
     def _send_indirect_probes(self, probe: _Probe, now: float) -> None:
         probe.direct_deadline = math.inf
@@ -451,9 +457,10 @@ class Membership:
         # TCP ping here): under 10% loss it alone turns most would-be
         # suspicions into acks, and every suspicion avoided is a refutation
         # the whole swarm does not have to gossip.
-        self._send(target.addr, Ping(probe.seq, probe.target, self._piggyback()))
+        self._send(target.node, target.addr, Ping(probe.seq, probe.target, self._piggyback()))
         for node in helpers:
             self._send(
+                node,
                 self._table.entry(node).addr,
                 PingReq(probe.seq, probe.target, target.addr, self._piggyback()),
             )
@@ -483,7 +490,7 @@ class Membership:
             # The prober still suspects an older life of ours: our refutation
             # missed it, so it rides on this ack whatever the queue holds.
             updates = (self._me.alive, *updates)
-        self._send(envelope.addr, Ack(ping.seq, updates))
+        self._send(envelope.sender, envelope.addr, Ack(ping.seq, updates))
 
     def _is_stale_accusation_of_us(self, update: Update) -> bool:
         return (
@@ -503,19 +510,19 @@ class Membership:
             return
         relay = self._relays.pop(ack.seq, None)
         if relay is not None:
-            self._send(relay[0], Ack(relay[1]))
+            self._send(relay[0], relay[1], Ack(relay[2]))
             return
         sender = self._table.get(envelope.sender)
         if sender is not None and sender.state is MemberState.DEAD:
             # A reconnect ping came back: the "dead" member is reachable again
             # (typically a healed partition). Merge our full states.
-            self._send(sender.addr, self._full_state(join=False, reply=False))
+            self._send(sender.node, sender.addr, self._full_state(join=False, reply=False))
 
     def _on_ping_req(self, envelope: Envelope, req: PingReq, now: float) -> None:
         self._seq += 1
         nack_at = now + self.config.probe_timeout * RELAY_NACK_FRACTION
-        self._relays[self._seq] = (envelope.addr, req.seq, nack_at)
-        self._send(req.target_addr, Ping(self._seq, req.target, self._piggyback()))
+        self._relays[self._seq] = (envelope.sender, envelope.addr, req.seq, nack_at)
+        self._send(req.target, req.target_addr, Ping(self._seq, req.target, self._piggyback()))
 
     # --- suspicion -------------------------------------------------------------------
 
@@ -547,7 +554,7 @@ class Membership:
             heapq.heappush(self._suspicion_timers, (suspicion.deadline, node))
             self._seq += 1
             accusation = (member.accusation,) if member.accusation is not None else ()
-            self._send(member.addr, Ping(self._seq, node, accusation))
+            self._send(node, member.addr, Ping(self._seq, node, accusation))
             return
         del self._suspicions[node]
         verdict = Dead(
@@ -572,7 +579,7 @@ class Membership:
         self._adjust_awareness(1)
         accuser_member = self._table.get(accuser) if accuser is not None else None
         if accuser_member is not None and accuser != self.node_id:
-            self._send(accuser_member.addr, Gossip((me.alive,)))
+            self._send(accuser_member.node, accuser_member.addr, Gossip((me.alive,)))
 
     # --- applying updates --------------------------------------------------------------
 
@@ -755,7 +762,7 @@ class Membership:
             updates = self._piggyback()
             if not updates:
                 return
-            self._send(self._table.entry(node).addr, Gossip(updates))
+            self._send(node, self._table.entry(node).addr, Gossip(updates))
 
     def _random_peers(self, count: int, now: float, *, live_only: bool = False) -> list[bytes]:
         """Up to `count` distinct random peers we may send to.
@@ -795,10 +802,10 @@ class Membership:
     def _send_join(self, now: float) -> None:
         self._next_join = now + self.config.join_retry_interval
         state = self._full_state(join=True, reply=False)
-        for addr in self._join_seeds:
-            self._send(addr, state)
+        for node, addr in self._join_seeds:
+            self._send(node, addr, state)
 
-    def _ask_stranger(self, addr: str, now: float) -> None:
+    def _ask_stranger(self, stranger: Envelope, now: float) -> None:
         """A node we do not know talked to us: ask for its full state.
 
         Gossip is probabilistic and can miss a member that joined at the same
@@ -810,7 +817,9 @@ class Membership:
         self._next_introduction = now + self.config.gossip_interval
         record = self._table.record(self.node_id)
         records = () if record is None else (record,)
-        self._send(addr, PushPull(True, False, (self._me.alive,), records))
+        self._send(
+            stranger.sender, stranger.addr, PushPull(True, False, (self._me.alive,), records)
+        )
 
     def _on_push_pull(self, envelope: Envelope, message: PushPull, now: float) -> None:
         """Merge another node's full state, then answer with ours.
@@ -833,7 +842,7 @@ class Membership:
                 self._joined = True
                 self._next_join = math.inf
             return
-        self._send(envelope.addr, self._full_state(join=False, reply=True))
+        self._send(envelope.sender, envelope.addr, self._full_state(join=False, reply=True))
 
     def _merge_remote_death(self, dead: Dead, now: float) -> None:
         """Another node's full state says `dead.node` is dead.
@@ -860,7 +869,8 @@ class Membership:
         self._forget_old_members(now)
         peers = self._random_peers(1, now, live_only=True)
         if peers:
-            self._send(self._table.entry(peers[0]).addr, self._full_state(join=False, reply=False))
+            peer = self._table.entry(peers[0])
+            self._send(peer.node, peer.addr, self._full_state(join=False, reply=False))
 
     def _reconnect(self, now: float) -> None:
         """Ping one random dead member; its ack triggers a full-state merge."""
@@ -872,7 +882,7 @@ class Membership:
             member = self._table.entry(node)
             if member.state is MemberState.DEAD:
                 self._seq += 1
-                self._send(member.addr, Ping(self._seq, node, ()))
+                self._send(node, member.addr, Ping(self._seq, node, ()))
                 return
 
     def _forget_old_members(self, now: float) -> None:
@@ -891,8 +901,8 @@ class Membership:
             self._signer.sign(alive_signing_bytes(self.node_id, incarnation, self.addr)),
         )
 
-    def _send(self, addr: str, message: Message) -> None:
-        self._sends.append(Send(addr, Envelope(self.node_id, self.addr, message)))
+    def _send(self, node: bytes, addr: str, message: Message) -> None:
+        self._sends.append(Send(addr, node, Envelope(self.node_id, self.addr, message)))
 
     def _view(self, member: MemberEntry) -> MemberView:
         return MemberView(

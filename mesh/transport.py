@@ -43,6 +43,18 @@ Why it is built this way:
   last reachable are counted as ``unreachable``. The peer table is also
   bounded (LRU) and idle peers are disconnected, so neither file descriptors
   nor pipes leak when we talk to many addresses over time.
+* Both planes are CurveZMQ (encrypted, and every peer authenticated by its
+  key), keyed from the node's Ed25519 identity (`mesh.identity.PlaneKeys`).
+  A node's key follows from its id, so :meth:`Plane.send` takes the peer's
+  id beside its address and sets it as the server key of that connection;
+  a plaintext peer, or one that does not hold that id's secret, never
+  completes a handshake. Inbound, the ZAP handler (`mesh.zap`) admits a
+  client key (every key in an open swarm) and returns it as the
+  connection's ``User-Id``; the client also sends its node id in the
+  handshake's (encrypted) metadata as ``X-Node-Id``. Each message is
+  delivered with the id of its peer only after that id maps to the key the
+  handshake proved, so "who sent this" is a fact, not a claim: the callers
+  check that every envelope's sender is its peer.
 * Routing ids are never reused: connecting again with a
   ``CONNECT_ROUTING_ID`` whose old pipe is still being torn down (right after
   ``disconnect()``) trips ``assert(!has_out_pipe(routing_id))`` in libzmq and
@@ -53,20 +65,25 @@ Why it is built this way:
 from __future__ import annotations
 
 import collections
+import itertools
 import struct
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager, suppress
 from dataclasses import dataclass, replace
-from typing import Final
+from typing import Final, NamedTuple
 
 import trio
 import zmq
+
+from mesh.identity import NODE_ID_BYTES, PlaneKeys, curve_public_key
+from mesh.zap import Admit, ZapHandler
 
 __all__ = [
     "CONTROL_MAX_MESSAGE_BYTES",
     "DATA_MAX_MESSAGE_BYTES",
     "DEFAULT_CONTROL_CONFIG",
     "DEFAULT_DATA_CONFIG",
+    "Delivery",
     "Plane",
     "PlaneConfig",
     "open_plane",
@@ -116,6 +133,20 @@ MAX_SWEEP_INTERVAL_S: Final = 1.0
 # libzmq carries HEARTBEAT_TTL on the wire as a 16-bit count of deciseconds.
 MAX_HEARTBEAT_TTL_MS: Final = 6_553_500
 
+# Verified (User-Id, X-Node-Id) pairs a plane remembers, so mapping a peer's
+# id to its key (a modular inversion) happens once per peer, not per message.
+# Far above the peers one node talks to; a flood of new keys only evicts.
+MAX_VERIFIED_PEERS: Final = 4096
+
+# The handshake metadata property that carries the connecting node's id.
+NODE_ID_PROPERTY: Final = "X-Node-Id"
+
+_HANDSHAKE_FAILED: Final = (
+    zmq.EVENT_HANDSHAKE_FAILED_AUTH
+    | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+)
+
 # Monitor events the outbound socket reports. CONNECTED gives the connection's
 # fd (to match a later DISCONNECTED); HANDSHAKE_SUCCEEDED means the peer is
 # reachable and what we queued has been flushed to it; CONNECT_RETRIED follows
@@ -125,11 +156,28 @@ _MONITORED_EVENTS: Final = (
     | zmq.EVENT_DISCONNECTED
     | zmq.EVENT_CONNECT_RETRIED
     | zmq.EVENT_HANDSHAKE_SUCCEEDED
+    | _HANDSHAKE_FAILED
 )
 _MONITOR_HEADER = struct.Struct("=Hi")  # event id (u16), value (i32), no padding
 
-# What an owner task does with each message it reads.
-_Deliver = Callable[[list[bytes]], Awaitable[None]]
+# What an owner task does with each message it reads (frames not copied).
+_Deliver = Callable[[list[zmq.Frame]], Awaitable[None]]
+
+# Unique ZAP domains for the planes of one process.
+_zap_domains = itertools.count(1)
+
+
+class Delivery(NamedTuple):
+    """One inbound message: the id of the node that sent it (authenticated
+    by the handshake) and its frames."""
+
+    peer: bytes
+    frames: list[bytes]
+
+
+def admit_every_key(_key: bytes) -> bool:
+    """An open swarm's handshake policy: any key may connect as a member."""
+    return True
 
 
 # --- configuration ------------------------------------------------------------
@@ -262,6 +310,7 @@ class _Peer:
     """What the outbound side knows about one address it connected to."""
 
     address: str
+    node: bytes
     routing_id: bytes
     last_used: float
     # True from a handshake until that connection is lost.
@@ -308,8 +357,13 @@ class Plane:
         max_message_bytes: int,
         drops: collections.Counter[str],
         config: PlaneConfig,
+        keys: PlaneKeys,
+        encrypted: bool,
+        zap: tuple[ZapHandler, bytes] | None,
     ) -> None:
         self.name: str = name
+        self.keys: PlaneKeys = keys
+        self.encrypted: bool = encrypted
         self.address: str = address
         self.max_message_bytes: int = max_message_bytes
         self.config: PlaneConfig = config
@@ -327,26 +381,37 @@ class Plane:
         self._peers: collections.OrderedDict[str, _Peer] = collections.OrderedDict()
         self._generation = 0
         self._outbox_send, self._outbox_receive = trio.open_memory_channel[
-            tuple[str, tuple[bytes | memoryview, ...]]
+            tuple[str, bytes, tuple[bytes | memoryview, ...]]
         ](config.send_queue)
-        self._inbox_send, self._inbox_receive = trio.open_memory_channel[list[bytes]](
+        self._inbox_send, self._inbox_receive = trio.open_memory_channel[Delivery](
             config.receive_queue
         )
         self._closed = False
-        self._handler: Callable[[list[bytes]], None] | None = None
+        self._handler: Callable[[bytes, list[bytes]], None] | None = None
         self._own_addresses = {address}
+        self._zap = zap
+        self._verified: collections.OrderedDict[tuple[bytes, bytes], bytes] = (
+            collections.OrderedDict()
+        )
 
     # --- public API -----------------------------------------------------------
 
-    def send(self, addr: str, frames: Sequence[bytes | memoryview]) -> None:
-        """Queue one message of one or more frames for ``addr``.
+    def send(self, addr: str, frames: Sequence[bytes | memoryview], *, peer: bytes) -> None:
+        """Queue one message of one or more frames for node ``peer`` at ``addr``.
+
+        ``peer`` is the node's id: its key, which the handshake must prove,
+        follows from it. A send naming another id than the connection to
+        ``addr`` was made for replaces that connection (``bad_peer_key``
+        when the id cannot be a key).
 
         Never blocks and never raises for network reasons: a message that
         cannot be sent is dropped and counted under ``"<plane>.<reason>"``
         (``send_queue_full``, ``oversized``, ``peer_queue_full``,
-        ``unreachable``, ``evicted``, ``bad_address``, ``send_error``,
-        ``closed``; ``receive_queue_full`` for a message to this plane itself;
-        inbound adds ``oversized`` and ``malformed``). Raises only for
+        ``unreachable``, ``evicted``, ``bad_address``, ``bad_peer_key``,
+        ``handshake_failed``, ``send_error``, ``closed``;
+        ``receive_queue_full`` for a message to this plane itself; inbound
+        adds ``oversized``, ``malformed``, ``unauthenticated`` and
+        ``handshake_refused``). Raises only for
         programming errors (no frames, or a frame that is not bytes-like).
 
         Frames are handed to libzmq without copying where they are large, so
@@ -372,7 +437,7 @@ class Plane:
         if self._closed:
             self._drop("closed")
             return
-        if addr in self._own_addresses:
+        if addr in self._own_addresses and peer == self.keys.node_id:
             self._deliver_locally(frames)
             return
         if self._outbox_send.statistics().current_buffer_used == 0:
@@ -380,17 +445,18 @@ class Plane:
             # wake the owner task for it (a decode step's activations and
             # tokens are latency-bound). Safe: trio runs one task at a time
             # on this thread, and NOBLOCK sends never wait.
-            self._transmit(addr, tuple(frames))
+            self._transmit(addr, peer, tuple(frames))
             return
         try:
-            self._outbox_send.send_nowait((addr, tuple(frames)))
+            self._outbox_send.send_nowait((addr, peer, tuple(frames)))
         except trio.WouldBlock:
             self._drop("send_queue_full")
         except (trio.ClosedResourceError, trio.BrokenResourceError):
             self._drop("closed")
 
-    async def receive(self) -> list[bytes]:
-        """The next inbound message's frames (the routing-id frame removed).
+    async def receive(self) -> Delivery:
+        """The next inbound message: its authenticated peer and its frames
+        (the routing-id frame removed).
 
         Messages from different senders interleave; frames are exactly what
         the sender sent and are *not* validated here (the wire layer does
@@ -403,11 +469,12 @@ class Plane:
         differs from the bound one): messages to it never leave the process."""
         self._own_addresses.add(addr)
 
-    def deliver_to(self, handler: Callable[[list[bytes]], None] | None) -> None:
+    def deliver_to(self, handler: Callable[[bytes, list[bytes]], None] | None) -> None:
         """Hand each inbound message straight to ``handler`` from the plane's
-        reader task instead of queueing it for :meth:`receive` (None: queue
-        again). Messages queued before the call stay queued, and messages the
-        plane sends itself are always queued (see :meth:`send`).
+        reader task, as ``handler(peer, frames)``, instead of queueing it for
+        :meth:`receive` (None: queue again). Messages queued before the call
+        stay queued, and messages the plane sends itself are always queued
+        (see :meth:`send`).
 
         This saves a scheduler round per message, which matters to a
         latency-bound reader: the engine gets one message per hop per decode
@@ -415,6 +482,13 @@ class Plane:
         and it must not raise for bad input (the plane would close).
         """
         self._handler = handler
+
+    def admit(self, policy: Admit) -> None:
+        """Who may complete a handshake with this plane from now on (an
+        open swarm admits every key; see `mesh.zap`)."""
+        if self._zap is not None:
+            handler, domain = self._zap
+            handler.set_policy(domain, policy)
 
     @property
     def peer_count(self) -> int:
@@ -446,7 +520,7 @@ class Plane:
         handled = 0
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 if _int_option(sock, zmq.EVENTS) & zmq.POLLIN:
                     continue
@@ -468,7 +542,7 @@ class Plane:
         payload = [bytes(frame) for frame in frames]
         size = sum(len(frame) for frame in payload)
         try:
-            self._inbox_send.send_nowait(payload)
+            self._inbox_send.send_nowait(Delivery(self.keys.node_id, payload))
         except trio.WouldBlock:
             self._drop("receive_queue_full")
             return
@@ -483,26 +557,62 @@ class Plane:
         """Owner task of the inbound ROUTER."""
         await self._drain_forever(self._inbound, self._deliver_inbound)
 
-    async def _deliver_inbound(self, frames: list[bytes]) -> None:
-        """Strip the routing id, enforce the size cap on the whole message, and
-        hand it to receive(); waiting here when receive() lags is deliberate
-        back-pressure (libzmq then stops reading, and senders' HWMs fill)."""
-        payload = frames[1:]
-        if not payload:  # a ROUTER always yields id + at least one frame
+    async def _deliver_inbound(self, frames: list[zmq.Frame]) -> None:
+        """Strip the routing id, learn the authenticated peer, enforce the
+        size cap on the whole message, and hand it to receive(); waiting here
+        when receive() lags is deliberate back-pressure (libzmq then stops
+        reading, and senders' HWMs fill)."""
+        if len(frames) < 2:  # a ROUTER always yields id + at least one frame
             self._drop("malformed")
             return
-        size = sum(len(frame) for frame in payload)
+        peer = self._authenticated_peer(frames[1])
+        if peer is None:
+            self._drop("unauthenticated")
+            return
+        size = sum(len(frame) for frame in frames[1:])
         if size > self.max_message_bytes:
             # libzmq's MAXMSGSIZE is per frame; this catches many frames that
             # are each under the cap but together over it.
             self._drop("oversized")
             return
+        payload = [frame.bytes for frame in frames[1:]]
         self.received_messages += 1
         self.received_bytes += size
         if self._handler is not None:
-            self._handler(payload)
+            self._handler(peer, payload)
         else:
-            await self._inbox_send.send(payload)
+            await self._inbox_send.send(Delivery(peer, payload))
+
+    def _authenticated_peer(self, frame: zmq.Frame) -> bytes | None:
+        """The id of the node that sent `frame`: the id it named in its
+        handshake, once that id's key is the key the handshake proved (the
+        ZAP handler's User-Id). Unencrypted planes (benchmarks only) take
+        the named id on trust."""
+        try:
+            named = frame.get(NODE_ID_PROPERTY)
+            proved = frame.get("User-Id") if self.encrypted else ""
+        except zmq.ZMQError:
+            return None
+        if not isinstance(named, str) or not isinstance(proved, str):
+            return None
+        cache_key = (named.encode(), proved.encode())
+        node = self._verified.get(cache_key)
+        if node is not None:
+            return node
+        try:
+            node = bytes.fromhex(named)
+        except ValueError:
+            return None
+        if len(node) != NODE_ID_BYTES:
+            return None
+        if self.encrypted:
+            key = curve_public_key(node)
+            if key is None or key.hex() != proved:
+                return None
+        self._verified[cache_key] = node
+        if len(self._verified) > MAX_VERIFIED_PEERS:
+            self._verified.popitem(last=False)
+        return node
 
     # --- outbound ---------------------------------------------------------------
 
@@ -519,14 +629,19 @@ class Plane:
             # timeout around it is safe.
             with trio.move_on_at(next_sweep):
                 while True:
-                    addr, frames = await self._outbox_receive.receive()
-                    self._transmit(addr, frames)
+                    addr, peer, frames = await self._outbox_receive.receive()
+                    self._transmit(addr, peer, frames)
             now = trio.current_time()
             self._sweep(now)
+            if self._zap is not None:
+                handler, domain = self._zap
+                refused = handler.take_refused(domain)
+                if refused:
+                    self._drop("handshake_refused", refused)
             next_sweep = now + sweep_every
 
-    def _transmit(self, addr: str, frames: tuple[bytes | memoryview, ...]) -> None:
-        peer = self._peer_for(addr, trio.current_time())
+    def _transmit(self, addr: str, node: bytes, frames: tuple[bytes | memoryview, ...]) -> None:
+        peer = self._peer_for(addr, node, trio.current_time())
         if peer is None:
             return
         try:
@@ -551,9 +666,14 @@ class Plane:
         if not peer.up:
             peer.queued_while_down += 1
 
-    def _peer_for(self, addr: str, now: float) -> _Peer | None:
-        """The peer entry for ``addr``, connecting on first use."""
+    def _peer_for(self, addr: str, node: bytes, now: float) -> _Peer | None:
+        """The peer entry for ``addr``, connecting on first use (and again
+        when the node at ``addr`` is another one: a restarted peer with a
+        new identity, or two members claiming one address)."""
         peer = self._peers.get(addr)
+        if peer is not None and peer.node != node:
+            self._evict(peer, "unreachable")
+            peer = None
         if peer is not None:
             self._peers.move_to_end(addr)
             peer.last_used = now
@@ -562,6 +682,10 @@ class Plane:
         if not encoded or len(encoded) > MAX_ADDRESS_BYTES:
             self._drop("bad_address")
             return None
+        server_key = curve_public_key(node)
+        if server_key is None:
+            self._drop("bad_peer_key")
+            return None
         while len(self._peers) >= self.config.max_peers:
             _, oldest = next(iter(self._peers.items()))
             self._evict(oldest, "evicted")
@@ -569,13 +693,17 @@ class Plane:
         routing_id = encoded + b"#" + str(self._generation).encode()
         try:
             self._outbound.setsockopt(zmq.CONNECT_ROUTING_ID, routing_id)
+            if self.encrypted:
+                # Copied into this connection at connect(): each peer gets
+                # its own server key, as each gets its own routing id.
+                self._outbound.setsockopt(zmq.CURVE_SERVERKEY, server_key)
             self._outbound.connect(addr)
         except (zmq.ZMQError, UnicodeError):
             # Malformed endpoint or unknown transport. Host names are resolved
             # later by libzmq's I/O thread, so this never blocks on DNS.
             self._drop("bad_address")
             return None
-        peer = _Peer(address=addr, routing_id=routing_id, last_used=now)
+        peer = _Peer(address=addr, node=node, routing_id=routing_id, last_used=now)
         self._peers[addr] = peer
         return peer
 
@@ -617,16 +745,16 @@ class Plane:
         """
         await self._drain_forever(self._monitor, self._on_monitor_message)
 
-    async def _on_monitor_message(self, frames: list[bytes]) -> None:
+    async def _on_monitor_message(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2 or len(frames[0]) != _MONITOR_HEADER.size:
             return
-        event, value = _MONITOR_HEADER.unpack(frames[0])
+        event, value = _MONITOR_HEADER.unpack(frames[0].bytes)
         # libzmq 4.3 reports the endpoint as given to connect() for these
         # events when it is a numeric address, which is what nodes advertise.
         # For host names some events carry the resolved form instead; those
         # peers simply never look "failing" and rely on the LRU and idle
         # limits instead.
-        peer = self._peers.get(frames[1].decode("utf-8", errors="surrogateescape"))
+        peer = self._peers.get(frames[1].bytes.decode("utf-8", errors="surrogateescape"))
         if peer is None:
             return
         if event == zmq.EVENT_CONNECTED:
@@ -639,6 +767,13 @@ class Plane:
             if peer.fd == value:
                 peer.up = False
                 peer.fd = None
+        elif event & _HANDSHAKE_FAILED:
+            # The peer refused us (a private swarm without our invitation) or
+            # is not the node we named (its key did not match): libzmq
+            # retries, and the sweep gives up on it like on any failing peer.
+            self._drop("handshake_failed")
+            if peer.down_since is None:
+                peer.down_since = trio.current_time()
         elif event == zmq.EVENT_CONNECT_RETRIED and not peer.up and peer.down_since is None:
             peer.down_since = trio.current_time()
 
@@ -658,6 +793,9 @@ class Plane:
             self._outbound.disable_monitor()
         for sock in (self._monitor, self._outbound, self._inbound):
             sock.close(linger=0)
+        if self._zap is not None:
+            handler, domain = self._zap
+            handler.unregister(domain)
 
 
 def _common_options(sock: zmq.Socket[bytes], config: PlaneConfig) -> None:
@@ -673,13 +811,21 @@ def _make_sockets(
     listen: str,
     max_message_bytes: int,
     config: PlaneConfig,
+    keys: PlaneKeys,
+    zap_domain: bytes | None,
 ) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes], zmq.Socket[bytes], str]:
-    """Create, configure and bind; close everything again if any step fails."""
+    """Create, configure and bind; close everything again if any step fails.
+    With a ZAP domain both sockets speak CURVE (inbound as the server whose
+    handshakes that domain's policy admits); without one, plaintext."""
     made: list[zmq.Socket[bytes]] = []
     try:
         inbound = context.socket(zmq.ROUTER)
         made.append(inbound)
         _common_options(inbound, config)
+        if zap_domain is not None:
+            inbound.setsockopt(zmq.CURVE_SERVER, 1)
+            inbound.setsockopt(zmq.CURVE_SECRETKEY, keys.curve_secret)
+            inbound.setsockopt(zmq.ZAP_DOMAIN, zap_domain)
         # Per frame: libzmq drops the *connection* that sends a bigger frame
         # (the sender reconnects; what it had queued is lost), and other
         # peers are unaffected.
@@ -694,6 +840,12 @@ def _make_sockets(
         outbound = context.socket(zmq.ROUTER)
         made.append(outbound)
         _common_options(outbound, config)
+        if zap_domain is not None:
+            outbound.setsockopt(zmq.CURVE_PUBLICKEY, keys.curve_public)
+            outbound.setsockopt(zmq.CURVE_SECRETKEY, keys.curve_secret)
+        # Our id, sent in the handshake (encrypted under CURVE); the peer
+        # checks that it maps to the key we proved (Plane._authenticated_peer).
+        outbound.setsockopt(zmq.METADATA, f"{NODE_ID_PROPERTY}:{keys.node_id.hex()}".encode())
         outbound.setsockopt(zmq.IPV6, 1)  # reach tcp://[v6]:port peers as well as v4
         outbound.setsockopt(zmq.ROUTER_MANDATORY, 1)
         outbound.setsockopt(zmq.IMMEDIATE, 0)  # see the module docstring
@@ -720,10 +872,19 @@ async def open_plane(
     name: str,
     max_message_bytes: int,
     drops: collections.Counter[str],
+    keys: PlaneKeys,
+    encrypted: bool = True,
+    admit: Admit = admit_every_key,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     config: PlaneConfig | None = None,
 ) -> AsyncIterator[Plane]:
     """Bind a plane on ``listen`` and run its owner tasks until the block exits.
+
+    ``keys`` are the node's id and CurveZMQ key pair; ``admit`` decides
+    which client keys may complete a handshake (see `mesh.zap`).
+    ``encrypted=False`` is plaintext and takes each peer's id on trust: it
+    exists only so benchmarks can measure what CURVE costs, and a plaintext
+    plane cannot exchange a single message with an encrypted one.
 
     ``listen`` is a ZeroMQ endpoint such as ``"tcp://127.0.0.1:7001"``; port 0
     picks a free port and ``plane.address`` reports the real endpoint. Binding
@@ -740,7 +901,18 @@ async def open_plane(
         raise ValueError("max_message_bytes must be positive")
     config = config or DEFAULT_CONTROL_CONFIG
     context = context or zmq.Context.instance()
-    inbound, outbound, monitor, address = _make_sockets(context, listen, max_message_bytes, config)
+    zap: tuple[ZapHandler, bytes] | None = None
+    if encrypted:
+        domain = f"shardmesh.{name}.{next(_zap_domains)}".encode()
+        zap = (ZapHandler.register(context, domain, admit), domain)
+    try:
+        inbound, outbound, monitor, address = _make_sockets(
+            context, listen, max_message_bytes, config, keys, zap[1] if zap else None
+        )
+    except BaseException:
+        if zap is not None:
+            zap[0].unregister(zap[1])
+        raise
     plane = Plane(
         name=name,
         inbound=inbound,
@@ -750,6 +922,9 @@ async def open_plane(
         max_message_bytes=max_message_bytes,
         drops=drops,
         config=config,
+        keys=keys,
+        encrypted=encrypted,
+        zap=zap,
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -770,6 +945,9 @@ async def open_planes(
     data_listen: str,
     *,
     drops: collections.Counter[str],
+    keys: PlaneKeys,
+    encrypted: bool = True,
+    admit: Admit = admit_every_key,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     control_config: PlaneConfig | None = None,
     data_config: PlaneConfig | None = None,
@@ -788,6 +966,9 @@ async def open_planes(
             name="control",
             max_message_bytes=control_max_message_bytes,
             drops=drops,
+            keys=keys,
+            encrypted=encrypted,
+            admit=admit,
             context=context,
             config=control_config or DEFAULT_CONTROL_CONFIG,
         ) as control,
@@ -796,6 +977,9 @@ async def open_planes(
             name="data",
             max_message_bytes=data_max_message_bytes,
             drops=drops,
+            keys=keys,
+            encrypted=encrypted,
+            admit=admit,
             context=context,
             config=data_config or DEFAULT_DATA_CONFIG,
         ) as data,

@@ -351,15 +351,19 @@ class MembershipCluster:
     def _start_seeded(self, node: _SimNode, seeds: int) -> None:
         core = self._new_core(node)
         self._trace_action(node.index, "start")
-        contacts = [self.nodes[i].addr for i in range(min(seeds, node.index))]
+        contacts = [self._seed(i) for i in range(min(seeds, node.index))]
         if contacts:
             core.join(contacts, self.loop.now)
         self._flush(node, core)
 
-    def _live_seed(self, exclude: int) -> str | None:
+    def _seed(self, index: int) -> tuple[bytes, str]:
+        """How a joiner names node `index`: its id and its address."""
+        return self.node_id(index), self.nodes[index].addr
+
+    def _live_seed(self, exclude: int) -> tuple[bytes, str] | None:
         for node in self.nodes:
             if node.index != exclude and node.status is NodeStatus.UP:
-                return node.addr
+                return self._seed(node.index)
         return None
 
     # --- lifecycle (scheduled) --------------------------------------------------

@@ -29,7 +29,7 @@ async def wait_for(
 async def start_swarm(swarm: LocalSwarm, n: int) -> list[LocalNode]:
     nodes = [swarm.new_node() for _ in range(n)]
     await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
-    await swarm.start_many(nodes[1:], [nodes[0].control], timeout=START_TIMEOUT_S)
+    await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=START_TIMEOUT_S)
     await wait_for(
         swarm, nodes, all_see(nodes, nodes, "alive"), CONVERGE_TIMEOUT_S, "full membership"
     )

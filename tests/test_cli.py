@@ -45,7 +45,9 @@ async def run_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
         (["node"], "--listen"),
         (["node", "--listen", "nonsense"], "is not HOST:PORT"),
         (["node", "--listen", "127.0.0.1:99999"], "out of range"),
-        (["node", "--listen", "127.0.0.1:0", "--join", "127.0.0.1:0"], "out of range"),
+        (["node", "--listen", "127.0.0.1:0", "--join", "127.0.0.1:7000"], "NODE_ID@HOST:PORT"),
+        (["node", "--join", "ab@127.0.0.1:7000"], "not a node id"),
+        (["node", "--join", f"{'a' * 64}@127.0.0.1:0"], "out of range"),
         (["node", "--listen", "127.0.0.1:0", "--profile", "fast"], "invalid choice: 'fast'"),
         (["node", "--listen", "0.0.0.0:7000"], "--advertise"),
         (["status"], "--api"),
@@ -130,10 +132,13 @@ async def test_policy_shown_set_and_refused_against_a_running_node(swarm: LocalS
         "default",
     ] in rows
 
-    # One commit for both knobs (the CLI waits out the node's first election).
+    # One commit for both knobs (the CLI waits out the node's first election),
+    # with the operator token from the node's state dir.
+    token = ("--state-dir", str(node.state_dir))
     changed = await run_cli(
-        "policy", "--api", node.api, "--set", "cooldown_s=30", "--set", "max_copies=3", "--json"
-    )
+        "policy", "--api", node.api, *token, "--set", "cooldown_s=30", "--set", "max_copies=3",
+        "--json",
+    )  # fmt: skip
     assert changed.returncode == 0, changed.stderr
     answer = json.loads(changed.stdout)
     assert answer["accepted"] and answer["settings"] == {"cooldown_s": 30.0, "max_copies": 3}
@@ -142,7 +147,9 @@ async def test_policy_shown_set_and_refused_against_a_running_node(swarm: LocalS
     status = await run_cli("status", "--api", node.api)
     assert "policy: cooldown_s=30.0, max_copies=3 (the rest default" in status.stdout.decode()
 
-    refused = await run_cli("policy", "--api", node.api, "--set", "max_admission_backoff_s=1")
+    refused = await run_cli(
+        "policy", "--api", node.api, *token, "--set", "max_admission_backoff_s=1"
+    )
     assert refused.returncode == 1
     assert b"HTTP 400: admission_backoff_s (60.0) is above its ceiling" in refused.stderr
 

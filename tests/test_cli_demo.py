@@ -27,6 +27,7 @@ async def test_demo_runs_and_exits_0() -> None:
     assert "where the time went: first token " in out
     assert "coverage: tiny-qwen3 (8 layers): covered [0, 8); gaps none" in out
     assert "HTTP 503 model_loading" in out and "HTTP 200 through" in out
+    assert "without it: HTTP 401 unauthorized" in out and "committed at index" in out
     assert "tiny-llama [0, 4) fp32 tier managed managed=True" in out
     assert "declared node4 dead" in out and "within" in out
     assert "exit codes: node0=0, node1=0, node2=0" in out

@@ -10,6 +10,7 @@ comparison against the ledger's demand table in `/v1/network/status`.
 from __future__ import annotations
 
 import itertools
+import json
 import signal
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -30,6 +31,7 @@ ELECT_TIMEOUT_S = 30.0
 """Covers voter promotion (the local profile's 2 s stabilization, one
 configuration change at a time) on a loaded 2-core machine."""
 FAILOVER_TIMEOUT_S = 15.0
+DEMAND_PATH = "/v1/network/demand"
 
 
 def leader_of(views: Views, nodes: Sequence[LocalNode]) -> LocalNode | None:
@@ -72,7 +74,11 @@ def demand_holds(nodes: Sequence[LocalNode], models: set[str]) -> Callable[[View
 
 
 async def propose(client: httpx.AsyncClient, node: LocalNode, model: str) -> httpx.Response:
-    return await client.post(node.api + "/v1/network/demand", json={"model": model})
+    """Demand for `model`, reported to `node` as its own chat entry would:
+    signed with its key (an unsigned report is refused)."""
+    body = json.dumps({"model": model}).encode()
+    headers = node.signed_headers(DEMAND_PATH, body)
+    return await client.post(node.api + DEMAND_PATH, content=body, headers=headers)
 
 
 async def propose_until_committed(
@@ -153,7 +159,7 @@ async def test_five_nodes_elect_fail_over_and_the_old_leader_catches_up(
         await wait_for(swarm, followers, demand_holds(followers, after), 10.0, "survivors")
 
         # The old leader restarts from its sqlite store and catches up.
-        await swarm.start_ready(leader, [followers[0].control], timeout=START_TIMEOUT_S)
+        await swarm.start_ready(leader, [followers[0].seed], timeout=START_TIMEOUT_S)
         await wait_for(swarm, [leader], demand_holds([leader], after), 20.0, "catch-up")
         view = await swarm.status(leader)
         assert view is not None and view["leader"] != leader.node_id
@@ -170,7 +176,9 @@ async def test_a_node_cut_off_from_the_majority_cannot_commit_and_has_no_leader(
     rest = [n for n in nodes if n is not leader]
 
     async def isolate(node: LocalNode, on: bool) -> None:
-        response = await client.post(node.api + "/v1/debug/faults", json={"isolate": on})
+        response = await client.post(
+            node.api + "/v1/debug/faults", json={"isolate": on}, headers=node.admin_headers()
+        )
         assert response.status_code == 200 and response.json() == {"isolated": on}
 
     def has_no_leader(node: LocalNode) -> Callable[[Views], bool]:
@@ -242,6 +250,6 @@ async def test_kill_9_under_heavy_proposals_loses_no_acknowledged_entry(
     assert len(acknowledged) >= 150
 
     await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
-    await swarm.start_many(nodes[1:], [nodes[0].control], timeout=START_TIMEOUT_S)
+    await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=START_TIMEOUT_S)
     await wait_for(swarm, nodes, demand_holds(nodes, acknowledged), 30.0, "all acknowledged")
     await assert_no_internal_errors(swarm, nodes)

@@ -9,13 +9,19 @@ model, whatever the backends; sessions do not interfere; a hop that dies in
 the middle of a stream is routed around and the stream continues with
 exactly the tokens an uninterrupted run gives; and no input from the network
 can crash a hop.
+
+The planes are CurveZMQ-authenticated, so every message's sender is a
+fact, and sessions are bound to peers: the last section plays a third node
+that learns session ids (as a sniffer of headers would) and tries to use
+them. Its forwards, closes and forged replies are dropped and counted, and
+the generation under attack still yields exactly the reference tokens.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Sequence
-from contextlib import aclosing
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +32,12 @@ import torch
 import transformers
 import trio
 
-from mesh.transport import open_planes
+from mesh.identity import Identity, PlaneKeys
+from mesh.transport import Plane, open_planes
 from mesh.wire import decode_tensor
 from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError, Timeouts
 from runtime.inference.dispatch import Engine
-from runtime.inference.hop_server import HopServer
+from runtime.inference.hop_server import MAX_SESSION_SHARE, HopServer
 from runtime.inference.protocol import encode_message, new_session_id
 from runtime.model.backends import load_shard
 from runtime.model.backends.base import ShardBackend, ShardSpec
@@ -50,6 +57,10 @@ LOOPBACK = "tcp://127.0.0.1:0"
 # Tight enough that a dead hop is noticed in a fraction of a second, loose
 # enough for a loaded 2-core CI box (a tiny-model step takes ~1-3 ms).
 FAST = Timeouts(open_s=2.0, prefill_base_s=2.0, decode_step_s=0.5)
+# For the attack scenarios, which assert that nothing fails: a step that is
+# merely slow on a loaded box must not look like an attack that succeeded.
+PATIENT = Timeouts()
+SCENARIO_S = 10.0  # bounds a whole attack scenario (about a second unloaded)
 # How long to wait for asynchronous effects (a close reaching a hop).
 SETTLE_S = 5.0
 
@@ -79,7 +90,7 @@ def reference(qwen3_dir: Path) -> dict[tuple[int, ...], list[int]]:
     model = transformers.AutoModelForCausalLM.from_pretrained(qwen3_dir, dtype=torch.float32)
     model.eval()
     model.generation_config.eos_token_id = None  # always NEW_TOKENS tokens
-    out = {}
+    out: dict[tuple[int, ...], list[int]] = {}
     with torch.no_grad():
         for prompt in (PROMPT, OTHER_PROMPT):
             ids = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS, do_sample=False)
@@ -87,15 +98,31 @@ def reference(qwen3_dir: Path) -> dict[tuple[int, ...], list[int]]:
     return out
 
 
+def new_keys() -> PlaneKeys:
+    return Identity.generate().plane_keys()
+
+
 @dataclass
 class Node:
-    """A running test node: its engine, drops, and a way to kill it."""
+    """A running test node: its engine, drops, and a way to kill it.
 
+    ``name`` is only for reading the tests; ``node_id`` is the real id (hex)
+    its planes prove in every handshake."""
+
+    name: str
     node_id: str
     engine: Engine
     drops: Counter[str]
     address: str
     scope: trio.CancelScope
+
+    @property
+    def node(self) -> bytes:
+        return bytes.fromhex(self.node_id)
+
+    @property
+    def plane(self) -> Plane:
+        return self.engine.plane
 
     @property
     def hop(self) -> HopServer:
@@ -112,7 +139,7 @@ class Node:
 
 
 async def _serve_node(
-    node_id: str,
+    name: str,
     shard: ShardBackend | None,
     limits: dict[str, Any],
     *,
@@ -120,29 +147,32 @@ async def _serve_node(
 ) -> None:
     with trio.CancelScope() as scope:
         drops: Counter[str] = Counter()
-        async with open_planes(LOOPBACK, LOOPBACK, drops=drops) as (_control, data):
+        keys = new_keys()
+        async with open_planes(LOOPBACK, LOOPBACK, drops=drops, keys=keys) as (_control, data):
             hop = None
             if shard is not None:
                 hop = HopServer(data, shard, model=MODEL, drops=drops, **limits)
             engine = Engine(data, drops=drops, hop_server=hop)
             async with trio.open_nursery() as nursery:
                 await nursery.start(engine.run)
-                task_status.started(Node(node_id, engine, drops, data.address, scope))
+                node_id = data.keys.node_id.hex()
+                task_status.started(Node(name, node_id, engine, drops, data.address, scope))
 
 
 async def start_node(
-    nursery: trio.Nursery, node_id: str, shard: ShardBackend | None = None, **limits: Any
+    nursery: trio.Nursery, name: str, shard: ShardBackend | None = None, **limits: Any
 ) -> Node:
-    node: Node = await nursery.start(_serve_node, node_id, shard, limits)
+    node: Node = await nursery.start(_serve_node, name, shard, limits)
     return node
 
 
 async def start_chain(
     nursery: trio.Nursery, shards: Sequence[ShardBackend], **limits: Any
-) -> tuple[Pipeline, list[Node]]:
+) -> tuple[Node, list[Node]]:
+    """An entry (no shard) and one hop per shard, in chain order."""
     entry = await start_node(nursery, "entry")
     hops = [await start_node(nursery, f"hop{i}", s, **limits) for i, s in enumerate(shards)]
-    return entry.engine.pipeline, hops
+    return entry, hops
 
 
 async def collect(
@@ -165,6 +195,46 @@ async def settle(nodes: Sequence[Node]) -> None:
             await trio.sleep(0.01)
 
 
+@asynccontextmanager
+async def bare_plane() -> AsyncIterator[Plane]:
+    """The data plane of a node with no engine: the test speaks for it by
+    hand (it has its own identity, like any other node)."""
+    async with open_planes(LOOPBACK, LOOPBACK, drops=Counter(), keys=new_keys()) as (_, data):
+        yield data
+
+
+def open_header(peer: Plane, session: str, **fields: Any) -> dict[str, Any]:
+    """An ``open`` of the first shard from ``peer`` as the entry; unless
+    ``fields`` say otherwise, ``peer`` plays the next hop too."""
+    me = peer.keys.node_id.hex()
+    return {
+        "op": "open",
+        "session": session,
+        "model": MODEL,
+        "layers": list(SPANS[0]),
+        "reply": peer.address,
+        "budget": 64,
+        "prev": me,
+        "next": peer.address,
+        "next_node": me,
+        "next_session": new_session_id(),
+        "sampling": None,
+        "seed": 0,
+        **fields,
+    }
+
+
+async def receive_header(plane: Plane, sender: Node | None = None) -> dict[str, Any]:
+    """The next message's header on a bare test plane (bounded wait); when
+    ``sender`` is given, the plane must have authenticated it as the sender."""
+    with trio.fail_after(SETTLE_S):
+        peer, frames = await plane.receive()
+    if sender is not None:
+        assert peer == sender.node
+    header, *_ = decode_tensor(frames)
+    return header
+
+
 # --- generation -------------------------------------------------------------------
 
 
@@ -173,13 +243,14 @@ async def test_greedy_three_hops_equals_transformers_generate(
     reference: dict[tuple[int, ...], list[int]],
 ) -> None:
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
         timing = ChainTiming()
         assert await collect(pipeline, chain, timing=timing) == reference[PROMPT]
         await settle(hops)  # closing released the session on every hop
         # Every hop computed the prompt once and each later token once...
-        assert timing.nodes == ["hop0", "hop1", "hop2"]
+        assert timing.nodes == [node.node_id for node in hops]
         assert timing.decode_steps == NEW_TOKENS - 1
         for node, prefill_us, decode_us in zip(
             hops, timing.prefill_us, timing.decode_us, strict=True
@@ -204,7 +275,8 @@ async def test_mixed_torch_and_mlx_chain(
     middle = _load(qwen3_dir, (3, 6), "mlx")  # `make test` installs MLX: never skipped
     async with trio.open_nursery() as nursery:
         shards = [torch_shards[(0, 3)], middle, torch_shards[(6, 8)]]
-        pipeline, hops = await start_chain(nursery, shards)
+        entry, hops = await start_chain(nursery, shards)
+        pipeline = entry.engine.pipeline
         assert await collect(pipeline, [node.as_hop() for node in hops]) == reference[PROMPT]
         nursery.cancel_scope.cancel()
 
@@ -219,7 +291,8 @@ async def test_concurrent_sessions_do_not_interfere(
         results[prompt] = await collect(pipeline, chain, prompt)
 
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
         async with trio.open_nursery() as both:
             for prompt in (PROMPT, OTHER_PROMPT, PROMPT):
@@ -234,7 +307,8 @@ async def test_consumer_stopping_early_closes_every_session(
     reference: dict[tuple[int, ...], list[int]],
 ) -> None:
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
         stream = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=FAST)
         got = []
@@ -270,41 +344,28 @@ async def test_steps_behind_a_busy_shard_queue_and_run_in_order(
 
     async with trio.open_nursery() as nursery:
         hop = await start_node(nursery, "hop", shard)
-        drops: Counter[str] = Counter()
-        async with open_planes(LOOPBACK, LOOPBACK, drops=drops) as (_control, peer):
+        async with bare_plane() as peer:  # the entry, and the next hop too
 
             async def activations() -> np.ndarray:
                 with trio.fail_after(SETTLE_S):
-                    header, dtype, shape, raw = decode_tensor(await peer.receive())
+                    sender, frames = await peer.receive()
+                assert sender == hop.node
+                header, dtype, shape, raw = decode_tensor(frames)
                 assert header["op"] == "forward", header
                 return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
+            def send(message: list[Any]) -> None:
+                peer.send(hop.address, message, peer=hop.node)
+
             session = new_session_id()
-            peer.send(
-                hop.address,
-                encode_message(
-                    {
-                        "op": "open",
-                        "session": session,
-                        "model": MODEL,
-                        "layers": list(SPANS[0]),
-                        "reply": peer.address,
-                        "budget": 64,
-                        "next": peer.address,  # this test plays the next hop too
-                        "next_session": new_session_id(),
-                        "sampling": None,
-                        "seed": 0,
-                    }
-                ),
-            )
+            send(encode_message(open_header(peer, session)))
 
             def step(index: int, pos: int, tokens: Sequence[int]) -> list[Any]:
                 header = {"op": "forward", "session": session, "step": index, "pos": pos}
                 return encode_message(header, np.array(tokens, np.int64))
 
-            with trio.fail_after(SETTLE_S):
-                assert decode_tensor(await peer.receive())[0]["op"] == "opened"
-            peer.send(hop.address, step(0, 0, PROMPT))
+            assert (await receive_header(peer, hop))["op"] == "opened"
+            send(step(0, 0, PROMPT))
             got = [await activations()]
 
             release = trio.Event()
@@ -317,12 +378,12 @@ async def test_steps_behind_a_busy_shard_queue_and_run_in_order(
             nursery.start_soon(hop.hop.on_shard, hold_shard)
             await holding.wait()
             for i, token in enumerate(decode_tokens[:3]):
-                peer.send(hop.address, step(i + 1, len(PROMPT) + i, [token]))
+                send(step(i + 1, len(PROMPT) + i, [token]))
             await trio.sleep(0.2)  # all three arrive while the shard is held
             release.set()
             got += [await activations() for _ in range(3)]
             # The shard is free again: the next step runs from the receive loop.
-            peer.send(hop.address, step(4, len(PROMPT) + 3, decode_tokens[3:]))
+            send(step(4, len(PROMPT) + 3, decode_tokens[3:]))
             got.append(await activations())
         for want, have in zip(expected, got, strict=True):
             np.testing.assert_array_equal(have, want)
@@ -338,9 +399,8 @@ async def test_busy_when_the_session_limit_is_reached(
     reference: dict[tuple[int, ...], list[int]],
 ) -> None:
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(
-            nursery, [torch_shards[s] for s in SPANS], max_sessions=1
-        )
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS], max_sessions=1)
+        pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
         first = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=FAST)
         async with aclosing(first) as tokens:
@@ -369,9 +429,10 @@ async def test_idle_sessions_are_reaped(
 ) -> None:
     idle_s = 0.2
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(
+        entry, hops = await start_chain(
             nursery, [torch_shards[s] for s in SPANS], idle_timeout_s=idle_s
         )
+        pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
         stream = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=FAST)
         async with aclosing(stream) as tokens:
@@ -392,9 +453,10 @@ async def test_idle_sessions_are_reaped(
 
 async def test_budget_is_enforced(torch_shards: dict[tuple[int, int], ShardBackend]) -> None:
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(
+        entry, hops = await start_chain(
             nursery, [torch_shards[s] for s in SPANS], max_budget=len(PROMPT) + 4
         )
+        pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
         with pytest.raises(PipelineError, match="budget"):
             await collect(pipeline, chain)  # asks for len(PROMPT) + 24 positions
@@ -421,52 +483,49 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
     reference: dict[tuple[int, ...], list[int]],
 ) -> None:
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        pipeline = entry.engine.pipeline
         first = hops[0]
-        drops: Counter[str] = Counter()
-        async with open_planes(LOOPBACK, LOOPBACK, drops=drops) as (_control, peer):
+        async with bare_plane() as peer:
 
             async def reply() -> dict[str, Any]:
-                with trio.fail_after(SETTLE_S):
-                    header, *_ = decode_tensor(await peer.receive())
-                return header
+                return await receive_header(peer, first)
 
-            to = first.address
+            def send(message: list[Any]) -> None:
+                peer.send(first.address, message, peer=first.node)
+
             ghost = {"op": "forward", "session": new_session_id(), "step": 0, "pos": 0}
             header_frame, _ = _raw(ghost, np.array([1], np.int64))
-            peer.send(to, [b"\xff\x00garbage"])  # not a tensor frame pair
-            peer.send(to, [header_frame, b"\x00" * 3])  # raw frame does not match the shape
-            peer.send(to, [b"\x1c", b""])  # malformed CBOR header
-            peer.send(to, _raw({"op": "explode"}))
-            peer.send(to, _raw(ghost, np.array([1], np.int64)))
-            peer.send(to, _raw({"op": "forward", "step": 0, "pos": 0}))  # no session
-            peer.send(to, _raw({"op": "close", "session": "not-hex"}))
-            peer.send(to, _raw({"op": "open", "session": new_session_id(), "reply": 7}))
+            send([b"\xff\x00garbage"])  # not a tensor frame pair
+            send([header_frame, b"\x00" * 3])  # raw frame does not match the shape
+            send([b"\x1c", b""])  # malformed CBOR header
+            send(_raw({"op": "explode"}))
+            send(_raw(ghost, np.array([1], np.int64)))
+            send(_raw({"op": "forward", "step": 0, "pos": 0}))  # no session
+            send(_raw({"op": "close", "session": "not-hex"}))
+            send(_raw({"op": "open", "session": new_session_id(), "reply": 7}))
 
             # An open with a reply address is answered, even when refused.
             wrong = new_session_id()
-            bad_open = {
-                "op": "open",
-                "session": wrong,
-                "model": "some-other-model",
-                "layers": [0, 3],
-                "reply": peer.address,
-                "budget": 64,
-                "next": hops[1].address,
-                "next_session": new_session_id(),
-                "sampling": None,
-                "seed": 0,
-            }
-            peer.send(to, _raw(bad_open))
+            good_open = open_header(peer, wrong, next=hops[1].address, next_node=hops[1].node_id)
+            send(_raw({**good_open, "model": "some-other-model"}))
             answer = await reply()
             assert answer["op"] == "error" and answer["session"] == wrong
             assert answer["reason"].startswith("wrong_shard")
+            # The first hop takes its inputs only from the entry that opens
+            # it, and every hop needs a real node id for the next hop.
+            for bad in ({"prev": hops[1].node_id}, {"next_node": "hop1"}):
+                session = new_session_id()
+                send(_raw({**good_open, "session": session, **bad}))
+                answer = await reply()
+                assert answer["op"] == "error" and answer["session"] == session
+                assert answer["reason"].startswith("bad_field")
 
             # A real session, then steps that break its rules: each is answered
             # with an error, which also ends the session.
             async def open_session() -> str:
                 session = new_session_id()
-                peer.send(to, _raw({**bad_open, "session": session, "model": MODEL}))
+                send(_raw({**good_open, "session": session}))
                 assert await reply() == {"op": "opened", "session": session}
                 return session
 
@@ -481,7 +540,7 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
             ):
                 session = await open_session()
                 step = {"op": "forward", "session": session, "step": 0, "pos": pos, **extra}
-                peer.send(to, _raw(step, inputs))
+                send(_raw(step, inputs))
                 answer = await reply()
                 assert answer["op"] == "error" and answer["session"] == session
                 assert answer["step"] == 0 and answer["reason"].startswith(reason)
@@ -495,7 +554,7 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
             "engine.malformed_cbor": 1,
             "engine.unknown_op": 1,
             "engine.unknown_session": 1,
-            "engine.bad_field": 5,
+            "engine.bad_field": 7,
             "engine.wrong_shard": 1,
             "engine.bad_payload": 1,
             "engine.bad_position": 1,
@@ -569,9 +628,9 @@ async def test_failover_mid_stream_continues_with_identical_tokens(
         assert got == expected
         assert len(failures) == 1
         assert failures[0].step == kill_after
-        assert failures[0].nodes == {"a", "b1", "c"}
+        assert failures[0].nodes == {a.node_id, b1.node_id, c.node_id}
         # Timing describes the chain that finished: the replay was its prefill.
-        assert timing.nodes == ["a", "b2", "c"]
+        assert timing.nodes == [a.node_id, b2.node_id, c.node_id]
         assert timing.decode_steps == NEW_TOKENS - kill_after - 1
         assert all(us > 0 for us in timing.prefill_us + timing.decode_us)
         await settle([a, b2, c])
@@ -582,12 +641,13 @@ async def test_failure_without_reroute_raises(
     torch_shards: dict[tuple[int, int], ShardBackend],
 ) -> None:
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
         hops[2].stop()
         with pytest.raises(PipelineError, match="open timed out") as info:
             await collect(pipeline, chain, timeouts=Timeouts(open_s=0.3))
-        assert info.value.failure.suspects == {"hop2"}
+        assert info.value.failure.suspects == {hops[2].node_id}
         await settle(hops[:2])
         nursery.cancel_scope.cancel()
 
@@ -596,24 +656,240 @@ async def test_a_stale_route_is_refused_at_open(
     torch_shards: dict[tuple[int, int], ShardBackend],
 ) -> None:
     async with trio.open_nursery() as nursery:
-        pipeline, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        pipeline = entry.engine.pipeline
         shardless = await start_node(nursery, "shardless")
-        claims = [hops[0].as_hop(), Hop("shardless", shardless.address, (3, 6)), hops[2].as_hop()]
+        claims = [
+            hops[0].as_hop(),
+            Hop(shardless.node_id, shardless.address, (3, 6)),
+            hops[2].as_hop(),
+        ]
         with trio.fail_after(1.0), pytest.raises(PipelineError, match="wrong_shard") as info:
             await collect(pipeline, claims)  # answered at once, no open timeout
-        assert info.value.failure.suspects == {"shardless"}
-        misplaced = [hops[0].as_hop(), Hop("hop2", hops[2].address, (3, 6)), hops[2].as_hop()]
+        assert info.value.failure.suspects == {shardless.node_id}
+        # The right node at its address, but not holding the layers claimed.
+        misplaced = [
+            hops[0].as_hop(),
+            Hop(hops[2].node_id, hops[2].address, (3, 6)),
+            hops[2].as_hop(),
+        ]
         with trio.fail_after(1.0), pytest.raises(PipelineError, match="wrong_shard") as info:
             await collect(pipeline, misplaced)
-        assert info.value.failure.suspects == {"hop2"}
+        assert info.value.failure.suspects == {hops[2].node_id}
         await settle(hops)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_route_naming_the_wrong_node_for_an_address_never_delivers(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+    reference: dict[tuple[int, ...], list[int]],
+) -> None:
+    """A route that pairs an address with another node's id (a stale record
+    after the address changed hands, or a lie) cannot reach whoever listens
+    there: the entry connects expecting that id's key, the node at the
+    address cannot prove it, the handshake fails and the open is never
+    delivered. The entry gives up on its open timeout, suspecting the node
+    it named, and the node at the address heard nothing at all."""
+    async with trio.open_nursery() as nursery:
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        pipeline = entry.engine.pipeline
+        impostor = Identity.generate().node_id.hex()
+        claims = [hops[0].as_hop(), Hop(impostor, hops[1].address, (3, 6)), hops[2].as_hop()]
+        with trio.fail_after(SETTLE_S):
+            with pytest.raises(PipelineError, match="open timed out") as info:
+                await collect(pipeline, claims, timeouts=Timeouts(open_s=0.5))
+            assert info.value.failure.suspects == {impostor}
+            while not entry.drops["data.handshake_failed"]:
+                await trio.sleep(0.01)
+        assert hops[1].plane.received_messages == 0
+        assert hops[1].hop.sessions == 0
+        await settle(hops)
+        # The same address under its real id is the same hop as ever.
+        chain = [node.as_hop() for node in hops]
+        with trio.fail_after(SETTLE_S):
+            assert await collect(pipeline, chain) == reference[PROMPT]
         nursery.cancel_scope.cancel()
 
 
 async def test_chain_must_tile_the_layers() -> None:
     async with trio.open_nursery() as nursery:
         entry = await start_node(nursery, "entry")
-        bad = [Hop("x", "tcp://127.0.0.1:1", (0, 3)), Hop("y", "tcp://127.0.0.1:2", (4, 8))]
+        x, y = (Identity.generate().node_id.hex() for _ in range(2))
+        bad = [Hop(x, "tcp://127.0.0.1:1", (0, 3)), Hop(y, "tcp://127.0.0.1:2", (4, 8))]
         with pytest.raises(ValueError, match="contiguous"):
             await collect(entry.engine.pipeline, bad)
+        # A hop is a node id, not a name: anything else is refused up front.
+        for name in ("x", x.upper(), x[:-2]):
+            named = [Hop(name, "tcp://127.0.0.1:1", (0, 8))]
+            with pytest.raises(ValueError, match="not a node id"):
+                await collect(entry.engine.pipeline, named)
+        nursery.cancel_scope.cancel()
+
+
+# --- sessions are bound to peers ------------------------------------------------------
+#
+# Mallory is a third node of the swarm: her planes are as authenticated as
+# anyone's, and she has learned the session ids of a generation in flight
+# (here read from the hops' tables, as a sniffer of headers would). The
+# planes tell every receiver that it is she who speaks, and a session listens
+# only to the peers it is bound to.
+
+
+def session_of(node: Node) -> str:
+    """The one session a hop holds: what a sniffer would have learned."""
+    (session,) = node.hop._sessions
+    return session
+
+
+async def wait_until_dropped(node: Node, count: int) -> None:
+    """Until ``node`` has dropped ``count`` messages as not its sessions' peer's."""
+    with trio.fail_after(SETTLE_S):
+        while node.drops["engine.not_session_peer"] < count:
+            await trio.sleep(0.01)
+    assert node.drops["engine.not_session_peer"] == count
+
+
+async def test_a_third_node_cannot_forward_into_a_sniffed_session(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+    reference: dict[tuple[int, ...], list[int]],
+) -> None:
+    async with trio.open_nursery() as nursery:
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        mallory = await start_node(nursery, "mallory")
+        chain = [node.as_hop() for node in hops]
+        stream = entry.engine.pipeline.generate(
+            MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=PATIENT
+        )
+        with trio.fail_after(SCENARIO_S):
+            async with aclosing(stream) as tokens:
+                got = [await anext(tokens)]
+                # Mallory pushes her own inputs into every hop's session: a
+                # token into the first, hidden states into the others. Taken,
+                # they would poison the caches (or break the positions) and
+                # change every token after them.
+                for i, node in enumerate(hops):
+                    pos = len(PROMPT) + 1
+                    header = {"op": "forward", "session": session_of(node), "step": 2, "pos": pos}
+                    if i == 0:
+                        inputs = np.array([66], np.int64)
+                    else:
+                        inputs = np.full((1, node.hop.shard.hidden_size), 1e4, np.float32)
+                    mallory.plane.send(node.address, encode_message(header, inputs), peer=node.node)
+                for node in hops:
+                    await wait_until_dropped(node, 1)
+                got += [token async for token in tokens]
+        assert got == reference[PROMPT]
+        await settle(hops)
+        # Nothing of hers was computed: each hop ran the prompt and each later
+        # token once, and no session saw an error.
+        for node in hops:
+            stats = node.engine.hop_stats
+            assert stats is not None
+            assert (stats["prefill_steps"], stats["decode_steps"]) == (1, NEW_TOKENS - 1)
+            assert {k for k in node.drops if k.startswith("engine.")} == {"engine.not_session_peer"}
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_third_node_cannot_close_a_live_session(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+    reference: dict[tuple[int, ...], list[int]],
+) -> None:
+    async with trio.open_nursery() as nursery:
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        mallory = await start_node(nursery, "mallory")
+        chain = [node.as_hop() for node in hops]
+        stream = entry.engine.pipeline.generate(
+            MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=PATIENT
+        )
+        with trio.fail_after(SCENARIO_S):
+            async with aclosing(stream) as tokens:
+                got = [await anext(tokens)]
+                # Close is idempotent and has no reply: were it taken from
+                # anyone, one message would end a stranger's generation.
+                for node in hops:
+                    close = encode_message({"op": "close", "session": session_of(node)})
+                    mallory.plane.send(node.address, close, peer=node.node)
+                for node in hops:
+                    await wait_until_dropped(node, 1)
+                assert [node.hop.sessions for node in hops] == [1, 1, 1]
+                got += [token async for token in tokens]
+        assert got == reference[PROMPT]
+        # The entry's own close, at the end, is taken.
+        await settle(hops)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_third_node_cannot_forge_replies_to_the_entry(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+    reference: dict[tuple[int, ...], list[int]],
+) -> None:
+    async with trio.open_nursery() as nursery:
+        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        mallory = await start_node(nursery, "mallory")
+        chain = [node.as_hop() for node in hops]
+        stream = entry.engine.pipeline.generate(
+            MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=PATIENT
+        )
+        with trio.fail_after(SCENARIO_S):
+            async with aclosing(stream) as tokens:
+                got = [await anext(tokens)]
+                # Tokens carry the last hop's session id. Mallory answers in
+                # its name, for the step in flight and the next one, with a
+                # token of her choosing; then she reports the session failed.
+                last = session_of(hops[-1])
+                forged = [
+                    {"op": "token", "session": last, "step": step, "token": 666}
+                    | {"compute_us": [1, 1, 1]}
+                    for step in (1, 2)
+                ]
+                forged.append({"op": "error", "session": last, "step": 2, "reason": "shard_failed"})
+                for header in forged:
+                    mallory.plane.send(entry.address, encode_message(header), peer=entry.node)
+                await wait_until_dropped(entry, len(forged))
+                got += [token async for token in tokens]
+        assert got == reference[PROMPT]
+        assert 666 not in got
+        await settle(hops)
+        nursery.cancel_scope.cancel()
+
+
+async def test_one_peer_holds_at_most_its_share_of_a_hops_sessions(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+) -> None:
+    max_sessions = 4
+    share = int(max_sessions * MAX_SESSION_SHARE)
+    assert 1 <= share < max_sessions
+    async with trio.open_nursery() as nursery:
+        hop = await start_node(nursery, "hop", torch_shards[SPANS[0]], max_sessions=max_sessions)
+        async with bare_plane() as mallory, bare_plane() as alice:
+
+            async def open_session(peer: Plane) -> tuple[str, dict[str, Any]]:
+                session = new_session_id()
+                peer.send(hop.address, encode_message(open_header(peer, session)), peer=hop.node)
+                answer = await receive_header(peer, hop)
+                assert answer["session"] == session
+                return session, answer
+
+            # Mallory asks for every session the hop has; she gets her share.
+            held = []
+            for _ in range(share):
+                session, answer = await open_session(mallory)
+                assert answer == {"op": "opened", "session": session}
+                held.append(session)
+            for _ in range(max_sessions - share):
+                _, answer = await open_session(mallory)
+                assert answer["op"] == "busy" and "holds its share" in answer["reason"]
+            assert hop.drops["engine.busy"] == max_sessions - share
+            # Alice, another entry, is still served.
+            session, answer = await open_session(alice)
+            assert answer == {"op": "opened", "session": session}
+            assert hop.hop.sessions == share + 1
+            # The share bounds what a peer holds at once, not what it ever opens.
+            close = encode_message({"op": "close", "session": held.pop()})
+            mallory.send(hop.address, close, peer=hop.node)
+            with trio.fail_after(SETTLE_S):
+                while hop.hop.sessions > share:
+                    await trio.sleep(0.01)
+            session, answer = await open_session(mallory)
+            assert answer == {"op": "opened", "session": session}
         nursery.cancel_scope.cancel()

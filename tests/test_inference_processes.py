@@ -76,7 +76,7 @@ async def start_serving(
     """Start one node per arg list (the first founds the swarm)."""
     nodes = [swarm.new_node(names[i] if names else None, args=args) for i, args in enumerate(specs)]
     await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
-    await swarm.start_many(nodes[1:], [nodes[0].control], timeout=START_TIMEOUT_S)
+    await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=START_TIMEOUT_S)
     return nodes
 
 
@@ -368,8 +368,12 @@ async def test_bad_requests_get_openai_errors_and_the_node_keeps_serving(
             assert response.status_code == status, (body, response.text)
             error = response.json()["error"]
             assert error["param"] == param and error["message"], error
-        malformed = await client.post(url, content=b"{not json")
+        malformed = await client.post(
+            url, content=b"{not json", headers={"content-type": "application/json"}
+        )
         assert malformed.status_code == 400
+        not_json = await client.post(url, content=b"{}", headers={"content-type": "text/plain"})
+        assert not_json.status_code == 415  # no cross-site "simple" request reaches a route
         assert "JSON" in malformed.json()["error"]["message"]
         loading = await client.post(url, json={**good, "model": "other"})
         assert loading.status_code == 503
@@ -398,7 +402,7 @@ async def test_a_light_entry_loads_the_tokenizer_library_once_the_swarm_has_a_mo
     assert not maps_library(light, TOKENIZERS_LIBRARY)
 
     serving = swarm.new_node("serving", args=shard_args(model_dir, "0:8"))
-    await swarm.start_ready(serving, [light.control], timeout=START_TIMEOUT_S)
+    await swarm.start_ready(serving, [light.seed], timeout=START_TIMEOUT_S)
     await wait_for(swarm, [light], model_ready(MODEL, [light]), READY_TIMEOUT_S, "coverage")
     # Before any request: the first chat through it will not wait for the import.
     with trio.fail_after(READY_TIMEOUT_S):

@@ -7,13 +7,17 @@ or restored a snapshot halfway, and no committed bytes can make apply raise.
 
 from __future__ import annotations
 
+from unittest import mock
+
 import cbor2
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from consensus.ledger import (
+    DEMAND_HORIZON_S,
     MAX_COMMAND_BYTES,
+    MAX_DEMAND_MODELS,
     REASON_BAD_POLICY,
     REASON_NO_ASSIGNMENT,
     REASON_PINNED,
@@ -22,8 +26,10 @@ from consensus.ledger import (
     REASON_UNDECODABLE,
     REASON_WRONG_EPOCH,
     REASON_WRONG_MODEL,
+    Admit,
     Assign,
     Command,
+    Found,
     LedgerError,
     MarkAdmissionFailed,
     PlacementLedger,
@@ -272,6 +278,92 @@ def test_demand_accumulates_raw_counts_and_times() -> None:
     ]
 
 
+def demand_rows(ledger: PlacementLedger) -> dict[str, tuple[int, float, float]]:
+    return {m: (d.count, d.first_at, d.last_at) for m, d in ledger.demand().items()}
+
+
+def test_demand_for_many_models_keeps_the_most_recent_within_the_bound() -> None:
+    ledger = PlacementLedger()
+    names = [f"invented-{i:04d}" for i in range(MAX_DEMAND_MODELS + 200)]
+    run(ledger, *(RecordDemand(name, 1, 1000.0 + i) for i, name in enumerate(names)))
+    assert len(ledger.demand()) == MAX_DEMAND_MODELS
+    assert set(ledger.demand()) == set(names[-MAX_DEMAND_MODELS:])
+    assert ledger.rejected() == {}  # bounded by forgetting, not by refusing commands
+
+
+def test_a_full_table_gives_up_its_least_recently_seen_model() -> None:
+    ledger = PlacementLedger()
+    names = [f"m{i:03d}" for i in range(MAX_DEMAND_MODELS)]
+    run(ledger, *(RecordDemand(name, 5, float(i)) for i, name in enumerate(names)))
+    # m000 is the oldest row, but asked for again it is the most recent.
+    run(ledger, RecordDemand("m000", 1, 500.0), RecordDemand("new", 1, 501.0))
+    assert "m001" not in ledger.demand() and len(ledger.demand()) == MAX_DEMAND_MODELS
+    assert demand_rows(ledger)["m000"] == (6, 0.0, 500.0)
+    assert demand_rows(ledger)["new"] == (1, 501.0, 501.0)
+    # A report older than every row (a late one) is itself the least recent.
+    run(ledger, RecordDemand("late", 1, -1.0))
+    assert "late" not in ledger.demand() and "m002" in ledger.demand()
+
+
+def test_equal_times_evict_by_name_so_every_replica_keeps_the_same_rows() -> None:
+    with mock.patch("consensus.ledger.MAX_DEMAND_MODELS", 2):
+        ledger = PlacementLedger()
+        run(ledger, RecordDemand("c", 1, 1.0), RecordDemand("a", 1, 1.0), RecordDemand("b", 1, 1.0))
+        assert list(ledger.demand()) == ["b", "c"]  # "a" sorts first among equals
+
+
+def test_demand_older_than_the_horizon_is_dropped_when_new_demand_applies() -> None:
+    ledger = PlacementLedger()
+    run(ledger, RecordDemand("old", 3, 0.0), RecordDemand("recent", 1, 100.0))
+    assert ledger.demand_horizon() == DEMAND_HORIZON_S  # the defaults read less than a day
+    # Time is the commands' `at`: nothing is forgotten until demand arrives,
+    # and exactly on the horizon a row is still kept.
+    run(ledger, RecordDemand("new", 1, DEMAND_HORIZON_S))
+    assert set(ledger.demand()) == {"old", "recent", "new"}
+    run(ledger, RecordDemand("new", 1, DEMAND_HORIZON_S + 50.0))
+    assert set(ledger.demand()) == {"recent", "new"}
+    # Other commands never forget demand, however late their `at`.
+    run(ledger, Release(N1, "m", 1, "x", 1e9), SetPolicy((("max_copies", 2),), 1e9))
+    assert set(ledger.demand()) == {"recent", "new"}
+    # A model asked for again after it was forgotten starts a fresh row.
+    run(ledger, RecordDemand("old", 2, DEMAND_HORIZON_S + 60.0))
+    assert demand_rows(ledger)["old"] == (2, DEMAND_HORIZON_S + 60.0, DEMAND_HORIZON_S + 60.0)
+
+
+def test_the_horizon_follows_a_policy_that_reads_demand_for_longer() -> None:
+    ledger = PlacementLedger()
+    two_days = 2 * 86400.0
+    run(ledger, SetPolicy((("idle_release_s", two_days),), 0.0), RecordDemand("a", 1, 0.0))
+    assert ledger.demand_horizon() == two_days
+    run(ledger, RecordDemand("b", 1, 1.5 * 86400))
+    assert set(ledger.demand()) == {"a", "b"}  # within idle_release_s: placement still reads it
+    run(ledger, SetPolicy((("demand_window_s", 86400.0),), 0.0))
+    assert ledger.demand_horizon() == 20 * 86400.0
+
+
+def test_a_full_demand_table_survives_a_snapshot() -> None:
+    ledger = PlacementLedger()
+    run(ledger, *(RecordDemand(f"m{i}", i + 1, float(i)) for i in range(MAX_DEMAND_MODELS + 5)))
+    restored = PlacementLedger.restore(ledger.snapshot())
+    assert restored == ledger and demand_rows(restored) == demand_rows(ledger)
+    future = [RecordDemand("x", 1, 9000.0), RecordDemand("m7", 1, 100.0)]
+    assert run(restored, *future) == run(ledger, *future)
+    assert restored.snapshot() == ledger.snapshot()
+
+
+def test_an_oversized_table_from_an_older_build_restores_and_is_trimmed_by_new_demand() -> None:
+    ledger = PlacementLedger()
+    run(ledger, RecordDemand("m", 1, 0.0))
+    state = cbor2.loads(ledger.snapshot())
+    state[4] = [[f"m{i:04d}", 1, float(i), float(i)] for i in range(MAX_DEMAND_MODELS + 10)]
+    restored = PlacementLedger.restore(cbor2.dumps(state, canonical=True))
+    assert len(restored.demand()) == MAX_DEMAND_MODELS + 10  # as committed: restore changes nothing
+    run(restored, RecordDemand("fresh", 1, 5000.0))
+    assert len(restored.demand()) == MAX_DEMAND_MODELS
+    assert "fresh" in restored.demand() and "m0010" not in restored.demand()
+    assert "m0011" in restored.demand()
+
+
 def test_policy_settings_accumulate_and_every_replica_decides_with_them() -> None:
     ledger = PlacementLedger()
     assert ledger.policy() == PlacementSettings() and ledger.policy_settings() == {}
@@ -335,6 +427,7 @@ def test_to_json_shape() -> None:
         "ledger_applied_index": 2,
         "ledger_rejected": {},
         "policy_settings": {},
+        "swarm": None,
     }
 
 
@@ -361,15 +454,17 @@ def test_snapshot_restore_round_trip_and_same_future() -> None:
     assert restored.snapshot() == ledger.snapshot()
 
 
-def test_a_version_1_snapshot_still_restores_with_default_policy() -> None:
+def test_version_1_and_2_snapshots_still_restore_with_defaults() -> None:
     ledger = PlacementLedger()
     run(ledger, assign(N1, "m", 1, "operator"), RecordDemand("m", 2, 1.0))
-    # Version 1 (before policy settings): the same six items, no seventh.
+    # Version 1 (before policy settings): the same six items, no seventh;
+    # version 2 (before the swarm): seven, no founding and no admissions.
     old = cbor2.loads(ledger.snapshot())
-    assert old[0] == 2 and old[6] == []
-    v1 = cbor2.dumps([1, *old[1:6]], canonical=True)
-    restored = PlacementLedger.restore(v1)
-    assert restored == ledger and restored.policy() == PlacementSettings()
+    assert old[0] == 3 and old[6] == [] and old[7] is None and old[8] == []
+    for version, items in ((1, old[1:6]), (2, old[1:7])):
+        restored = PlacementLedger.restore(cbor2.dumps([version, *items], canonical=True))
+        assert restored == ledger and restored.policy() == PlacementSettings()
+        assert restored.swarm is None and restored.admitted() == {}
 
 
 @pytest.mark.parametrize(
@@ -419,6 +514,8 @@ commands = st.one_of(
     st.builds(Release, nodes, models, epochs, st.just("r"), times),
     st.builds(RecordDemand, models, st.integers(1, 50), times),
     st.builds(MarkAdmissionFailed, nodes, models, epochs, times),
+    st.builds(Found, nodes, st.sampled_from(["open", "private"]), times),
+    st.builds(Admit, nodes, st.booleans(), st.just(b"\x11" * 32), times),
     st.builds(
         lambda knobs, at: SetPolicy(tuple(sorted(knobs.items())), at),
         st.dictionaries(
@@ -459,3 +556,81 @@ def test_garbage_never_raises(data: bytes) -> None:
     assert result.index == 1
     with pytest.raises(LedgerError):
         PlacementLedger.restore(data)
+
+
+demand_commands = st.builds(
+    RecordDemand,
+    st.sampled_from([f"model-{i}" for i in range(12)]),
+    st.integers(1, 5),
+    st.floats(min_value=0, max_value=4 * DEMAND_HORIZON_S, allow_nan=False),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(demand_commands, max_size=60), st.data())
+def test_bounded_decaying_demand_is_the_same_on_every_replica(
+    demands: list[RecordDemand], data: st.DataObject
+) -> None:
+    # A small bound so 12 models overflow it: eviction and expiry both run.
+    with mock.patch("consensus.ledger.MAX_DEMAND_MODELS", 4):
+        datas = [encode_command(d) for d in demands]
+        replicas = [PlacementLedger(), PlacementLedger()]
+        for replica in replicas:
+            for i, d in enumerate(datas):
+                assert replica.apply(i + 1, d).accepted
+                assert len(replica.demand()) <= 4
+                at = demands[i].at
+                assert all(
+                    row.last_at >= at - DEMAND_HORIZON_S for row in replica.demand().values()
+                )
+                assert demands[i].model in replica.demand() or all(
+                    row.last_at >= at for row in replica.demand().values()
+                )
+        cut = data.draw(st.integers(0, len(datas)))
+        halfway = PlacementLedger()
+        for i, d in enumerate(datas[:cut]):
+            halfway.apply(i + 1, d)
+        restored = PlacementLedger.restore(halfway.snapshot())
+        for i, d in enumerate(datas[cut:], start=cut):
+            restored.apply(i + 1, d)
+        assert replicas[0].snapshot() == replicas[1].snapshot() == restored.snapshot()
+
+
+def _private_ledger() -> PlacementLedger:
+    ledger = PlacementLedger()
+    assert ledger.apply(1, encode_command(Found(FOUNDER, "private", 1.0))).accepted
+    return ledger
+
+
+FOUNDER = b"\xf0" * 32
+INVITATION = b"\x11" * 32
+
+
+def test_a_swarm_is_founded_once_and_keeps_its_mode() -> None:
+    ledger = _private_ledger()
+    again = ledger.apply(2, encode_command(Found(b"\x01" * 32, "open", 2.0)))
+    assert not again.accepted and again.reason == "already_founded"
+    assert ledger.swarm == Found(FOUNDER, "private", 1.0)
+    with pytest.raises(LedgerError, match="mode"):
+        Found(FOUNDER, "public", 1.0)
+
+
+def test_a_private_swarm_admits_each_member_once_and_an_open_one_none() -> None:
+    ledger = _private_ledger()
+    newcomer = b"\x02" * 32
+    assert ledger.apply(2, encode_command(Admit(newcomer, True, INVITATION, 2.0))).accepted
+    twice = ledger.apply(3, encode_command(Admit(newcomer, False, INVITATION, 3.0)))
+    assert twice.reason == "already_admitted"
+    founder = ledger.apply(4, encode_command(Admit(FOUNDER, False, INVITATION, 4.0)))
+    assert founder.reason == "already_admitted"
+    assert list(ledger.admitted()) == [newcomer] and ledger.admitted()[newcomer].voter
+    assert ledger.to_json()["swarm"]["admitted"][0]["node_id"] == newcomer.hex()
+    restored = PlacementLedger.restore(ledger.snapshot())
+    assert restored == ledger and restored.swarm == ledger.swarm
+
+    open_swarm = PlacementLedger()
+    assert open_swarm.apply(1, encode_command(Found(FOUNDER, "open", 1.0))).accepted
+    refused = open_swarm.apply(2, encode_command(Admit(newcomer, False, INVITATION, 2.0)))
+    assert refused.reason == "not_private"
+    unfounded = PlacementLedger().apply(1, encode_command(Admit(newcomer, False, INVITATION, 1.0)))
+    assert unfounded.reason == "not_private"

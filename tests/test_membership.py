@@ -91,6 +91,9 @@ class Net:
                 to = self.name_of(send.addr)
                 if to not in self.nodes or not self.keep(send):
                     continue
+                # The core names the node it means: the transport
+                # authenticates that id before anything is delivered.
+                assert send.node == self.nodes[to].node_id
                 self.nodes[to].receive(send.envelope, self.now)
                 delivered += 1
         raise AssertionError("messages never stopped flowing")
@@ -116,7 +119,7 @@ class Net:
     def join_all(self) -> None:
         first, *rest = self.nodes
         for name in rest:
-            self.nodes[name].join([f"tcp://{first}"], self.now)
+            self.nodes[name].join([(self.ids[first].node_id, f"tcp://{first}")], self.now)
         self.deliver()
         self.advance(3.0)
 
@@ -255,7 +258,7 @@ def test_a_restarted_node_keeps_its_id_and_outbids_its_old_incarnation() -> None
     dead_at = net.nodes["a"].member(net.ids["c"].node_id).incarnation
     # Restart from scratch: incarnation 0, record seq 1 again.
     reborn = net.start("c", incarnation=0, body=b"second life")
-    reborn.join(["tcp://a"], net.now)
+    reborn.join([(net.ids["a"].node_id, "tcp://a")], net.now)
     net.deliver()
     net.advance(3.0)
     assert reborn.incarnation > dead_at

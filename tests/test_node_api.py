@@ -36,7 +36,7 @@ def assert_openai_error(response: httpx.Response, status: int) -> None:
 async def test_status_document_and_errors(swarm: LocalSwarm) -> None:
     first, second = swarm.new_node(), swarm.new_node()
     await swarm.start_ready(first)
-    await swarm.start_ready(second, [first.control])
+    await swarm.start_ready(second, [first.seed])
 
     async with httpx.AsyncClient(base_url=first.api, timeout=5) as client:
         response = await client.get("/v1/network/status")
@@ -97,7 +97,8 @@ async def test_the_swarm_policy_is_shown_changed_and_bad_settings_are_refused(
     await swarm.start_ready(node)
 
     async with httpx.AsyncClient(base_url=node.api, timeout=15) as client:
-        shown = (await client.get("/v1/network/policy")).json()
+        shown = (await client.get("/v1/network/policy")).json()  # reads are public
+        client.headers.update(node.admin_headers())  # changes carry the operator token
         assert shown["settings"] == {}
         assert shown["policy"] == policy_json(PlacementSettings())
 

@@ -78,7 +78,7 @@ async def test_five_nodes_converge_detect_a_crash_and_take_back_a_restart(
     )
 
     # Restart with the same state dir, joining through another node this time.
-    info = await swarm.start_ready(victim, [survivors[1].control], timeout=START_TIMEOUT_S)
+    info = await swarm.start_ready(victim, [survivors[1].seed], timeout=START_TIMEOUT_S)
     assert info["node_id"] == before["node_id"]
     assert info["incarnation"] > old_incarnation
 

@@ -70,8 +70,16 @@ async def ask(client: httpx.AsyncClient, node: LocalNode, model: str) -> httpx.R
 async def set_short_idle_release(swarm: LocalSwarm, via: LocalNode, nodes: list[LocalNode]) -> None:
     """`shardmesh policy --set` through `via` (a real CLI process): the
     setting is committed once and every node's replica holds it, so the
-    release comes on time whichever node leads when it is due."""
+    release comes on time whichever node leads when it is due. `via` signs
+    the call it forwards, and the leader takes admin calls only from voters:
+    wait until `via` is one."""
+
+    def via_votes(views: Views) -> bool:
+        return via.node_id in (views[via.name] or {}).get("raft", {}).get("voters", [])
+
+    await wait_for(swarm, [via], via_votes, PLACE_TIMEOUT_S, f"{via.name} a voter")
     cli = [sys.executable, "-m", "runtime.cli", "policy", "--api", via.api]
+    cli += ["--state-dir", str(via.state_dir)]  # the operator token of the node asked
     with trio.fail_after(START_TIMEOUT_S):
         done = await trio.run_process(
             [*cli, "--set", f"idle_release_s={IDLE_RELEASE_S}", "--timeout", "20"],
@@ -108,7 +116,7 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     a = swarm.new_node("a", args=["--model", str(x), "--layers", "0:8", "--models", str(store_a)])
     b = swarm.new_node("b", args=["--models", str(store_b)])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
-    await swarm.start_ready(b, [a.control], timeout=START_TIMEOUT_S)
+    await swarm.start_ready(b, [a.seed], timeout=START_TIMEOUT_S)
     await set_short_idle_release(swarm, via=b, nodes=[a, b])
     await wait_for(swarm, [a], knows_store(a, b, "y"), PLACE_TIMEOUT_S, "B's store known to A")
 
@@ -230,7 +238,7 @@ async def test_bootstrap_assignment_by_operator_and_by_auto_join(
     b = swarm.new_node("b", args=["--models", str(store_b)])
     c = swarm.new_node("c", args=["--models", str(store_c), "--auto-join"])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
-    await swarm.start_many([b, c], [a.control], timeout=START_TIMEOUT_S)
+    await swarm.start_many([b, c], [a.seed], timeout=START_TIMEOUT_S)
 
     async with httpx.AsyncClient(timeout=60) as client:
         # The suggestion for a joining node with y in its store.
@@ -242,12 +250,16 @@ async def test_bootstrap_assignment_by_operator_and_by_auto_join(
             "y's size known",
         )
         suggestion = await client.post(
-            b.api + "/v1/network/assign", json={"memory_bytes": 2**30, "models": ["y"]}
+            b.api + "/v1/network/assign",
+            json={"memory_bytes": 2**30, "models": ["y"]},
+            headers=b.admin_headers(),
         )
         assert suggestion.status_code == 200, suggestion.text
         assert suggestion.json()["model"] == "y" and suggestion.json()["layers"] == [0, 8]
         nothing = await client.post(
-            b.api + "/v1/network/assign", json={"memory_bytes": 2**30, "models": ["nope"]}
+            b.api + "/v1/network/assign",
+            json={"memory_bytes": 2**30, "models": ["nope"]},
+            headers=b.admin_headers(),
         )
         assert nothing.status_code == 404 and nothing.json()["error"]["code"] == "no_gap"
 
@@ -258,7 +270,9 @@ async def test_bootstrap_assignment_by_operator_and_by_auto_join(
             PLACE_TIMEOUT_S, "B knows the leader",
         )  # fmt: skip
         body = {"node_id": b.node_id, "model": "y", "layers": [0, 8], "recipe": "fp32"}
-        assigned = await client.post(b.api + "/v1/nodes/assign", json=body)
+        assigned = await client.post(
+            b.api + "/v1/nodes/assign", json=body, headers=b.admin_headers()
+        )
         assert assigned.status_code == 200, assigned.text
 
         def served(model: str) -> Callable[[Views], bool]:
@@ -271,10 +285,12 @@ async def test_bootstrap_assignment_by_operator_and_by_auto_join(
         await wait_for(swarm, [a], served("y"), PLACE_TIMEOUT_S, "B admitted for y")
         entry = ledger_entry(await swarm.status(a), b)
         assert entry is not None and entry["tier"] == "bootstrap" and entry["managed"] is False
-        again = await client.post(a.api + "/v1/nodes/assign", json=body)
+        again = await client.post(a.api + "/v1/nodes/assign", json=body, headers=a.admin_headers())
         assert again.status_code == 409
         assert again.json()["error"]["code"] == "already_assigned"
-        bad = await client.post(a.api + "/v1/nodes/assign", json={**body, "layers": [3, 1]})
+        bad = await client.post(
+            a.api + "/v1/nodes/assign", json={**body, "layers": [3, 1]}, headers=a.admin_headers()
+        )
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "layers"
 
         # C joined with --auto-join and w in its store: it took w itself.
@@ -302,7 +318,7 @@ async def test_a_spare_node_that_fails_its_doctor_is_passed_over_for_another(
     a = swarm.new_node("a", args=["--model", str(x), "--layers", "0:8"])
     bad = swarm.new_node("bad", args=["--models", str(store_bad)])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
-    await swarm.start_ready(bad, [a.control], timeout=START_TIMEOUT_S)
+    await swarm.start_ready(bad, [a.seed], timeout=START_TIMEOUT_S)
 
     await wait_for(swarm, [a], knows_store(a, bad, "y"), PLACE_TIMEOUT_S, "bad's store known")
 
@@ -315,7 +331,7 @@ async def test_a_spare_node_that_fails_its_doctor_is_passed_over_for_another(
 
         await wait_for(swarm, [a, bad], marked, PLACE_TIMEOUT_S, "the failed doctor marked")
         good_node = swarm.new_node("good", args=["--models", str(store_good)])
-        await swarm.start_ready(good_node, [a.control], timeout=START_TIMEOUT_S)
+        await swarm.start_ready(good_node, [a.seed], timeout=START_TIMEOUT_S)
         await ask(client, a, "y")  # demand again: the first may have gone idle
 
         def served(views: Views) -> bool:
@@ -342,7 +358,7 @@ async def test_a_dead_serving_node_is_replaced_from_spare_capacity_only(
     pinned = swarm.new_node("pinned", args=["--model", str(y), "--layers", "0:8"])
     spare = swarm.new_node("spare", args=["--models", str(store)])
     await swarm.start_ready(entry, timeout=START_TIMEOUT_S)
-    await swarm.start_many([pinned, spare], [entry.control], timeout=START_TIMEOUT_S)
+    await swarm.start_many([pinned, spare], [entry.seed], timeout=START_TIMEOUT_S)
 
     def served_by(node: LocalNode) -> Callable[[Views], bool]:
         def check(views: Views) -> bool:

@@ -69,7 +69,8 @@ async def test_the_view_reads_records_and_loading_follows_the_one_definition(
     identity = Identity.generate()
     me = node_id_text(identity.node_id)
     ledger = PlacementLedger()
-    async with open_planes(LOOPBACK, LOOPBACK, drops=Counter()) as (control, data):
+    keys = identity.plane_keys()
+    async with open_planes(LOOPBACK, LOOPBACK, drops=Counter(), keys=keys) as (control, data):
         with StateDir(tmp_path) as state:
             driver = MembershipDriver(
                 identity=identity,
@@ -99,6 +100,7 @@ async def test_the_view_reads_records_and_loading_follows_the_one_definition(
             assert view.member_state(identity.node_id) == "alive"
             assert view.assigned_models() == {MODEL}
             assert view.stored_models() == {"m", "n"}
+            assert view.known_models() == {"m", "n"}  # demand may be committed for these
             assert view.loading_nodes(MODEL) == [me]
             assert view.loading_nodes("n") == []  # stored, not assigned
             assert not view.coverage().models
@@ -111,3 +113,9 @@ async def test_the_view_reads_records_and_loading_follows_the_one_definition(
             assign = Assign(identity.node_id, MODEL, (0, 2), "fp32", "bootstrap", False, 1, 0.0)
             assert ledger.apply(1, encode_command(assign)).accepted
             assert view.loading_nodes(MODEL) == [me]
+            assert "n" not in view.known_models()  # no longer stored by anyone
+
+            # A model only the ledger assigns (its node's record says nothing yet).
+            other = Assign(b"\x07" * 32, "ledger-only", (0, 2), "fp32", "bootstrap", False, 1, 0.0)
+            assert ledger.apply(2, encode_command(other)).accepted
+            assert view.known_models() == {MODEL, "ledger-only"}

@@ -16,9 +16,11 @@ import pytest
 import trio
 import zmq
 
+from mesh.identity import Identity, PlaneKeys
 from mesh.transport import (
     CONTROL_MAX_MESSAGE_BYTES,
     DATA_MAX_MESSAGE_BYTES,
+    NODE_ID_PROPERTY,
     Plane,
     PlaneConfig,
     open_plane,
@@ -26,8 +28,14 @@ from mesh.transport import (
 )
 
 LOCAL = "tcp://127.0.0.1:0"
+# A node nobody runs: what a send to an address with no node behind it names.
+STRANGER = Identity.generate().node_id
 # Generous for loopback, where everything here takes milliseconds.
 WAIT_S = 5.0
+
+
+def new_keys() -> PlaneKeys:
+    return Identity.generate().plane_keys()
 
 
 def total_drops(drops: collections.Counter[str], prefix: str = "") -> int:
@@ -51,6 +59,7 @@ async def planes(
                     name="control",
                     max_message_bytes=max_message_bytes,
                     drops=drops,
+                    keys=new_keys(),
                     config=config,
                 )
             )
@@ -60,13 +69,29 @@ async def planes(
 
 
 @contextmanager
-def raw_socket(kind: int, address: str, routing_id: bytes | None = None) -> Iterator[zmq.Socket]:
-    """A plain pyzmq socket connected to ``address``, for sending junk."""
+def raw_socket(
+    kind: int,
+    server: Plane,
+    routing_id: bytes | None = None,
+    *,
+    encrypted: bool = True,
+    claim: bytes | None = None,
+) -> Iterator[zmq.Socket]:
+    """A plain pyzmq socket connected to ``server``, for sending junk: a
+    CURVE client with a key of its own that names itself (or ``claim``) in
+    its handshake, or (``encrypted=False``) a plaintext one."""
     sock = zmq.Context.instance().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if routing_id is not None:
         sock.setsockopt(zmq.CONNECT_ROUTING_ID, routing_id)
-    sock.connect(address)
+    if encrypted:
+        keys = new_keys()
+        sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.curve_public)
+        sock.setsockopt(zmq.CURVE_SECRETKEY, keys.curve_secret)
+        sock.setsockopt(zmq.CURVE_SERVERKEY, server.keys.curve_public)
+        named = (claim or keys.node_id).hex()
+        sock.setsockopt(zmq.METADATA, f"{NODE_ID_PROPERTY}:{named}".encode())
+    sock.connect(server.address)
     try:
         yield sock
     finally:
@@ -85,14 +110,14 @@ async def test_a_message_to_itself_never_touches_the_sockets() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with planes(1, drops) as (a,):
         body = bytearray(b"world")
-        a.send(a.address, [b"hello", memoryview(body)])
+        a.send(a.address, [b"hello", memoryview(body)], peer=a.keys.node_id)
         body[:] = b"WORLD"  # the receiver got its own copy
         advertised = "tcp://192.0.2.7:7001"  # a name only this plane knows itself by
         a.add_own_address(advertised)
-        a.send(advertised, [b"advertised"])
+        a.send(advertised, [b"advertised"], peer=a.keys.node_id)
         with trio.fail_after(WAIT_S):
-            assert await a.receive() == [b"hello", b"world"]
-            assert await a.receive() == [b"advertised"]
+            assert (await a.receive()).frames == [b"hello", b"world"]
+            assert (await a.receive()).frames == [b"advertised"]
         assert a.peer_count == 0  # no connection was made
         assert a.sent_messages == a.received_messages == 2
     assert not drops
@@ -101,22 +126,24 @@ async def test_a_message_to_itself_never_touches_the_sockets() -> None:
 async def test_a_handler_takes_messages_from_the_reader_until_it_is_cleared() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with planes(2, drops) as (a, b):
-        a.send(b.address, [b"queued before"])
+        a.send(b.address, [b"queued before"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
             while b.received_messages < 1:
                 await trio.sleep(0.01)
         handled: list[list[bytes]] = []
-        b.deliver_to(handled.append)
-        a.send(b.address, [b"to the handler", b"2"])
+        b.deliver_to(
+            lambda peer, frames: handled.append(frames) if peer == a.keys.node_id else None
+        )
+        a.send(b.address, [b"to the handler", b"2"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
             while not handled:
                 await trio.sleep(0.01)
             assert handled == [[b"to the handler", b"2"]]
-            assert await b.receive() == [b"queued before"]  # stays queued
+            assert (await b.receive()).frames == [b"queued before"]  # stays queued
         b.deliver_to(None)
-        a.send(b.address, [b"queued again"])
+        a.send(b.address, [b"queued again"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
-            assert await b.receive() == [b"queued again"]
+            assert (await b.receive()).frames == [b"queued again"]
         assert len(handled) == 1
     assert not drops
 
@@ -127,11 +154,11 @@ async def test_two_planes_exchange_multiframe_messages_both_ways() -> None:
         assert a.address != b.address
         assert a.address.startswith("tcp://127.0.0.1:") and not a.address.endswith(":0")
         body = os.urandom(10_000)
-        a.send(b.address, [b"header", memoryview(body), b""])
-        b.send(a.address, [b"reply", b"second", b"third"])
+        a.send(b.address, [b"header", memoryview(body), b""], peer=b.keys.node_id)
+        b.send(a.address, [b"reply", b"second", b"third"], peer=a.keys.node_id)
         with trio.fail_after(WAIT_S):
-            assert await b.receive() == [b"header", body, b""]
-            assert await a.receive() == [b"reply", b"second", b"third"]
+            assert (await b.receive()).frames == [b"header", body, b""]
+            assert (await a.receive()).frames == [b"reply", b"second", b"third"]
         assert a.sent_messages == 1 and a.sent_bytes == len(b"header") + len(body)
         assert b.received_messages == 1 and b.received_bytes == a.sent_bytes
         assert a.received_messages == 1 and b.sent_messages == 1
@@ -144,9 +171,9 @@ async def test_send_right_after_first_connect_is_delivered() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with planes(2, drops) as (a, b):
         assert a.peer_count == 0
-        a.send(b.address, [b"first"])
+        a.send(b.address, [b"first"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
-            assert await b.receive() == [b"first"]
+            assert (await b.receive()).frames == [b"first"]
         assert a.peer_count == 1
     assert not drops
 
@@ -156,12 +183,12 @@ async def test_burst_of_1000_all_arrive_or_are_counted() -> None:
     count = 1000
     async with planes(2, drops) as (a, b):
         for i in range(count):
-            a.send(b.address, [b"burst", i.to_bytes(4, "big")])
+            a.send(b.address, [b"burst", i.to_bytes(4, "big")], peer=b.keys.node_id)
         seen: list[int] = []
         with trio.fail_after(WAIT_S):
             while len(seen) + total_drops(drops) < count:
                 with trio.move_on_after(0.05):
-                    frames = await b.receive()
+                    frames = (await b.receive()).frames
                     assert frames[0] == b"burst"
                     seen.append(int.from_bytes(frames[1], "big"))
         assert len(seen) + total_drops(drops) == count
@@ -177,7 +204,7 @@ async def test_unreachable_address_never_raises_and_is_counted() -> None:
     async with planes(2, drops, config=config) as (a, b):
         nowhere = dead_address()
         for i in range(attempts):
-            a.send(nowhere, [b"into the void", bytes([i])])
+            a.send(nowhere, [b"into the void", bytes([i])], peer=STRANGER)
         with trio.fail_after(WAIT_S):
             while total_drops(drops) < attempts:
                 await trio.sleep(0.02)
@@ -186,25 +213,25 @@ async def test_unreachable_address_never_raises_and_is_counted() -> None:
         assert drops["control.unreachable"] == hwm
         assert drops["control.peer_queue_full"] == attempts - hwm
         assert a.peer_count == 0, "an unreachable peer is disconnected and forgotten"
-        a.send(b.address, [b"still alive"])
+        a.send(b.address, [b"still alive"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
-            assert await b.receive() == [b"still alive"]
+            assert (await b.receive()).frames == [b"still alive"]
 
 
 async def test_bad_addresses_are_counted_not_raised() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with planes(2, drops) as (a, b):
-        a.send("nonsense", [b"x"])
-        a.send("tcp://127.0.0.1", [b"x"])  # no port
-        a.send("tcp://" + "h" * 300 + ":1", [b"x"])  # too long for a routing id
-        a.send(b.address, [b"fine"])
+        a.send("nonsense", [b"x"], peer=STRANGER)
+        a.send("tcp://127.0.0.1", [b"x"], peer=STRANGER)  # no port
+        a.send("tcp://" + "h" * 300 + ":1", [b"x"], peer=STRANGER)  # too long for a routing id
+        a.send(b.address, [b"fine"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
-            assert await b.receive() == [b"fine"]
+            assert (await b.receive()).frames == [b"fine"]
         assert drops["control.bad_address"] == 3
         with pytest.raises(ValueError):
-            a.send(b.address, [])
+            a.send(b.address, [], peer=b.keys.node_id)
         with pytest.raises(TypeError):
-            a.send(b.address, ["text is not bytes"])  # type: ignore[list-item]
+            a.send(b.address, ["text is not bytes"], peer=b.keys.node_id)  # type: ignore[list-item]
 
 
 async def test_oversized_messages_are_refused_and_the_plane_keeps_serving() -> None:
@@ -213,12 +240,12 @@ async def test_oversized_messages_are_refused_and_the_plane_keeps_serving() -> N
     async with planes(2, drops, max_message_bytes=cap) as (a, b):
         # Our own sender refuses at once rather than make the peer drop the
         # whole connection.
-        a.send(b.address, [b"x" * (cap + 1)])
+        a.send(b.address, [b"x" * (cap + 1)], peer=b.keys.node_id)
         assert drops["control.oversized"] == 1
 
         with (
-            raw_socket(zmq.DEALER, b.address) as big,
-            raw_socket(zmq.DEALER, b.address) as split,
+            raw_socket(zmq.DEALER, b) as big,
+            raw_socket(zmq.DEALER, b) as split,
         ):
             # One frame over MAXMSGSIZE: libzmq drops that connection.
             big.send(b"y" * (cap * 4), zmq.NOBLOCK)
@@ -227,17 +254,17 @@ async def test_oversized_messages_are_refused_and_the_plane_keeps_serving() -> N
             split.send_multipart([b"a" * 600, b"b" * 600, b"c"], zmq.NOBLOCK)
             split.send_multipart([b"marker"], zmq.NOBLOCK)
             with trio.fail_after(WAIT_S):
-                assert await b.receive() == [b"marker"]
+                assert (await b.receive()).frames == [b"marker"]
             assert drops["control.oversized"] == 2
 
             # Another sender still gets through.
-            a.send(b.address, [b"normal"])
+            a.send(b.address, [b"normal"], peer=b.keys.node_id)
             with trio.fail_after(WAIT_S):
-                assert await b.receive() == [b"normal"]
+                assert (await b.receive()).frames == [b"normal"]
             # And the refused sender, once reconnected, is served again.
             big.send(b"small now", zmq.NOBLOCK)
             with trio.fail_after(WAIT_S):
-                assert await b.receive() == [b"small now"]
+                assert (await b.receive()).frames == [b"small now"]
 
 
 async def test_garbage_from_raw_sockets_does_not_break_the_plane() -> None:
@@ -245,8 +272,8 @@ async def test_garbage_from_raw_sockets_does_not_break_the_plane() -> None:
     async with planes(2, drops) as (a, b):
         junk = [os.urandom(n) for n in (0, 1, 17, 300)]
         with (
-            raw_socket(zmq.ROUTER, b.address, routing_id=b"peer") as router,
-            raw_socket(zmq.DEALER, b.address) as dealer,
+            raw_socket(zmq.ROUTER, b, routing_id=b"peer") as router,
+            raw_socket(zmq.DEALER, b) as dealer,
         ):
             router.setsockopt(zmq.ROUTER_MANDATORY, 1)
             with trio.fail_after(WAIT_S):
@@ -265,16 +292,16 @@ async def test_garbage_from_raw_sockets_does_not_break_the_plane() -> None:
                 async with stream:
                     with trio.move_on_after(0.2):  # libzmq may hang up first
                         await stream.send_all(os.urandom(4096))
-                a.send(b.address, [b"after the junk"])
+                a.send(b.address, [b"after the junk"], peer=b.keys.node_id)
                 received: list[list[bytes]] = []
                 wanted = (junk, [b""] * 5, [b"after the junk"])
                 while not all(message in received for message in wanted):
-                    received.append(await b.receive())
+                    received.append((await b.receive()).frames)
         # The plane passes frames through untouched (validation is the wire
         # layer's job) and keeps serving its real peers.
-        a.send(b.address, [b"still serving"])
+        a.send(b.address, [b"still serving"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
-            while await b.receive() != [b"still serving"]:
+            while (await b.receive()).frames != [b"still serving"]:
                 pass
 
 
@@ -286,13 +313,13 @@ async def test_peer_table_is_bounded_and_reconnects_after_eviction() -> None:
     ):
         with trio.fail_after(WAIT_S):
             for target in targets:
-                a.send(target.address, [b"hello"])
-                assert await target.receive() == [b"hello"]
+                a.send(target.address, [b"hello"], peer=target.keys.node_id)
+                assert (await target.receive()).frames == [b"hello"]
                 assert a.peer_count <= 2
             # The first target was evicted; sending again reconnects with a
             # fresh routing id (reusing the old one would abort libzmq).
-            a.send(targets[0].address, [b"again"])
-            assert await targets[0].receive() == [b"again"]
+            a.send(targets[0].address, [b"again"], peer=targets[0].keys.node_id)
+            assert (await targets[0].receive()).frames == [b"again"]
         assert a.peer_count == 2
     assert not drops
 
@@ -300,19 +327,19 @@ async def test_peer_table_is_bounded_and_reconnects_after_eviction() -> None:
 async def test_open_planes_gives_separate_control_and_data_planes() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with (
-        open_planes(LOCAL, LOCAL, drops=drops) as (control, data),
-        open_planes(LOCAL, LOCAL, drops=drops) as (control2, data2),
+        open_planes(LOCAL, LOCAL, drops=drops, keys=new_keys()) as (control, data),
+        open_planes(LOCAL, LOCAL, drops=drops, keys=new_keys()) as (control2, data2),
     ):
         assert (control.name, data.name) == ("control", "data")
         assert control.max_message_bytes == CONTROL_MAX_MESSAGE_BYTES
         assert data.max_message_bytes == DATA_MAX_MESSAGE_BYTES
         activation = os.urandom(8 * 1024 * 1024)  # over the control cap
-        control.send(control2.address, [activation])
-        data.send(data2.address, [b"header", activation])
-        control.send(control2.address, [b"probe"])
+        control.send(control2.address, [activation], peer=control2.keys.node_id)
+        data.send(data2.address, [b"header", activation], peer=data2.keys.node_id)
+        control.send(control2.address, [b"probe"], peer=control2.keys.node_id)
         with trio.fail_after(WAIT_S):
-            assert await control2.receive() == [b"probe"]
-            assert await data2.receive() == [b"header", activation]
+            assert (await control2.receive()).frames == [b"probe"]
+            assert (await data2.receive()).frames == [b"header", activation]
         assert drops == collections.Counter({"control.oversized": 1})
 
 
@@ -331,14 +358,16 @@ async def test_closing_a_plane_ends_its_tasks_and_frees_the_port() -> None:
         # the reader, which must wake with EndOfChannel instead of hanging.
         async with (
             trio.open_nursery() as nursery,
-            open_plane(LOCAL, name="control", max_message_bytes=1024, drops=drops) as plane,
+            open_plane(
+                LOCAL, name="control", max_message_bytes=1024, drops=drops, keys=new_keys()
+            ) as plane,
         ):
             nursery.start_soon(reader, plane)
-            plane.send(dead_address(), [b"queued, then discarded on close"])
+            plane.send(dead_address(), [b"queued, then discarded on close"], peer=STRANGER)
             await trio.sleep(0.05)
         assert outcome == ["end of channel"]
         assert plane.closed
-        plane.send(plane.address, [b"late"])  # never raises
+        plane.send(plane.address, [b"late"], peer=plane.keys.node_id)  # never raises
         assert drops["control.closed"] == 1
         # The listen port is released: the same endpoint binds again. libzmq
         # closes the listener on its I/O thread just after close() returns,
@@ -346,7 +375,11 @@ async def test_closing_a_plane_ends_its_tasks_and_frees_the_port() -> None:
         while True:
             try:
                 async with open_plane(
-                    plane.address, name="control", max_message_bytes=1024, drops=drops
+                    plane.address,
+                    name="control",
+                    max_message_bytes=1024,
+                    drops=drops,
+                    keys=new_keys(),
                 ) as again:
                     assert again.address == plane.address
                     break
@@ -362,3 +395,65 @@ def test_config_rejects_nonsense() -> None:
         PlaneConfig(heartbeat_ttl_ms=10_000_000)
     with pytest.raises(ValueError):
         PlaneConfig(reconnect_ivl_ms=500, reconnect_ivl_max_ms=100)
+
+
+async def test_only_a_peer_that_proves_its_id_is_heard() -> None:
+    """A plaintext client, a client that names another node's id, and a
+    client that expects another server key deliver nothing; the plane
+    keeps serving, and each message it does deliver names its true sender."""
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(2, drops) as (a, b):
+        with (
+            raw_socket(zmq.DEALER, b, encrypted=False) as plaintext,
+            raw_socket(zmq.DEALER, b, claim=a.keys.node_id) as impostor,
+        ):
+            wrong_server = zmq.Context.instance().socket(zmq.DEALER)
+            wrong_server.setsockopt(zmq.LINGER, 0)
+            keys = new_keys()
+            wrong_server.setsockopt(zmq.CURVE_PUBLICKEY, keys.curve_public)
+            wrong_server.setsockopt(zmq.CURVE_SECRETKEY, keys.curve_secret)
+            wrong_server.setsockopt(zmq.CURVE_SERVERKEY, new_keys().curve_public)
+            wrong_server.connect(b.address)
+            try:
+                for sock in (plaintext, impostor, wrong_server):
+                    sock.send(b"forged", zmq.NOBLOCK)
+                with trio.fail_after(WAIT_S):
+                    while drops["control.unauthenticated"] < 1:
+                        await trio.sleep(0.01)
+                a.send(b.address, [b"genuine"], peer=b.keys.node_id)
+                with trio.fail_after(WAIT_S):
+                    delivery = await b.receive()
+                assert delivery.frames == [b"genuine"] and delivery.peer == a.keys.node_id
+                await trio.sleep(0.2)  # time for anything forged to arrive
+                assert b.received_messages == 1
+            finally:
+                wrong_server.close(linger=0)
+
+
+async def test_a_send_naming_the_wrong_node_never_reaches_the_address() -> None:
+    """The server key follows from the id a send names: a node that does
+    not hold that id's secret never completes the handshake."""
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(2, drops, config=PlaneConfig(unreachable_after_s=0.5)) as (a, b):
+        a.send(b.address, [b"for someone else"], peer=STRANGER)
+        with trio.fail_after(WAIT_S):
+            while drops["control.unreachable"] < 1:
+                await trio.sleep(0.02)
+        assert b.received_messages == 0
+        a.send(b.address, [b"for b"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [b"for b"]
+
+
+async def test_a_private_policy_refuses_keys_at_the_handshake() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(3, drops, config=PlaneConfig(unreachable_after_s=0.5)) as (a, b, c):
+        allowed = {a.keys.curve_public}
+        b.admit(lambda key: key in allowed)
+        a.send(b.address, [b"invited"], peer=b.keys.node_id)
+        c.send(b.address, [b"not invited"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [b"invited"]
+            while drops["control.handshake_refused"] < 1:
+                await trio.sleep(0.02)
+        assert b.received_messages == 1

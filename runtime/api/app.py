@@ -24,6 +24,7 @@ from runtime.api.metrics import CONTENT_TYPE as METRICS_CONTENT_TYPE
 from runtime.api.metrics import prometheus_text
 from runtime.api.network import NetworkNode, network_routes
 from runtime.api.openai import openai_routes
+from runtime.api.quota import MAX_CONCURRENT_PER_CLIENT, ChatQuota
 from runtime.inference.chat import ChatError, ChatService
 
 DASHBOARD: Final = Path(__file__).with_name("dashboard.html")
@@ -36,8 +37,8 @@ class NodeAPI(NetworkNode, Protocol):
     chat: ChatService
 
 
-def create_app(node: NodeAPI) -> Starlette:
-    """The ASGI app for one node."""
+def create_app(node: NodeAPI, *, chats_per_client: int | None = None) -> Starlette:
+    """The ASGI app for one node; `chats_per_client` is `--max-chats-per-client`."""
 
     async def metrics(request: Request) -> Response:
         return Response(prometheus_text(node.status()), media_type=METRICS_CONTENT_TYPE)
@@ -47,7 +48,7 @@ def create_app(node: NodeAPI) -> Starlette:
 
     return Starlette(
         routes=[
-            *openai_routes(node.chat),
+            *openai_routes(node.chat, ChatQuota(chats_per_client or MAX_CONCURRENT_PER_CLIENT)),
             *network_routes(node),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/", dashboard, methods=["GET"]),

@@ -5,6 +5,12 @@ OpenAI's error shape, because the clients that talk to `/v1` are OpenAI
 clients and they parse that shape for messages. A route refuses bad input by
 raising `BadRequest` (or `ChatError`); the app's exception handlers turn
 each into its response, so no route formats an error of its own.
+
+Every POST body is read by `json_object`, which first requires
+`Content-Type: application/json`: a web page can send a cross-site "simple"
+request (form or `text/plain`) without the browser's CORS preflight, never a
+JSON one; and the app sends no CORS headers, so a browser never lets another
+site's script read an answer either.
 """
 
 from __future__ import annotations
@@ -24,15 +30,26 @@ log = logging.getLogger("shardmesh.api")
 
 MAX_BODY_BYTES: Final = 64 * 1024
 """Control-plane request bodies are tiny; refuse megabytes before parsing."""
+JSON_MEDIA_TYPE: Final = "application/json"
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
     404: "invalid_request_error",
     405: "invalid_request_error",
+    415: "invalid_request_error",
     422: "invalid_request_error",
     503: "service_unavailable",
 }
-_ERROR_CODES = {404: "not_found", 405: "method_not_allowed", 500: "internal_error"}
+_ERROR_CODES = {
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    415: "unsupported_media_type",
+    500: "internal_error",
+}
 
 
 def error_response(
@@ -64,8 +81,22 @@ class BadRequest(Exception):
         self.param = param
 
 
+def require_json(request: Request) -> None:
+    """A 415 unless the body is declared `application/json` (parameters
+    such as `; charset=utf-8` allowed)."""
+    declared = request.headers.get("content-type", "")
+    if declared.split(";", 1)[0].strip().lower() != JSON_MEDIA_TYPE:
+        raise HTTPException(
+            415,
+            f"the body must be sent as Content-Type: {JSON_MEDIA_TYPE}"
+            f" (got {declared[:60] or 'none'!r})",
+        )
+
+
 async def json_object(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object, or BadRequest saying what is wrong."""
+    """The request body as a JSON object, or 415 (not declared JSON) or
+    BadRequest saying what is wrong."""
+    require_json(request)
     body = await request.body()
     if len(body) > MAX_BODY_BYTES:
         raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")

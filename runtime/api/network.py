@@ -13,13 +13,25 @@
   tokenizer files of a model this node holds, for entries that lack them
   (they verify every file against the digest);
 * with `--fault-injection`, `POST /v1/debug/faults` cuts the node off the
-  control plane (tests).
+  control plane (tests);
+* `POST /v1/network/invitations` (a voter's operator: an invitation to a
+  private swarm) and `POST /v1/network/join` (a newcomer redeems one; the
+  body is signed by the newcomer's key, so it needs no credential, and is
+  forwarded to the leader, which commits the admission).
+
+Every POST but demand needs the node's operator token, or a node's
+signature (`runtime.api.auth`): a node that forwards an operator's call to
+the leader signs it, and the leader accepts it only from a Raft voter (or,
+for `/v1/nodes/assign`, from the node being assigned). Demand is accepted
+only signed by a current member: the chat entry that counted it, or the
+node that forwards that report (which relays the entry's signature).
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -29,26 +41,33 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from consensus.ledger import MAX_TEXT, Command, RecordDemand, SetPolicy
+from consensus.ledger import MAX_TEXT, Admit, Command, RecordDemand, SetPolicy
 from consensus.settings import PlacementSettings, policy_json, settings_error
-from mesh.identity import NODE_ID_BYTES, node_id_text
+from mesh.identity import NODE_ID_BYTES, Signer, node_id_from_text, node_id_text
+from mesh.member_table import LIVE_STATES
 from mesh.records import RECIPES
+from runtime.api.auth import authenticate, forbidden
 from runtime.api.http import BadRequest, error_response, json_object
 from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files
 from runtime.model.store import ModelStore
+from runtime.node.access import AccessError, SwarmAccess
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import AlreadyAssigned, Placement
 from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
+from runtime.node.signed_http import SIGNED_HEADERS, ReplayGuard, sign_request
 
 log = logging.getLogger("shardmesh.api")
 
 FORWARDED_HEADER: Final = "x-shardmesh-forwarded-by"
 """Set on a request one node forwards to the leader. A forwarded request is
 never forwarded again: if leadership moved meanwhile, the caller gets a 503
-and retries, instead of the request bouncing between nodes."""
+and retries, instead of the request bouncing between nodes. It only stops
+loops: what the leader trusts is the request's signature."""
 FORWARD_TIMEOUT_S: Final = 10.0
 """A forwarded proposal waits for its commit on the leader; this covers the
 leader's own proposal timeout plus a round trip."""
+DEFAULT_INVITATION_S: Final = 24 * 3600
+"""An invitation's default life: a day to hand it over and use it."""
 MAX_DEMAND_COUNT: Final = 1_000_000
 """One report's count; larger is a client bug, not demand."""
 
@@ -62,6 +81,26 @@ class NetworkNode(Protocol):
     store: ModelStore
 
     @property
+    def identity(self) -> Signer:
+        """Signs what this node forwards to the leader."""
+        ...
+
+    @property
+    def operator_token(self) -> str:
+        """What this node's operator presents (`STATE_DIR/operator.token`)."""
+        ...
+
+    @property
+    def access(self) -> SwarmAccess:
+        """Who may connect: invitations and admissions."""
+        ...
+
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Where peers reach this node: control, data, api."""
+        ...
+
+    @property
     def fault_injection(self) -> bool: ...
     def status(self) -> dict[str, Any]: ...
     def member_api(self, node: bytes) -> str | None: ...
@@ -70,9 +109,32 @@ class NetworkNode(Protocol):
 
 def network_routes(node: NetworkNode) -> list[Route]:
     """The routes, served from `node`."""
+    replays = ReplayGuard()  # each node-signed request is accepted once
+
+    async def caller(request: Request, *, operator: bool = True) -> bytes | None:
+        return await authenticate(request, node.operator_token, replays, operator=operator)
+
+    def live_member(signer: bytes) -> bool:
+        member = node.membership.member(signer)
+        return member is not None and member.state in LIVE_STATES
+
+    def voter_only(signer: bytes | None, assignee: bytes | None = None) -> None:
+        """403 unless the call is the operator's (None) or signed by a Raft
+        voter of this node's current configuration (or by `assignee`, a
+        live member asking for its own bootstrap assignment)."""
+        if signer is None or signer in node.raft.raft.voters:
+            return
+        if signer == assignee and live_member(signer):
+            return
+        raise forbidden(
+            f"node {node_id_text(signer)[:12]} signed this call, but only a Raft voter's "
+            "forwarded admin calls are accepted"
+            + (" (or a member's own bootstrap assignment)" if assignee is not None else "")
+        )
 
     async def network_assign(request: Request) -> JSONResponse:
         """Bootstrap: the best gap for a joining node, by its memory and store."""
+        voter_only(await caller(request))
         body = await json_object(request)
         memory = body.get("memory_bytes")
         if type(memory) is not int or memory < 0:
@@ -96,12 +158,14 @@ def network_routes(node: NetworkNode) -> list[Route]:
 
     async def nodes_assign(request: Request) -> JSONResponse:
         """An operator (or `--auto-join`) assigns a node on its first join."""
+        signer = await caller(request)
         fields = _bootstrap_fields(await json_object(request))
+        voter_only(signer, assignee=fields[0])
         try:
             command = node.placement.bootstrap_command(*fields)
         except AlreadyAssigned as exc:
             return error_response(409, str(exc), code="already_assigned", param="node_id")
-        return await commit(request, command)
+        return await commit(request, command, signer)
 
     async def model_manifest(request: Request) -> Response:
         stored = node.store.get(request.path_params["name"])
@@ -126,13 +190,14 @@ def network_routes(node: NetworkNode) -> list[Route]:
                 return error_response(404, f"{name!r} is not a shareable file of this model")
         return FileResponse(directory / name, media_type="application/octet-stream")
 
-    async def commit(request: Request, command: Command) -> JSONResponse:
+    async def commit(request: Request, command: Command, signer: bytes | None) -> JSONResponse:
         """Propose `command` here if we lead, else forward the request to
-        the leader once; answer with where it committed."""
+        the leader once; answer with where it committed. `signer` is who
+        signed the request (None: this node's operator)."""
         try:
             committed = await node.raft.propose(command)
         except NotLeader as exc:
-            return await forward_to_leader(request, exc)
+            return await forward_to_leader(request, exc, signer)
         except ProposalFailed as exc:
             return error_response(
                 503, str(exc), code="proposal_failed", headers={"Retry-After": "1"}
@@ -150,7 +215,12 @@ def network_routes(node: NetworkNode) -> list[Route]:
             reply["settings"] = node.raft.ledger.policy_settings()
         return JSONResponse(reply)
 
-    async def forward_to_leader(request: Request, exc: NotLeader) -> JSONResponse:
+    async def forward_to_leader(
+        request: Request, exc: NotLeader, signer: bytes | None
+    ) -> JSONResponse:
+        """Pass the request on to the leader. The operator's token is this
+        node's alone, so it is not sent: an operator's call goes signed by
+        this node; a node's signed call goes with its own signature."""
         leader = exc.leader
         url = node.member_api(leader) if leader is not None else None
         if leader is None or url is None or request.headers.get(FORWARDED_HEADER):
@@ -161,14 +231,22 @@ def network_routes(node: NetworkNode) -> list[Route]:
                 headers={"Retry-After": "1"},
                 leader=node_id_text(leader) if leader else None,
             )
+        content = await request.body()
+        path = request.url.path
+        signature: Mapping[str, str] = (
+            sign_request(node.identity, "POST", path, content, time.time())
+            if signer is None
+            else {name: request.headers[name] for name in SIGNED_HEADERS}
+        )
         try:
             async with httpx.AsyncClient(timeout=FORWARD_TIMEOUT_S) as client:
                 reply = await client.post(
-                    url + request.url.path,
-                    content=await request.body(),
+                    url + path,
+                    content=content,
                     headers={
                         "content-type": "application/json",
                         FORWARDED_HEADER: node_id_text(node.raft.node_id),
+                        **signature,
                     },
                 )
             body = reply.json()
@@ -182,7 +260,17 @@ def network_routes(node: NetworkNode) -> list[Route]:
         return JSONResponse(body, status_code=reply.status_code)
 
     async def network_demand(request: Request) -> JSONResponse:
-        return await commit(request, _demand_command(await json_object(request)))
+        signer = await caller(request, operator=False)
+        assert signer is not None  # operator=False: only a signature is accepted
+        if not live_member(signer):
+            raise forbidden(
+                f"node {node_id_text(signer)[:12]} is not a live member of this swarm; "
+                "only members report demand"
+            )
+        command = _demand_command(await json_object(request))
+        if node.raft.is_leader and (refused := node.placement.demand_refusal(command.model)):
+            return error_response(404, refused, code="model_not_found", param="model")
+        return await commit(request, command, signer)
 
     async def network_policy(request: Request) -> JSONResponse:
         ledger = node.raft.ledger
@@ -190,10 +278,14 @@ def network_routes(node: NetworkNode) -> list[Route]:
             return JSONResponse(
                 {"policy": policy_json(ledger.policy()), "settings": ledger.policy_settings()}
             )
+        signer = await caller(request)
+        voter_only(signer)
         command = _policy_command(await json_object(request), ledger.policy())
-        return await commit(request, command)
+        return await commit(request, command, signer)
 
     async def debug_faults(request: Request) -> JSONResponse:
+        if await caller(request) is not None:
+            raise forbidden("fault injection is for this node's operator only")
         if not node.fault_injection:
             return error_response(404, "fault injection is off (start with --fault-injection)")
         isolate = (await json_object(request)).get("isolate")
@@ -202,6 +294,57 @@ def network_routes(node: NetworkNode) -> list[Route]:
         node.membership.isolate(isolate)
         log.warning("fault injection: control plane %s", "cut" if isolate else "restored")
         return JSONResponse({"isolated": node.membership.isolated})
+
+    async def network_invitations(request: Request) -> JSONResponse:
+        """An invitation to this private swarm, signed by this node (a voter)."""
+        if await caller(request) is not None:
+            raise forbidden("invitations are for this node's operator only")
+        body = await json_object(request)
+        voter = body.get("voter", False)
+        expires_s = body.get("expires_s", DEFAULT_INVITATION_S)
+        if type(voter) is not bool:
+            raise BadRequest("voter must be true or false", "voter")
+        if type(expires_s) not in (int, float):
+            raise BadRequest("expires_s must be a number of seconds", "expires_s")
+        control = node.addresses["control"].removeprefix("tcp://")
+        try:
+            invitation = node.access.invite(
+                voter=voter,
+                expires_s=expires_s,
+                seed=f"{node_id_text(node.raft.node_id)}@{control}",
+                api=node.addresses["api"],
+            )
+        except AccessError as exc:
+            return error_response(409, str(exc), code="cannot_invite")
+        return JSONResponse(
+            {
+                "invitation": invitation.token(),
+                "swarm": node_id_text(invitation.swarm),
+                "voter": invitation.voter,
+                "expires_at": invitation.expires_at,
+            }
+        )
+
+    async def network_join(request: Request) -> JSONResponse:
+        """A newcomer redeems an invitation for its own key. Checked here,
+        then at the leader (against its voters) before it commits."""
+        body = await json_object(request)
+        token, node_text, at, signature = (
+            body.get(k) for k in ("invitation", "node_id", "at", "signature")
+        )
+        if type(token) is not str or type(at) is not int:
+            raise BadRequest("a redemption is {invitation, node_id, at, signature}", "invitation")
+        try:
+            newcomer = node_id_from_text(str(node_text))
+            signed = bytes.fromhex(str(signature))
+        except ValueError as exc:
+            raise BadRequest(str(exc), "node_id") from None
+        try:
+            invitation = node.access.check_redemption(token, newcomer, at, signed)
+        except AccessError as exc:
+            return error_response(403, str(exc), code="invitation_refused")
+        admit = Admit(newcomer, invitation.voter, invitation.digest(), time.time())
+        return await commit(request, admit, None)
 
     async def network_status(request: Request) -> JSONResponse:
         return JSONResponse(node.status())
@@ -230,6 +373,8 @@ def network_routes(node: NetworkNode) -> list[Route]:
         Route("/v1/network/assign", network_assign, methods=["POST"]),
         Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),
         Route("/v1/debug/faults", debug_faults, methods=["POST"]),
+        Route("/v1/network/invitations", network_invitations, methods=["POST"]),
+        Route("/v1/network/join", network_join, methods=["POST"]),
     ]
 
 

@@ -3,64 +3,65 @@
 `runtime.inference.chat` does the work; this module speaks OpenAI's shapes
 (a completion, or server-sent chunks when `stream` is true) and adds our
 `shardmesh` extension (the route, failovers and timing) that OpenAI clients
-ignore.
+ignore. Each client may run a few chats at once (`runtime.api.quota`); one
+more gets `429` with `Retry-After`, and a stream holds its slot until it has
+ended, failed or been abandoned.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
-from typing import Any
+from typing import Any, Final
 
+import trio
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from runtime.api.http import json_object
+from runtime.api.quota import ChatQuota, client_key
 from runtime.inference.chat import ChatError, ChatService, Generation, parse_chat_request
 
 
-def openai_routes(chat: ChatService) -> list[Route]:
-    """The routes, served from `chat`."""
+def openai_routes(chat: ChatService, quota: ChatQuota | None = None) -> list[Route]:
+    """The routes, served from `chat`; `quota` bounds each client's chats
+    in flight (default: `ChatQuota()`, the documented limits)."""
+    quota = quota if quota is not None else ChatQuota()
 
     async def chat_completions(request: Request) -> Response:
-        request_ = parse_chat_request(await json_object(request))
-        generation, deltas = await chat.start(request_)
-        if not request_.stream:
-            async with aclosing(deltas):
-                text = "".join([delta async for delta in deltas])
-            return JSONResponse(_completion_json(generation, text))
-
-        async def events() -> AsyncIterator[str]:
-            # aclosing: a client that disconnects cancels this generator,
-            # and the hops' sessions must close now, not at garbage collection.
-            yield _chunk(generation, {"role": "assistant", "content": ""}, None)
-            try:
+        # Before the body is read: a slow upload holds a slot too.
+        client = client_key(request.client.host if request.client else None)
+        refusal = quota.acquire(client)
+        if refusal is not None:
+            chat.counters[f"refused_{refusal.reason}"] += 1
+            raise ChatError(
+                429,
+                refusal.message,
+                type_="requests",  # OpenAI's rate-limit error: type "requests"
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(refusal.retry_after_s)},
+                extra={"reason": refusal.reason},
+            )
+        streaming = False
+        try:
+            request_ = parse_chat_request(await json_object(request))
+            generation, deltas = await chat.start(request_)
+            if not request_.stream:
                 async with aclosing(deltas):
-                    async for delta in deltas:
-                        yield _chunk(generation, {"content": delta}, None)
-            except ChatError as exc:
-                # Headers are gone: report in-band, as OpenAI does mid-stream.
-                error = {"message": exc.message, "type": "server_error", "code": exc.code}
-                yield f"data: {json.dumps({'error': error})}\n\n"
-                return
-            last = _chunk_json(generation, {}, generation.finish_reason)
-            last["shardmesh"] = _shardmesh_json(generation)
-            yield f"data: {json.dumps(last)}\n\n"
-            if request_.include_usage:
-                usage = {
-                    "id": generation.id,
-                    "object": "chat.completion.chunk",
-                    "created": generation.created,
-                    "model": generation.model,
-                    "choices": [],
-                    "usage": _usage(generation),
-                }
-                yield f"data: {json.dumps(usage)}\n\n"
-            yield "data: [DONE]\n\n"
-
-        return StreamingResponse(events(), media_type="text/event-stream")
+                    text = "".join([delta async for delta in deltas])
+                return JSONResponse(_completion_json(generation, text))
+            response = _SlotStream(
+                _events(generation, deltas, request_.include_usage),
+                release=lambda: quota.release(client),
+            )
+            streaming = True  # the response releases the slot once it is over
+            return response
+        finally:
+            if not streaming:
+                quota.release(client)
 
     async def models(request: Request) -> JSONResponse:
         return JSONResponse({"object": "list", "data": chat.models()})
@@ -69,6 +70,70 @@ def openai_routes(chat: ChatService) -> list[Route]:
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
     ]
+
+
+STREAM_CLOSE_TIMEOUT_S: Final = 5.0
+"""How long an abandoned stream may take to close its hops' sessions (a few
+local sends) before its quota slot is given back anyway."""
+
+
+class _SlotStream(StreamingResponse):
+    """An SSE response that holds its client's quota slot until it is over:
+    sent to the end, failed, or abandoned by a client that disconnected.
+
+    Starlette cancels a stream whose client went away; the generator may
+    then be left suspended at a `yield` (never resumed, closed only by the
+    garbage collector), with sessions open on every hop. So once the
+    response is over, the generator is closed here, shielded and bounded,
+    and only then is the slot released."""
+
+    def __init__(self, events: AsyncGenerator[str, None], release: Callable[[], None]) -> None:
+        super().__init__(events, media_type="text/event-stream")
+        self._events = events
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            try:
+                with trio.CancelScope(shield=True):
+                    with trio.move_on_after(STREAM_CLOSE_TIMEOUT_S):
+                        await self._events.aclose()
+            finally:
+                self._release()
+
+
+async def _events(
+    generation: Generation, deltas: AsyncGenerator[str, None], include_usage: bool
+) -> AsyncGenerator[str, None]:
+    """The server-sent events of one streamed completion."""
+    # aclosing: a client that disconnects cancels this generator,
+    # and the hops' sessions must close now, not at garbage collection.
+    yield _chunk(generation, {"role": "assistant", "content": ""}, None)
+    try:
+        async with aclosing(deltas):
+            async for delta in deltas:
+                yield _chunk(generation, {"content": delta}, None)
+    except ChatError as exc:
+        # Headers are gone: report in-band, as OpenAI does mid-stream.
+        error = {"message": exc.message, "type": "server_error", "code": exc.code}
+        yield f"data: {json.dumps({'error': error})}\n\n"
+        return
+    last = _chunk_json(generation, {}, generation.finish_reason)
+    last["shardmesh"] = _shardmesh_json(generation)
+    yield f"data: {json.dumps(last)}\n\n"
+    if include_usage:
+        usage = {
+            "id": generation.id,
+            "object": "chat.completion.chunk",
+            "created": generation.created,
+            "model": generation.model,
+            "choices": [],
+            "usage": _usage(generation),
+        }
+        yield f"data: {json.dumps(usage)}\n\n"
+    yield "data: [DONE]\n\n"
 
 
 def _completion_json(generation: Generation, text: str) -> dict[str, Any]:

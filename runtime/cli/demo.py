@@ -119,7 +119,7 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     async def start_all() -> None:
         previous: LocalNode | None = None
         for node in members:
-            await swarm.start_ready(node, [previous.control] if previous else [])
+            await swarm.start_ready(node, [previous.seed] if previous else [])
             via = f" via {previous.name}" if previous else ""
             _say(
                 f"  {node.name} {node.node_id[:12]} up{via}: control {node.control} api {node.api}"
@@ -143,6 +143,7 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     placed = len(members) > len(SHARDS)
     if placed:
         await _place_on_demand(swarm, members)
+    await _operator_call(members[0])
     # The status shown is node0's, and what it reports reached it from the
     # others: the shards' reports by gossip (the wait above was on another
     # node), the placed assignment by Raft replication.
@@ -323,6 +324,34 @@ async def _place_on_demand(swarm: LocalSwarm, members: list[LocalNode]) -> None:
         f"  retried after {trio.current_time() - t0:.2f}s: HTTP 200 through "
         f"{retry.json()['shardmesh']['route'][0][:12]} ({members[len(SHARDS)].name}, managed)"
     )
+
+
+async def _operator_call(node: LocalNode) -> None:
+    """A call that changes the swarm: refused without the node's operator
+    token, committed with it (read from the node's state dir, as
+    `shardmesh policy --state-dir` does)."""
+    import httpx
+
+    url, setting = node.api + "/v1/network/policy", {"idle_release_s": 1800}
+    _say()
+    _say(f"changing the swarm needs {node.name}'s operator token (in its state dir):")
+    async with httpx.AsyncClient(timeout=30) as client:
+        refused = await client.post(url, json=setting)
+        _say(f"  without it: HTTP {refused.status_code} {refused.json()['error']['code']}")
+        if refused.status_code != 401:
+            raise SwarmError(f"an admin call without the token got HTTP {refused.status_code}")
+        _say(f"$ shardmesh policy --api {node.api} --state-dir DIR --set idle_release_s=1800")
+        changed = refused
+        with trio.move_on_after(CONVERGE_TIMEOUT_S):
+            while True:
+                changed = await client.post(url, json=setting, headers=node.admin_headers())
+                if changed.status_code != 503:
+                    break
+                await trio.sleep(POLL_S)
+    answer = changed.json()
+    if changed.status_code != 200 or not answer.get("accepted"):
+        raise SwarmError(f"the policy change was refused: HTTP {changed.status_code} {answer}")
+    _say(f"  committed at index {answer['index']} by leader {answer['leader'][:12]}")
 
 
 def run_demo(*, nodes: int = 5, profile: str = "local", keep: bool = False) -> int:

@@ -6,6 +6,8 @@ OS picks, and the node writes what it got to `node.json` in its state dir),
 with its output captured to a log file so a failure can show what the node
 said. `LocalSwarm` is an async context manager whose exit kills every child
 it started, whatever happened - no test or demo run leaves processes behind.
+The harness knows each node's state dir, so it holds each node's operator
+token (`LocalNode.admin_headers`) and key (`LocalNode.signed_headers`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -22,8 +25,10 @@ from typing import Any
 import httpx
 import trio
 
+from mesh.identity import KEY_FILE, Identity
 from runtime.cli.status_view import STATUS_PATH
-from runtime.node.state_dir import read_ready
+from runtime.node.signed_http import sign_request
+from runtime.node.state_dir import read_operator_token, read_ready
 
 POLL_S = 0.1
 
@@ -70,12 +75,37 @@ class LocalNode:
         return str(self.info["control"]).removeprefix("tcp://")
 
     @property
+    def seed(self) -> str:
+        """`NODE_ID@H:P`, what another node's `--join` takes to reach this one."""
+        return f"{self.node_id}@{self.control}"
+
+    @property
     def api(self) -> str:
         return str(self.info["api"])
 
     @property
     def running(self) -> bool:
         return self.process is not None and self.process.returncode is None
+
+    @property
+    def operator_token(self) -> str:
+        """The node's operator token (it writes it at its first start)."""
+        return read_operator_token(self.state_dir)
+
+    def admin_headers(self) -> dict[str, str]:
+        """What an admin call to this node sends: its operator token."""
+        return {"authorization": f"Bearer {self.operator_token}"}
+
+    def signed_headers(self, path: str, body: bytes, method: str = "POST") -> dict[str, str]:
+        """Headers that sign a request as this node, with its own key, as its
+        placement driver signs its demand reports (`runtime.node.signed_http`)."""
+        if not (self.state_dir / KEY_FILE).exists():
+            raise SwarmError(f"{self.name} has no key yet: start it first")
+        identity = Identity.load_or_create(self.state_dir)
+        return {
+            "content-type": "application/json",
+            **sign_request(identity, method, path, body, time.time()),
+        }
 
     def log_tail(self, lines: int = 40) -> str:
         try:

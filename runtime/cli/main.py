@@ -21,11 +21,19 @@ import argparse
 import logging
 import math
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
-from runtime.node.hostport import EndpointError, HostPort, api_url, parse_hostport
+from runtime.node.hostport import (
+    EndpointError,
+    HostPort,
+    Seed,
+    api_url,
+    parse_hostport,
+    parse_seed,
+)
 
 if TYPE_CHECKING:  # imported when used: `shardmesh --help` stays fast
     from runtime.cli.chat_client import ChatResult
@@ -44,9 +52,9 @@ def _hostport(text: str) -> HostPort:  # argparse `type=`: a bad value becomes a
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _dialable(text: str) -> HostPort:
+def _seed(text: str) -> Seed:
     try:
-        return parse_hostport(text, allow_zero_port=False)
+        return parse_seed(text)
     except EndpointError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -65,6 +73,21 @@ def _positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"{value} is not a positive integer")
+    return value
+
+
+DURATION_UNITS: Final = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def _duration(text: str) -> float:
+    """`90`, `30m`, `24h`, `7d` as seconds (argparse `type=`)."""
+    unit = DURATION_UNITS.get(text[-1:].lower())
+    try:
+        value = float(text[:-1] if unit else text) * (unit or 1.0)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration such as 90s, 30m, 24h, 7d")
     return value
 
 
@@ -99,6 +122,27 @@ def _layer_span(text: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"{text!r} is not A:B (e.g. 0:4)") from None
 
 
+def _token_arguments(command: argparse.ArgumentParser) -> None:
+    """Where an admin command finds the node's operator token
+    (`runtime.cli.operator_token`; else SHARDMESH_TOKEN)."""
+    where = command.add_mutually_exclusive_group()
+    where.add_argument(
+        "--token-file",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="a file holding the node's operator token (default: $SHARDMESH_TOKEN, "
+        "else the default state dir's)",
+    )
+    where.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the node's state dir: read its operator.token",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
@@ -122,9 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--join",
         action="append",
         default=[],
-        type=_dialable,
-        metavar="H:P",
-        help="control address of any node already in the swarm (repeatable)",
+        type=_seed,
+        metavar="ID@H:P",
+        help="id and control address of any node already in the swarm, as it prints "
+        "them at start (repeatable)",
     )
     node.add_argument(
         "--api",
@@ -178,6 +223,20 @@ def build_parser() -> argparse.ArgumentParser:
         "(a node without --model is spare capacity for managed placement)",
     )
     node.add_argument(
+        "--swarm",
+        choices=("open", "private"),
+        default="open",
+        help="when this node founds a swarm (no --join): open lets any node join; private "
+        "only nodes invited with `shardmesh invite` (fixed for good; default open)",
+    )
+    node.add_argument(
+        "--invite",
+        default=None,
+        metavar="TOKEN",
+        help="join a private swarm: redeem this invitation (from `shardmesh invite`), then "
+        "join through the node that issued it",
+    )
+    node.add_argument(
         "--auto-join",
         action="store_true",
         help="on first join, take the best gap for this node's memory and --models store "
@@ -217,6 +276,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="concurrent inference sessions this node serves (default 16)",
     )
     node.add_argument(
+        "--max-chats-per-client",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="chats one HTTP client (one IP address, an IPv6 /64) may run at once on this "
+        "node; more get 429 (default 4; behind a reverse proxy all clients share one)",
+    )
+    node.add_argument(
         "--threads",
         type=_positive_int,
         default=None,
@@ -228,6 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--fault-injection",
         action="store_true",
         help="serve POST /v1/debug/faults, which can cut this node off (tests only)",
+    )
+    node.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        # Hidden: it exists so benchmarks.pipeline can measure what CURVE
+        # costs. Such a node talks only to other plaintext nodes.
+        help=argparse.SUPPRESS,
     )
     node.add_argument(
         "--log-level",
@@ -402,7 +476,9 @@ def build_parser() -> argparse.ArgumentParser:
         description=(
             "Show the placement policy every leader uses (one set of knobs for the whole "
             "swarm, kept in the placement ledger), or change knobs with --set: any node "
-            "forwards the change to the leader, which commits it for every node."
+            "forwards the change to the leader, which commits it for every node. A change "
+            "needs the asked node's operator token (--token-file, --state-dir or "
+            "SHARDMESH_TOKEN)."
         ),
     )
     policy.add_argument("--api", required=True, type=_url, metavar="URL", help="any node's API")
@@ -416,12 +492,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="change a knob, e.g. idle_release_s=600 (repeatable; one commit for all)",
     )
     policy.add_argument("--json", action="store_true", help="print the raw JSON answer")
+    _token_arguments(policy)
     policy.add_argument(
         "--timeout",
         type=_seconds,
         default=10.0,
         help="seconds to wait for an answer, and for a leader while one is elected (default 10)",
     )
+
+    invite = commands.add_parser(
+        "invite",
+        help="invite a node to a private swarm (prints a token for its --invite)",
+        description=(
+            "Ask a voter of a private swarm for an invitation: a token, signed by that "
+            "voter, that lets one node join with `shardmesh node --invite TOKEN` until it "
+            "expires. Whoever holds it can join: hand it over privately. Needs the node's "
+            "operator token (--token-file, --state-dir or SHARDMESH_TOKEN)."
+        ),
+    )
+    invite.add_argument("--api", required=True, type=_url, metavar="URL", help="a voter's API")
+    invite.add_argument(
+        "--voter",
+        action="store_true",
+        help="the newcomer may become a voter (it is eligible, and can then invite too)",
+    )
+    invite.add_argument(
+        "--expires",
+        type=_duration,
+        default=24 * 3600.0,
+        metavar="DURATION",
+        help="how long the token stays redeemable, e.g. 30m, 24h, 7d (default 24h)",
+    )
+    _token_arguments(invite)
 
     doctor = commands.add_parser(
         "doctor",
@@ -511,10 +613,14 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             data_listen=args.data_listen,
             advertise=args.advertise,
             fault_injection=args.fault_injection,
+            encrypted=not args.insecure_plaintext,
             serve=serve,
             models=args.models.resolve() if args.models else None,
             backend=args.backend,
             auto_join=args.auto_join,
+            swarm=args.swarm,
+            invite=args.invite,
+            max_chats_per_client=args.max_chats_per_client,
         )
     except ValueError as exc:
         parser.error(str(exc))
@@ -606,14 +712,16 @@ def _run_status(args: argparse.Namespace) -> int:
 def _run_policy(args: argparse.Namespace) -> int:
     import json
 
+    from runtime.cli.operator_token import TokenError, find_token
     from runtime.cli.policy_client import PolicyError, fetch_policy, render_policy, set_policy
 
     try:
         if args.settings:  # the leader's answer: the asked node may not have applied it yet
-            answer = set_policy(args.api, dict(args.settings), timeout=args.timeout)
+            token = find_token(args.token_file, args.state_dir)
+            answer = set_policy(args.api, dict(args.settings), token=token, timeout=args.timeout)
         else:
             answer = fetch_policy(args.api, timeout=args.timeout)
-    except PolicyError as exc:
+    except (PolicyError, TokenError) as exc:
         print(f"{PROG} policy: error: {exc}", file=sys.stderr)
         return 1
     if args.json:
@@ -622,6 +730,27 @@ def _run_policy(args: argparse.Namespace) -> int:
     if args.settings:
         print(f"committed at index {answer['index']} by leader {answer['leader'][:12]}")
     print(render_policy(answer["policy"], answer["settings"]))
+    return 0
+
+
+def _run_invite(args: argparse.Namespace) -> int:
+    from runtime.cli.operator_token import TokenError, find_token
+    from runtime.cli.policy_client import PolicyError, request_invitation
+
+    try:
+        token = find_token(args.token_file, args.state_dir)
+        answer = request_invitation(args.api, voter=args.voter, expires_s=args.expires, token=token)
+    except (PolicyError, TokenError) as exc:
+        print(f"{PROG} invite: error: {exc}", file=sys.stderr)
+        return 1
+    print(answer["invitation"])
+    role = "a voter-eligible member" if answer["voter"] else "a member"
+    expires = time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(answer["expires_at"]))
+    print(
+        f"lets one node join swarm {answer['swarm'][:12]} as {role} until {expires}: "
+        f"{PROG} node --invite TOKEN ...",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -755,6 +884,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_simulate(args)
     if args.command == "policy":
         return _run_policy(args)
+    if args.command == "invite":
+        return _run_invite(args)
     if args.command == "tiny-model":
         return _run_tiny_model(args)
     if args.command == "manifest":

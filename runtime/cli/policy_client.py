@@ -1,10 +1,15 @@
-"""`shardmesh policy`: show the swarm's placement policy, or change it.
+"""`shardmesh policy` and `shardmesh invite`: the admin calls about the swarm.
+
+`policy` shows the swarm's placement policy, or changes it; `invite` asks
+a voter for an invitation to a private swarm.
 
 The policy's knobs (`consensus.settings`) are one set for the whole swarm,
 committed in the placement ledger, so any node can be asked: it shows its
 replica of them, and forwards a change to the Raft leader, which commits it
 for every node. A change needs a leader with a quorum; while an election
 runs the node answers 503, and this client asks again until its deadline.
+Showing the policy is public; a change needs the node's operator token
+(`runtime.cli.operator_token`).
 """
 
 from __future__ import annotations
@@ -16,8 +21,11 @@ from typing import Any, Final
 import httpx
 
 from consensus.settings import POLICY_FIELDS
+from runtime.cli.operator_token import OperatorToken
 
 POLICY_PATH: Final = "/v1/network/policy"
+INVITE_PATH: Final = "/v1/network/invitations"
+INVITE_TIMEOUT_S: Final = 10.0
 RETRY_S: Final = 0.5
 """Pause between asks while the swarm has no leader (an election takes
 well under a second on a LAN; this keeps a waiting client cheap)."""
@@ -47,19 +55,36 @@ def fetch_policy(api: str, *, timeout: float) -> dict[str, Any]:
     return _answer(_request("GET", api, None, timeout))
 
 
-def set_policy(api: str, settings: Mapping[str, int | float], *, timeout: float) -> dict[str, Any]:
-    """Commit `settings` swarm-wide; the leader's answer (with "policy", the
-    whole policy now in force). Asks again while there is no leader."""
+def set_policy(
+    api: str, settings: Mapping[str, int | float], *, token: OperatorToken, timeout: float
+) -> dict[str, Any]:
+    """Commit `settings` swarm-wide with the operator's `token`; the
+    leader's answer (with "policy", the whole policy now in force). Asks
+    again while there is no leader."""
     deadline = time.monotonic() + timeout
     while True:
-        response = _request("POST", api, dict(settings), timeout)
+        response = _request("POST", api, dict(settings), timeout, token.headers())
         if response.status_code != 503 or time.monotonic() + RETRY_S > deadline:
             break
         time.sleep(RETRY_S)
+    if response.status_code == 401:
+        raise PolicyError(token.refused())
     answer = _answer(response)
     if not answer.get("accepted"):
         raise PolicyError(f"the ledger refused it: {answer.get('reason')}: {answer.get('detail')}")
     return answer
+
+
+def request_invitation(
+    api: str, *, voter: bool, expires_s: float, token: OperatorToken
+) -> dict[str, Any]:
+    """An invitation signed by the node at `api` (a voter of a private
+    swarm): {"invitation", "swarm", "voter", "expires_at"}."""
+    body = {"voter": voter, "expires_s": expires_s}
+    response = _request("POST", api, body, INVITE_TIMEOUT_S, token.headers(), INVITE_PATH)
+    if response.status_code == 401:
+        raise PolicyError(token.refused())
+    return _answer(response)
 
 
 def render_policy(policy: Mapping[str, Any], settings: Mapping[str, Any]) -> str:
@@ -71,10 +96,17 @@ def render_policy(policy: Mapping[str, Any], settings: Mapping[str, Any]) -> str
     )
 
 
-def _request(method: str, api: str, body: dict[str, Any] | None, timeout: float) -> httpx.Response:
-    url = api.rstrip("/") + POLICY_PATH
+def _request(
+    method: str,
+    api: str,
+    body: dict[str, Any] | None,
+    timeout: float,
+    headers: Mapping[str, str] | None = None,
+    path: str = POLICY_PATH,
+) -> httpx.Response:
+    url = api.rstrip("/") + path
     try:
-        return httpx.request(method, url, json=body, timeout=timeout)
+        return httpx.request(method, url, json=body, headers=headers, timeout=timeout)
     except httpx.HTTPError as exc:
         raise PolicyError(f"cannot reach {url}: {exc}") from exc
 

@@ -57,6 +57,7 @@ from runtime.inference.protocol import (
     OP_OPEN,
     OP_OPENED,
     OP_TOKEN,
+    R_NOT_SESSION_PEER,
     BadMessage,
     compute_us_field,
     encode_message,
@@ -102,6 +103,11 @@ class Hop:
     node_id: str
     address: str
     layers: tuple[int, int]
+
+    @property
+    def node(self) -> bytes:
+        """The node id as bytes: the key its data plane must prove."""
+        return bytes.fromhex(self.node_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -250,9 +256,10 @@ class _Attempt:
     async def open(self, timeout: float) -> None:
         """Open every hop's session; all must answer ``opened`` in time."""
         plane = self.pipeline.plane
-        for session in self.sessions:
-            self.pipeline._mailboxes[session] = self.inbox_send
+        for session, hop in zip(self.sessions, self.chain, strict=True):
+            self.pipeline._mailboxes[session] = (hop.node, self.inbox_send)
         last = len(self.chain) - 1
+        entry = plane.keys.node_id
         for i, (hop, session) in enumerate(zip(self.chain, self.sessions, strict=True)):
             header: dict[str, Any] = {
                 "op": OP_OPEN,
@@ -261,12 +268,14 @@ class _Attempt:
                 "layers": list(hop.layers),
                 "reply": self.pipeline.reply_address,
                 "budget": self.budget,
+                "prev": (entry if i == 0 else self.chain[i - 1].node).hex(),
                 "next": None if i == last else self.chain[i + 1].address,
+                "next_node": None if i == last else self.chain[i + 1].node_id,
                 "next_session": None if i == last else self.sessions[i + 1],
                 "sampling": sampling_header(self.params) if i == last else None,
                 "seed": self.seed,
             }
-            plane.send(hop.address, encode_message(header))
+            plane.send(hop.address, encode_message(header), peer=hop.node)
         waiting = set(self.sessions)
         with trio.move_on_after(timeout):
             while waiting:
@@ -299,7 +308,8 @@ class _Attempt:
             timeout = timeouts.prefill_s(len(inputs))
             self.prefilled = True
         header = {"op": OP_FORWARD, "session": self.sessions[0], "step": step, "pos": pos}
-        self.pipeline.plane.send(self.chain[0].address, encode_message(header, inputs))
+        first = self.chain[0]
+        self.pipeline.plane.send(first.address, encode_message(header, inputs), peer=first.node)
         return step, timeout
 
     async def receive_token(self, step: int, timeout: float) -> _Reply:
@@ -322,7 +332,8 @@ class _Attempt:
         plane = self.pipeline.plane
         for hop, session in zip(self.chain, self.sessions, strict=True):
             self.pipeline._mailboxes.pop(session, None)
-            plane.send(hop.address, encode_message({"op": OP_CLOSE, "session": session}))
+            close = encode_message({"op": OP_CLOSE, "session": session})
+            plane.send(hop.address, close, peer=hop.node)
         self.inbox_send.close()
 
 
@@ -341,10 +352,13 @@ class Pipeline:
         # bound one, e.g. tcp://0.0.0.0:port, may not be reachable by peers).
         self.reply_address = reply_address or plane.address
         self._drops = drops
-        self._mailboxes: dict[str, trio.MemorySendChannel[_Reply]] = {}
+        # session id -> (the hop it was opened on, the generation's mailbox)
+        self._mailboxes: dict[str, tuple[bytes, trio.MemorySendChannel[_Reply]]] = {}
 
-    def handle(self, op: str, header: Mapping[str, Any]) -> None:
-        """Route one reply to the generation waiting for it; count the rest."""
+    def handle(self, peer: bytes, op: str, header: Mapping[str, Any]) -> None:
+        """Route one reply from node ``peer`` to the generation waiting for
+        it, if ``peer`` is the hop its session was opened on (so a token only
+        from the last hop); count the rest."""
         try:
             session = session_field(header)
             reply = _Reply(op=op, session=session)
@@ -364,9 +378,13 @@ class Pipeline:
         except BadMessage as exc:
             self._drops[f"engine.{exc.reason}"] += 1
             return
-        mailbox = self._mailboxes.get(session)
-        if mailbox is None:
+        bound = self._mailboxes.get(session)
+        if bound is None:
             self._drops[f"engine.{R_STALE_REPLY}"] += 1
+            return
+        hop, mailbox = bound
+        if peer != hop:
+            self._drops[f"engine.{R_NOT_SESSION_PEER}"] += 1
             return
         try:
             mailbox.send_nowait(reply)
@@ -474,6 +492,8 @@ def _check_chain(chain: Sequence[Hop]) -> None:
         raise ValueError("a chain needs at least one hop")
     start = 0
     for hop in chain:
+        if len(hop.node_id) != 64 or not all(c in "0123456789abcdef" for c in hop.node_id):
+            raise ValueError(f"hop {hop.node_id!r} is not a node id (64 lowercase hex digits)")
         a, b = hop.layers
         if a != start or b <= a:
             raise ValueError(f"chain layers must be contiguous from 0, got {hop.layers} at {start}")

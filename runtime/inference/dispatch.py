@@ -84,7 +84,7 @@ class Engine:
             self.plane.deliver_to(self.dispatch)
             try:
                 while True:
-                    self.dispatch(await self.plane.receive())
+                    self.dispatch(*await self.plane.receive())
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 nursery.cancel_scope.cancel()
             finally:
@@ -121,8 +121,9 @@ class Engine:
         with scope:
             await hop_server.run(task_status=task_status)
 
-    def dispatch(self, frames: list[bytes]) -> None:
-        """Handle one received message; never raises for bad input."""
+    def dispatch(self, peer: bytes, frames: list[bytes]) -> None:
+        """Handle one message from node ``peer`` (authenticated by the
+        plane); never raises for bad input."""
         try:
             header, dtype, shape, raw = decode_tensor(frames)
         except DecodeError as exc:
@@ -133,10 +134,12 @@ class Engine:
             if self.hop_server is None:  # a stale route: we hold no shard (any more)
                 self._drops[f"engine.{R_WRONG_SHARD}"] += 1
                 if op == OP_OPEN:
-                    refuse_open(self.plane, header, R_WRONG_SHARD, "this node serves no shard")
+                    refuse_open(
+                        self.plane, peer, header, R_WRONG_SHARD, "this node serves no shard"
+                    )
                 return
-            self.hop_server.handle(op, header, dtype, shape, raw)
+            self.hop_server.handle(peer, op, header, dtype, shape, raw)
         elif op in ENTRY_OPS:
-            self.pipeline.handle(op, header)
+            self.pipeline.handle(peer, op, header)
         else:
             self._drops[f"engine.{R_UNKNOWN_OP}"] += 1

@@ -55,6 +55,7 @@ from runtime.inference.protocol import (
     R_BAD_POSITION,
     R_BUDGET,
     R_DUPLICATE,
+    R_NOT_SESSION_PEER,
     R_OVERLOADED,
     R_SHARD_FAILED,
     R_UNKNOWN_SESSION,
@@ -63,6 +64,7 @@ from runtime.inference.protocol import (
     compute_us_field,
     encode_message,
     error_header,
+    node_field,
     refuse_open,
     sampling_from_header,
     session_field,
@@ -101,6 +103,12 @@ and would stall membership and Raft, so it never runs inline."""
 # 16 keeps a volunteer's memory bounded while letting a few chats interleave;
 # beyond it the entry gets "busy" and routes elsewhere.
 DEFAULT_MAX_SESSIONS: Final = 16
+
+# The share of those sessions one peer (one entry) may hold at once. An
+# entry that many clients use legitimately routes many chats through one
+# hop, so the share is generous; below 1 it stops one peer, honest or not,
+# from taking every slot and turning everyone else away with "busy".
+MAX_SESSION_SHARE: Final = 0.5
 
 # Largest budget (positions) one session may ask for: the prompt plus the
 # tokens to generate. It bounds one session's cache (see above); 8,192 covers
@@ -175,7 +183,10 @@ class _Session:
     """One conversation's state on this hop."""
 
     id: str
+    entry: bytes  # the node that opened the session: replies go only to it
     reply: str  # the entry's data address
+    prev: bytes  # the only node whose forwards this session takes
+    next_node: bytes | None
     next_addr: str | None
     next_session: str | None
     budget: int
@@ -254,23 +265,35 @@ class HopServer:
                     self._close(session)
 
     def handle(
-        self, op: str, header: Mapping[str, Any], dtype: str, shape: tuple[int, ...], raw: Any
+        self,
+        peer: bytes,
+        op: str,
+        header: Mapping[str, Any],
+        dtype: str,
+        shape: tuple[int, ...],
+        raw: Any,
     ) -> None:
-        """Act on one hop message (``open``, ``forward`` or ``close``). Never
-        raises for bad input: refusals are counted and answered if possible."""
+        """Act on one hop message (``open``, ``forward`` or ``close``) from
+        node ``peer``. Never raises for bad input: refusals are counted and
+        answered if possible; a message from a peer the session is not
+        bound to is only counted (it must not be able to end the session)."""
         session: _Session | None = None
         try:
-            if op == OP_FORWARD:
-                session = self._sessions.get(session_field(header))
-                if session is None:
+            if op == OP_OPEN:
+                self._open(peer, header)
+                return
+            found = self._sessions.get(session_field(header))
+            if found is None:
+                if op == OP_FORWARD:
                     raise BadMessage(R_UNKNOWN_SESSION)
+                return  # close is idempotent
+            if peer != (found.prev if op == OP_FORWARD else found.entry):
+                raise BadMessage(R_NOT_SESSION_PEER)
+            if op == OP_FORWARD:
+                session = found
                 self._forward(session, header, dtype, shape, raw)
-            elif op == OP_OPEN:
-                self._open(header)
             else:
-                found = self._sessions.get(session_field(header))
-                if found is not None:
-                    self._close(found)
+                self._close(found)
         except BadMessage as exc:
             self._drops[f"engine.{exc.reason}"] += 1
             if session is not None:
@@ -278,18 +301,18 @@ class HopServer:
 
     # --- open / close -------------------------------------------------------
 
-    def _open(self, header: Mapping[str, Any]) -> None:
+    def _open(self, entry: bytes, header: Mapping[str, Any]) -> None:
         reply = text_field(header, "reply", MAX_ADDR_CHARS)
         session_id = session_field(header)
-        if len(self._sessions) >= self.max_sessions:
+        busy = self._busy(entry)
+        if busy:
             self._drops["engine.busy"] += 1
-            busy = f"session limit ({self.max_sessions}) reached"
-            self._send(reply, {"op": OP_BUSY, "session": session_id, "reason": busy})
+            self._send(reply, entry, {"op": OP_BUSY, "session": session_id, "reason": busy})
             return
         try:
-            session = self._new_session(session_id, reply, header)
+            session = self._new_session(session_id, entry, reply, header)
         except BadMessage as exc:
-            refuse_open(self.plane, header, exc.reason, exc.detail)
+            refuse_open(self.plane, entry, header, exc.reason, exc.detail)
             raise
         # The engine starts run() before it reads the plane, and both end together.
         assert self._nursery is not None, "HopServer.run is not running"
@@ -297,9 +320,20 @@ class HopServer:
         session.inbox = send
         self._sessions[session_id] = session
         self._nursery.start_soon(self._serve, session, receive, name=f"hop.session.{session_id}")
-        self._send(reply, {"op": OP_OPENED, "session": session_id})
+        self._send(reply, entry, {"op": OP_OPENED, "session": session_id})
 
-    def _new_session(self, session_id: str, reply: str, header: Mapping[str, Any]) -> _Session:
+    def _busy(self, entry: bytes) -> str:
+        """Why a new session from ``entry`` is refused ("": it is not)."""
+        if len(self._sessions) >= self.max_sessions:
+            return f"session limit ({self.max_sessions}) reached"
+        share = max(1, int(self.max_sessions * MAX_SESSION_SHARE))
+        if sum(1 for s in self._sessions.values() if s.entry == entry) >= share:
+            return f"this peer holds its share ({share}) of the sessions"
+        return ""
+
+    def _new_session(
+        self, session_id: str, entry: bytes, reply: str, header: Mapping[str, Any]
+    ) -> _Session:
         """Validate an ``open`` against what this hop serves."""
         if session_id in self._sessions:
             raise BadMessage(R_DUPLICATE)
@@ -314,18 +348,27 @@ class HopServer:
         if not 0 < budget <= self.max_budget:
             raise BadMessage(R_BUDGET, f"budget must be in 1..{self.max_budget}")
         seed = uint_field(header, "seed", high=SEED_MODULUS - 1)
+        prev = node_field(header, "prev")
+        if self.shard.is_first and prev != entry:
+            raise BadMessage(R_BAD_FIELD, "the first hop takes its inputs from the entry")
+        next_node: bytes | None
         if self.shard.is_last:
-            if header.get("next") is not None or header.get("next_session") is not None:
+            nexts = (header.get(name) for name in ("next", "next_node", "next_session"))
+            if any(value is not None for value in nexts):
                 raise BadMessage(R_BAD_FIELD, "the last hop has no next hop")
-            next_addr = next_session = None
+            next_addr = next_session = next_node = None
             sampling: SamplingParams | None = sampling_from_header(header.get("sampling"))
         else:
             next_addr = text_field(header, "next", MAX_ADDR_CHARS)
+            next_node = node_field(header, "next_node")
             next_session = session_field(header, "next_session")
             sampling = None
         return _Session(
             id=session_id,
+            entry=entry,
             reply=reply,
+            prev=prev,
+            next_node=next_node,
             next_addr=next_addr,
             next_session=next_session,
             budget=budget,
@@ -442,9 +485,10 @@ class HopServer:
         compute_us = [*work.compute_us, took_us]
         if isinstance(result, int):
             header = {"op": OP_TOKEN, "session": session.id, "step": work.step}
-            self._send(session.reply, {**header, "token": result, "compute_us": compute_us})
+            token = {**header, "token": result, "compute_us": compute_us}
+            self._send(session.reply, session.entry, token)
         else:
-            assert session.next_addr is not None
+            assert session.next_addr is not None and session.next_node is not None
             header = {
                 "op": OP_FORWARD,
                 "session": session.next_session,
@@ -452,7 +496,9 @@ class HopServer:
                 "pos": work.pos,
                 "compute_us": compute_us,
             }
-            self.plane.send(session.next_addr, encode_message(header, result))
+            self.plane.send(
+                session.next_addr, encode_message(header, result), peer=session.next_node
+            )
 
     def _shard_failed(self, session: _Session, step: int, exc: Exception) -> None:
         self._drops[f"engine.{R_SHARD_FAILED}"] += 1
@@ -476,8 +522,8 @@ class HopServer:
 
     def _fail(self, session: _Session, step: object, reason: str, detail: str) -> None:
         """Tell the entry this session failed, and end it."""
-        self._send(session.reply, error_header(session.id, step, reason, detail))
+        self._send(session.reply, session.entry, error_header(session.id, step, reason, detail))
         self._close(session)
 
-    def _send(self, addr: str, header: Mapping[str, Any]) -> None:
-        self.plane.send(addr, encode_message(header))
+    def _send(self, addr: str, peer: bytes, header: Mapping[str, Any]) -> None:
+        self.plane.send(addr, encode_message(header), peer=peer)

@@ -24,9 +24,13 @@ op         direction    header fields (besides "op") and payload
 =========  ===========  =========================================================
 open       entry → hop  session, model (text), layers [a, b], reply (the entry's
                         data address), budget (positions the session may use),
-                        next (next hop's data address, or null on the last hop),
-                        next_session (its session id, or null), sampling (null,
-                        or {temperature, top_p, top_k} on the last hop), seed
+                        prev (node id, hex, of the peer whose forwards this
+                        session takes: the entry for the first hop, else the
+                        hop before), next (next hop's data address, or null
+                        on the last hop), next_node (its node id, hex, or
+                        null), next_session (its session id, or null),
+                        sampling (null, or {temperature, top_p, top_k} on the
+                        last hop), seed
 opened     hop → entry  session
 busy       hop → entry  session, reason (session limit reached; try another node)
 forward    → hop        session, step, pos, compute_us (optional, see below):
@@ -46,6 +50,16 @@ compute this step (microseconds, by its own clock); each hop appends its own
 before pushing on, so the entry learns where a step's time went (compute at
 each hop, or the hops between them) at the cost of a few header bytes.
 
+Sessions are bound to peers. The planes tell each message's sender (its
+key proved by the CURVE handshake), so a session id is not the only
+secret: a hop takes ``forward`` for a session only from its ``prev`` and
+``close`` only from the peer that opened it, and sends replies only to that
+peer; an entry takes each session's replies only from the hop it opened
+the session on (so ``token`` only from the last hop). Anything else is
+dropped and counted (``not_session_peer``) and does not disturb the
+session. One peer may hold at most a share of a hop's sessions
+(``MAX_SESSION_SHARE``), so it cannot take them all.
+
 Header fields are checked by the rules of :mod:`mesh.fields`, like every
 other field a node reads; a field that breaks its rule is a
 :class:`BadMessage` with reason ``bad_field``.
@@ -60,6 +74,7 @@ from typing import Any, Final
 import numpy as np
 
 from mesh.fields import MAX_UINT, FieldError, hex_text, is_uint, sequence, text, uint
+from mesh.identity import NODE_ID_BYTES
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS, encode_tensor
 from runtime.model.sampling import SamplingParams
@@ -82,6 +97,7 @@ __all__ = [
     "R_BAD_POSITION",
     "R_BUDGET",
     "R_DUPLICATE",
+    "R_NOT_SESSION_PEER",
     "R_OVERLOADED",
     "R_SHARD_FAILED",
     "R_UNKNOWN_SESSION",
@@ -92,6 +108,7 @@ __all__ = [
     "encode_message",
     "error_header",
     "new_session_id",
+    "node_field",
     "refuse_open",
     "sampling_from_header",
     "sampling_header",
@@ -129,6 +146,9 @@ no model we know of has more layers; bounds what a header makes us parse."""
 R_BAD_FIELD: Final = "bad_field"  # missing or mistyped header field
 R_BAD_PAYLOAD: Final = "bad_payload"  # wrong dtype or shape for this hop
 R_UNKNOWN_SESSION: Final = "unknown_session"
+# A message about a session from a peer the session is not bound to (see
+# "Sessions are bound to peers" above): dropped, the session untouched.
+R_NOT_SESSION_PEER: Final = "not_session_peer"
 R_BAD_POSITION: Final = "bad_position"  # does not continue the session's cache
 R_BUDGET: Final = "budget_exceeded"
 R_OVERLOADED: Final = "overloaded"  # too many steps queued for one session
@@ -214,16 +234,28 @@ def error_header(session_id: str, step: object, reason: str, detail: str = "") -
     }
 
 
-def refuse_open(plane: Plane, header: Mapping[str, Any], reason: str, detail: str = "") -> None:
-    """Answer a refused ``open`` with ``error``, so the entry fails over at
-    once instead of waiting for its open timeout; silent when the header
-    names no valid reply address and session (there is no one to answer)."""
+def refuse_open(
+    plane: Plane, opener: bytes, header: Mapping[str, Any], reason: str, detail: str = ""
+) -> None:
+    """Answer a refused ``open`` from node ``opener`` with ``error``, so the
+    entry fails over at once instead of waiting for its open timeout; silent
+    when the header names no valid reply address and session (there is no
+    one to answer)."""
     try:
         reply = text_field(header, "reply", MAX_ADDR_CHARS)
         session_id = session_field(header)
     except BadMessage:
         return
-    plane.send(reply, encode_message(error_header(session_id, None, reason, detail)))
+    plane.send(reply, encode_message(error_header(session_id, None, reason, detail)), peer=opener)
+
+
+def node_field(header: Mapping[str, Any], name: str) -> bytes:
+    """A node id field (64 lowercase hex characters)."""
+    try:
+        chars = 2 * NODE_ID_BYTES
+        return bytes.fromhex(hex_text(header.get(name), name, min_chars=chars, max_chars=chars))
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
 
 
 def sampling_header(params: SamplingParams) -> dict[str, Any]:

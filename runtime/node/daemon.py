@@ -26,6 +26,7 @@ import random
 import signal
 import time
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -40,13 +41,14 @@ from mesh.transport import Plane
 from runtime.inference.chat import ArtifactStore, ChatService
 from runtime.inference.dispatch import Engine
 from runtime.model.store import ModelStore
+from runtime.node.access import AccessError, SwarmAccess, redeem_invitation
 from runtime.node.admission import ShardSlot
 from runtime.node.hostport import HostPort, parse_hostport
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.options import NodeOptions, NodeStartupError, open_node_planes
 from runtime.node.placement_driver import Placement
 from runtime.node.raft_driver import RaftDriver
-from runtime.node.state_dir import StateDir
+from runtime.node.state_dir import OPERATOR_TOKEN_FILE, StateDir
 from runtime.node.status import StatusSources, status_document
 from runtime.node.swarm_view import SwarmView
 
@@ -69,6 +71,11 @@ class Node:
         self.state = state
         self.identity = identity
         self.node_id: bytes = identity.node_id
+        self.operator_token = state.operator_token()  # admin calls (runtime.api.auth)
+        log.info(
+            "operator token in %s (admin calls and `shardmesh policy --set` need it)",
+            state.path / OPERATOR_TOKEN_FILE,
+        )
         self.incarnation = state.next_incarnation()
         self.raft_storage = raft_storage
         self.started_at = time.time()  # wall clock: shown to humans only
@@ -88,6 +95,7 @@ class Node:
         self.slot: ShardSlot
         self.placement: Placement
         self.chat: ChatService
+        self.access: SwarmAccess
 
     @property
     def fault_injection(self) -> bool:
@@ -126,7 +134,12 @@ class Node:
             slot=self.slot,
             backend=options.backend,
             auto_join=options.auto_join,
+            signer=self.identity,
         )
+        self.access = SwarmAccess(
+            self.identity, self.raft, founding=None if options.joins else options.swarm
+        )
+        self.access.attach(control, data)
         self.chat = ChatService(
             swarm=self.swarm,
             placement=self.placement,
@@ -143,7 +156,10 @@ class Node:
         """
         options = self.options
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            async with open_node_planes(options, self.transport_drops) as (control, data):
+            if not options.encrypted:
+                log.warning("--insecure-plaintext: the planes are NOT encrypted or authenticated")
+            planes = open_node_planes(options, self.transport_drops, self.identity.plane_keys())
+            async with planes as (control, data):
                 self._wire(control, data)
                 async with trio.open_nursery() as nursery:
                     api_url = await self._start_http(nursery)
@@ -154,9 +170,10 @@ class Node:
                     }
                     self.republish()
                     if options.joins:
-                        self.membership.join([seed.zmq() for seed in options.joins])
+                        self.membership.join([(seed.node, seed.at.zmq()) for seed in options.joins])
                     nursery.start_soon(self.membership.run)
                     nursery.start_soon(self.raft.run)
+                    nursery.start_soon(self.access.run)
                     await nursery.start(self.engine.run)
                     if options.serve is not None:
                         nursery.start_soon(self.slot.start(options.serve).run)
@@ -175,6 +192,11 @@ class Node:
                         *self.addresses.values(),
                         self.incarnation,
                         options.profile,
+                    )
+                    log.info(
+                        "others join this node with --join %s@%s",
+                        node_id_text(self.node_id),
+                        self.membership.address.removeprefix("tcp://"),
                     )
                     task_status.started(self)
                     async for signum in signals:
@@ -217,7 +239,8 @@ class Node:
         config.errorlog = logging.getLogger("hypercorn.error")
         config.graceful_timeout = 1.0
         config.keep_alive_timeout = 5.0
-        app: Any = create_app(self)  # an ASGI app; hypercorn's stubs name a narrower type
+        # An ASGI app; hypercorn's stubs name a narrower type.
+        app: Any = create_app(self, chats_per_client=self.options.max_chats_per_client)
         await serve(app, config, shutdown_trigger=self._http_shutdown.wait, task_status=task_status)
 
     def republish(self) -> None:
@@ -249,7 +272,9 @@ class Node:
     def status(self) -> dict[str, Any]:
         """The body of `GET /v1/network/status` (see DESIGN.md, Contracts)."""
         drops = self.transport_drops + self.local_drops  # named "control.", "data.", "engine."
-        for source, counter in {**self.membership.drops(), "raft": self.raft.drops}.items():
+        counters = {**self.membership.drops(), "raft": self.raft.drops}
+        counters["placement"] = self.placement.drops  # demand refused: "placement.unknown_model"
+        for source, counter in counters.items():
             drops += Counter({f"{source}.{reason}": n for reason, n in counter.items()})
         sources = StatusSources(
             profile=self.options.profile,
@@ -277,6 +302,12 @@ async def serve_node(options: NodeOptions) -> None:
     """
     with StateDir(options.state_dir) as state:
         identity = Identity.load_or_create(options.state_dir)
+        if options.invite is not None:
+            try:
+                seed = await redeem_invitation(identity, options.invite)
+            except AccessError as exc:
+                raise NodeStartupError(str(exc)) from None
+            options = replace(options, joins=(*options.joins, seed), invite=None)
         try:
             raft_storage = RaftStorage.open(options.state_dir / RAFT_STORE)
         except StorageError as exc:

@@ -78,6 +78,40 @@ def parse_hostport(text: str, *, allow_zero_port: bool = True) -> HostPort:
     return HostPort(host, port)
 
 
+@dataclass(frozen=True, slots=True)
+class Seed:
+    """A node to join through: its id and its control address.
+
+    The id is needed as much as the address: the planes are encrypted to
+    the key that *is* the node's id, so a joiner that knew only an address
+    could neither reach the node nor tell it from an impostor there (a
+    libp2p bootstrap address carries its peer id for the same reason).
+    """
+
+    node: bytes
+    at: HostPort
+
+    def text(self) -> str:
+        return f"{self.node.hex()}@{self.at.text()}"
+
+
+def parse_seed(text: str) -> Seed:
+    """Parse `NODE_ID@H:P` (`--join`); the id is 64 hex digits."""
+    node_text, sep, address = text.strip().partition("@")
+    if not sep:
+        raise EndpointError(
+            f"{text!r}: --join takes NODE_ID@HOST:PORT, the node's id and its address "
+            "(a node prints its join address when it starts; `shardmesh status` shows it)"
+        )
+    try:
+        node = bytes.fromhex(node_text)
+    except ValueError:
+        node = b""
+    if len(node) != 32:
+        raise EndpointError(f"{text!r}: {node_text!r} is not a node id (64 hex digits)")
+    return Seed(node, parse_hostport(address, allow_zero_port=False))
+
+
 def api_url(text: str) -> str:
     """Normalise what `status --api` accepts (`H:P` or a URL) to a base URL
     without a trailing slash."""

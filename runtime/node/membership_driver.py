@@ -150,7 +150,8 @@ class MembershipDriver:
 
     # --- what the node asks of it -----------------------------------------------
 
-    def join(self, seeds: Sequence[str]) -> None:
+    def join(self, seeds: Sequence[tuple[bytes, str]]) -> None:
+        """Join through `(node id, control address)` seeds."""
         self.core.join(list(seeds), trio.current_time())
         self.flush()
 
@@ -187,7 +188,7 @@ class MembershipDriver:
         except EncodeError as exc:
             self.local_drops[f"encode_{exc.reason}"] += 1
             return
-        self._send(view.addr, data)
+        self._send(view.addr, to, data)
 
     # --- the core's I/O -----------------------------------------------------------
 
@@ -217,7 +218,7 @@ class MembershipDriver:
                     log.error("not sending a %s: %s", type(send.envelope.message).__name__, exc)
                     self.local_drops[f"encode_{exc.reason}"] += 1
                     continue
-            self._send(send.addr, payload)
+            self._send(send.addr, send.node, payload)
         for event in events:
             entry: dict[str, Any] = {
                 "kind": str(event.kind),
@@ -235,16 +236,19 @@ class MembershipDriver:
                 )
         self._wake.set()
 
-    def _send(self, addr: str, payload: bytes) -> None:
+    def _send(self, addr: str, node: bytes, payload: bytes) -> None:
         if self._isolated:
             self.local_drops["fault_isolated_out"] += 1
             return
-        self._plane.send(addr, [payload])
+        self._plane.send(addr, [payload], peer=node)
 
-    def handle_payload(self, payload: bytes) -> None:
-        """One control-plane message: decode strictly, step the core, flush.
+    def handle_payload(self, peer: bytes, payload: bytes) -> None:
+        """One control-plane message from node `peer` (authenticated by the
+        plane): decode strictly, check the sender, step the core, flush.
 
-        A message that fails to decode is counted under the decoder's reason.
+        A message that fails to decode is counted under the decoder's reason;
+        one whose envelope names another sender than its peer (a member
+        speaking as another node) as `sender_not_peer`.
         An exception from the core itself is a bug, but a peer must not be
         able to kill the node with it: it is logged with its traceback and
         counted as `internal_error` (tests assert that counter stays absent).
@@ -256,6 +260,9 @@ class MembershipDriver:
             envelope = decode_envelope(payload)
         except DecodeError as exc:
             self.wire_drops[exc.reason] += 1
+            return
+        if envelope.sender != peer:
+            self.local_drops["sender_not_peer"] += 1
             return
         if isinstance(envelope.message, Consensus):
             self._receive_consensus(envelope.sender, envelope.message)
@@ -284,11 +291,11 @@ class MembershipDriver:
 
     async def _receive_loop(self) -> None:
         while True:
-            frames = await self._plane.receive()
+            peer, frames = await self._plane.receive()
             if len(frames) != 1:
                 self.local_drops["bad_frame_count"] += 1
                 continue
-            self.handle_payload(frames[0])
+            self.handle_payload(peer, frames[0])
 
     async def _timer_loop(self) -> None:
         while True:

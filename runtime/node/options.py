@@ -15,12 +15,14 @@ from typing import Final
 
 import zmq
 
+from mesh.identity import PlaneKeys
 from mesh.transport import Plane, open_planes
 from mesh.wire import MAX_CONTROL_MESSAGE_BYTES
 from runtime.node.admission import ServeOptions
-from runtime.node.hostport import HostPort, parse_hostport
+from runtime.node.hostport import HostPort, Seed, parse_hostport
 
 PROFILES: Final = ("lan", "wan", "local")
+SWARM_MODES: Final = ("open", "private")
 
 CONTROL_FRAME_HEADROOM: Final = 64 * 1024
 """libzmq refuses a frame over the transport's limit by dropping the whole
@@ -43,7 +45,7 @@ class NodeOptions:
     listen: HostPort
     api: HostPort
     state_dir: Path
-    joins: tuple[HostPort, ...] = ()
+    joins: tuple[Seed, ...] = ()
     profile: str = "lan"
     data_listen: HostPort | None = None
     advertise: str | None = None
@@ -51,6 +53,16 @@ class NodeOptions:
     """Serve `POST /v1/debug/faults` (tests cut a node off the control
     plane with it). Off by default: it lets anyone who reaches the API
     partition the node."""
+    swarm: str = "open"
+    """`--swarm`: the mode a founding node gives the swarm (`open` or
+    `private`); ignored by a node that joins (the founder decided)."""
+    invite: str | None = None
+    """`--invite TOKEN`: redeem this invitation to a private swarm, then join
+    through the inviter it names."""
+    encrypted: bool = True
+    """CurveZMQ on both planes. Off (`--insecure-plaintext`, hidden) only to
+    measure what encryption costs: such a node can talk only to other
+    plaintext nodes, and takes every peer's id on trust."""
     serve: ServeOptions | None = None
     """The operator's pinned shard (`--model --layers --recipe`), if any."""
     models: Path | None = None
@@ -61,8 +73,13 @@ class NodeOptions:
     capacity a model-less node offers."""
     auto_join: bool = False
     """`--auto-join`: take the placement's best gap as a bootstrap assignment."""
+    max_chats_per_client: int | None = None
+    """`--max-chats-per-client`: chats one HTTP client may run at once on
+    this node (None: `runtime.api.quota.MAX_CONCURRENT_PER_CLIENT`)."""
 
     def __post_init__(self) -> None:
+        if self.swarm not in SWARM_MODES:
+            raise ValueError(f"unknown swarm mode {self.swarm!r}; use one of {SWARM_MODES}")
         if self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; use one of {', '.join(PROFILES)}")
         if self.listen.is_wildcard and not self.advertise:
@@ -81,10 +98,11 @@ class NodeOptions:
 
 @asynccontextmanager
 async def open_node_planes(
-    options: NodeOptions, drops: Counter[str]
+    options: NodeOptions, drops: Counter[str], keys: PlaneKeys
 ) -> AsyncIterator[tuple[Plane, Plane]]:
-    """The control and data planes; a bind failure becomes a
-    NodeStartupError naming the addresses (errors after start-up pass)."""
+    """The control and data planes, encrypted under the node's keys; a bind
+    failure becomes a NodeStartupError naming the addresses (errors after
+    start-up pass)."""
     listen = options.listen.zmq()
     data_listen = (options.data_listen or HostPort(options.listen.host, 0)).zmq()
     entered = False
@@ -93,6 +111,8 @@ async def open_node_planes(
             listen,
             data_listen,
             drops=drops,
+            keys=keys,
+            encrypted=options.encrypted,
             control_max_message_bytes=CONTROL_FRAME_LIMIT,
         ) as planes:
             entered = True

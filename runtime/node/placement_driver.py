@@ -7,8 +7,10 @@ Every node runs all three loops; only the leader proposes:
 * **demand** (`count_demand`, `_report_demand`): the chat entry counts every
   request per model. Counts are sent to the leader as `RecordDemand` commands
   (proposed directly when we lead, else posted to the leader's
-  `/v1/network/demand`) every `DEMAND_FLUSH_S`, and at once for a model that
-  could not be served, so placement starts within a round trip.
+  `/v1/network/demand`, signed with this node's identity: the leader takes
+  demand only from members, `runtime.node.signed_http`) every
+  `DEMAND_FLUSH_S`, and at once for a model that could not be served, so
+  placement starts within a round trip.
 * **placement** (`_place`): every `PLACEMENT_INTERVAL_S` the node builds the
   policy input from its ledger replica and its membership view. Every node
   keeps `explain()` (why a model waits) for its 503 bodies and status; the
@@ -28,6 +30,7 @@ that advertises the model (`/v1/network/models/{name}/manifest`).
 from __future__ import annotations
 
 import collections
+import json
 import logging
 import time
 from collections import Counter
@@ -55,11 +58,12 @@ from consensus.placement import (
     upkeep,
 )
 from consensus.settings import policy_json
-from mesh.identity import node_id_text
+from mesh.identity import Signer, node_id_text
 from mesh.member_table import LIVE_STATES, state_name
 from runtime.model.store import ModelStore, model_facts
 from runtime.node.admission import Admission, ServeOptions, ShardSlot
 from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
+from runtime.node.signed_http import sign_request
 from runtime.node.swarm_view import SwarmView
 
 log = logging.getLogger("shardmesh.placement")
@@ -75,6 +79,8 @@ ASSIGNMENT_POLL_S: Final = 0.2
 MANIFEST_RETRY_S: Final = 5.0
 """After a failed manifest fetch, wait this long before asking again."""
 RECENT_DECISIONS: Final = 32
+DROP_UNKNOWN_MODEL: Final = "unknown_model"
+"""Demand the leader refused: no member can serve the model (`demand_refusal`)."""
 AUTO_JOIN_POLL_S: Final = 0.5
 
 
@@ -94,10 +100,13 @@ class Placement:
         slot: ShardSlot,
         backend: str | None,
         auto_join: bool,
+        signer: Signer,
     ) -> None:
         """`slot` is where managed and bootstrap shards are served;
-        `backend` is `--backend`, `auto_join` is `--auto-join`."""
+        `backend` is `--backend`, `auto_join` is `--auto-join`; `signer`
+        (the node's identity) signs what this node posts to the leader."""
         self.node_id = swarm.node_id
+        self._signer = signer
         self._raft = raft
         self._swarm = swarm
         self._store = store
@@ -111,6 +120,7 @@ class Placement:
             maxlen=RECENT_DECISIONS
         )
         self._demand: Counter[str] = Counter()
+        self.drops: Counter[str] = Counter()  # status: "placement.REASON"
         self._urgent = trio.Event()
         self._fetch_after: dict[str, float] = {}
         self._serving: tuple[str, tuple[int, int], str, int, str] | None = None
@@ -154,14 +164,33 @@ class Placement:
                 if not await self._send_demand(model, count):
                     self._demand[model] += count  # try again next flush
 
+    def demand_refusal(self, model: str) -> str | None:
+        """Why demand for `model` must not be proposed, or None when it may.
+
+        Only demand for a model some member can serve enters the ledger
+        (`SwarmView.known_models`): any other is invented, and committed it
+        would sit in every replica's table. The leader asks before it
+        proposes, here and in `POST /v1/network/demand` (followers relay to
+        it: the leader's view decides); each refusal counts in `drops`."""
+        if model in self._swarm.known_models():
+            return None
+        self.drops[DROP_UNKNOWN_MODEL] += 1
+        return (
+            f"no member stores or is assigned the model {model!r}; "
+            "demand is recorded only for models the swarm can serve"
+        )
+
     async def _send_demand(self, model: str, count: int) -> bool:
+        if self._raft.is_leader and self.demand_refusal(model) is not None:
+            return True  # refused (counted), not retried: nobody could ever place it
         command = RecordDemand(model=model, count=count, at=time.time())
         body = {"model": model, "count": count}
         return await self._propose_anywhere(command, "/v1/network/demand", body)
 
     async def _propose_anywhere(self, command: Command, path: str, body: dict[str, Any]) -> bool:
         """Propose `command` if we lead, else post `body` to the leader's
-        `path` (the API endpoint that proposes the same command there)."""
+        `path` (the API endpoint that proposes the same command there),
+        signed by this node: the leader checks who asks."""
         try:
             await self._raft.propose(command)
             return True
@@ -172,11 +201,18 @@ class Placement:
         url = self._swarm.member_api(leader) if leader is not None else None
         if url is None:
             return False
+        content = json.dumps(body).encode()
+        headers = {
+            "content-type": "application/json",
+            **sign_request(self._signer, "POST", path, content, time.time()),
+        }
         try:
             async with httpx.AsyncClient(timeout=5.0) as client:
-                reply = await client.post(f"{url}{path}", json=body)
+                reply = await client.post(f"{url}{path}", content=content, headers=headers)
         except httpx.HTTPError:
             return False
+        if reply.status_code in (401, 403):
+            log.warning("the leader refused %s: %s", path, reply.text[:200])
         return reply.status_code == 200
 
     # --- bootstrap (ADR-0011 via ADR-0026) -----------------------------------------

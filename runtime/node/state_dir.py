@@ -15,6 +15,10 @@ says where it listens. Three rules:
 * `node.json` is written atomically once the node is ready, and removed at
   start-up and clean exit, so a reader never sees a half-written file or a
   stale one from a previous run (it also carries the pid to make sure).
+
+It also holds `operator.token`, the secret that every call changing the
+swarm must present (`Authorization: Bearer TOKEN`): made once, at the first
+start, readable by its owner only, and kept across runs.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import fcntl
 import json
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,7 @@ INCARNATION_FILE = "incarnation"
 RECORD_SEQ_FILE = "record_seq"
 READY_FILE = "node.json"
 LOCK_FILE = "lock"
+OPERATOR_TOKEN_FILE = "operator.token"
 
 
 class StateDirError(Exception):
@@ -122,6 +128,10 @@ class StateDir:
         self.store_counter(INCARNATION_FILE, incarnation)
         return incarnation
 
+    def operator_token(self) -> str:
+        """This node's operator token, made on the first start."""
+        return load_or_create_operator_token(self.path)
+
     def store_incarnation(self, incarnation: int) -> None:
         self.store_counter(INCARNATION_FILE, incarnation)
 
@@ -158,3 +168,46 @@ def read_ready(path: Path, pid: int | None = None) -> dict[str, Any] | None:
     if pid is not None and info.get("pid") != pid:
         return None
     return info
+
+
+def load_or_create_operator_token(path: Path) -> str:
+    """The operator token in state dir `path`, created (mode 0600, never
+    replaced) on first start. StateDirError if the file is readable by
+    anyone but its owner, or holds no token."""
+    token_path = path / OPERATOR_TOKEN_FILE
+    try:
+        fd = os.open(token_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        mode = token_path.stat().st_mode & 0o777
+        if mode & 0o077:
+            raise StateDirError(
+                f"{token_path} has mode {mode:o}; the operator token must be private (chmod 600)"
+            ) from None
+        if not token_path.read_bytes().strip():  # a crash right after creating it
+            token = secrets.token_urlsafe(32)
+            _write_atomically(token_path, (token + "\n").encode())
+            return token
+        return read_operator_token(path)
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(token + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+    return token
+
+
+def read_operator_token(path: Path) -> str:
+    """The operator token of the node with state dir `path` (the admin
+    CLI's `--state-dir`); StateDirError if there is none."""
+    token_path = path / OPERATOR_TOKEN_FILE
+    try:
+        token = token_path.read_text().strip()
+    except FileNotFoundError:
+        raise StateDirError(
+            f"no operator token at {token_path} (a node writes it at its first start)"
+        ) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise StateDirError(f"cannot read the operator token {token_path}: {exc}") from None
+    if not token:
+        raise StateDirError(f"{token_path} is empty")
+    return token

@@ -106,6 +106,14 @@ class SwarmView:
         """Models some live member has in its store (placement could load them)."""
         return {name for _, record in self._live_records() for name in record.models}
 
+    def known_models(self) -> set[str]:
+        """Models some member could serve: in a live member's store, assigned
+        to a live member by its record, or assigned by the ledger. Demand
+        for any other model is invented (nobody could ever place it), so
+        the leader does not commit it (`Placement.demand_refusal`)."""
+        ledger = {a.model for a in self._ledger().assignments()}
+        return self.assigned_models() | self.stored_models() | ledger
+
     def loading_nodes(self, model: str) -> list[str]:
         """Live members assigned `model` (by the ledger, else by their record)
         that are not admitted for it yet: loading, or in the doctor."""
