@@ -2,15 +2,19 @@
 after SIGKILL, catch-up from the sqlite store, a node cut off from the
 majority, and kill -9 of the whole cluster under load.
 
-Entries are demand records (`POST /v1/network/demand`), each for a model
-name used once, so "is every acknowledged entry still there" is a set
-comparison against the ledger's demand table in `/v1/network/status`.
+Entries are bootstrap assignments (`POST /v1/nodes/assign`, with the asked
+node's operator token) of fresh random node ids, each used once, so "is
+every acknowledged entry still there" is a set comparison against the node
+ids of the `"ledger"` in `/v1/network/status`. A follower forwards such a
+call to the leader signed by itself, and the leader takes it only from a
+Raft voter: every test waits until all its nodes are voters before it
+proposes anything.
 """
 
 from __future__ import annotations
 
 import itertools
-import json
+import os
 import signal
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -31,7 +35,7 @@ ELECT_TIMEOUT_S = 30.0
 """Covers voter promotion (the local profile's 2 s stabilization, one
 configuration change at a time) on a loaded 2-core machine."""
 FAILOVER_TIMEOUT_S = 15.0
-DEMAND_PATH = "/v1/network/demand"
+ASSIGN_PATH = "/v1/nodes/assign"
 
 
 def leader_of(views: Views, nodes: Sequence[LocalNode]) -> LocalNode | None:
@@ -64,36 +68,63 @@ def voters_are(count: int, nodes: Sequence[LocalNode]) -> Callable[[Views], bool
     return check
 
 
-def demand_holds(nodes: Sequence[LocalNode], models: set[str]) -> Callable[[Views], bool]:
+def fresh_id() -> str:
+    """A node id nobody holds: its bootstrap assignment is a new entry."""
+    return os.urandom(32).hex()
+
+
+def assigned(view: dict[str, Any]) -> set[str]:
+    """The node ids the ledger holds an assignment for, in one status view."""
+    return {entry["node_id"] for entry in view["ledger"]}
+
+
+def ledger_holds(nodes: Sequence[LocalNode], ids: set[str]) -> Callable[[Views], bool]:
     def check(views: Views) -> bool:
-        return all(
-            views.get(n.name) is not None and models <= set(views[n.name]["demand"]) for n in nodes
-        )
+        return all((view := views.get(n.name)) is not None and ids <= assigned(view) for n in nodes)
 
     return check
 
 
-async def propose(client: httpx.AsyncClient, node: LocalNode, model: str) -> httpx.Response:
-    """Demand for `model`, reported to `node` as its own chat entry would:
-    signed with its key (an unsigned report is refused)."""
-    body = json.dumps({"model": model}).encode()
-    headers = node.signed_headers(DEMAND_PATH, body)
-    return await client.post(node.api + DEMAND_PATH, content=body, headers=headers)
+async def propose(client: httpx.AsyncClient, node: LocalNode, node_id: str) -> httpx.Response:
+    """A bootstrap assignment of `node_id`, asked of `node` by its operator:
+    it commits it if it leads, else forwards it to the leader signed by
+    itself (which the leader takes only from a voter)."""
+    body = {"node_id": node_id, "model": "m", "layers": [0, 1], "recipe": "fp32"}
+    headers = {**node.admin_headers(), "content-type": "application/json"}
+    return await client.post(node.api + ASSIGN_PATH, json=body, headers=headers)
+
+
+def already_committed(response: httpx.Response) -> bool:
+    """The id was committed before this request (an earlier try whose
+    answer was lost): a 409 `already_assigned`, or a 200 whose entry the
+    ledger rejected as a stale epoch of the same node."""
+    if response.status_code == 409:
+        return bool(response.json()["error"]["code"] == "already_assigned")
+    return response.status_code == 200 and not response.json()["accepted"]
 
 
 async def propose_until_committed(
-    client: httpx.AsyncClient, nodes: Sequence[LocalNode], model: str, timeout: float
-) -> dict[str, Any]:
-    """Offer `model` to each node in turn until one commits it (through
-    forwarding if it is not the leader); the commit's index and term."""
+    client: httpx.AsyncClient, nodes: Sequence[LocalNode], timeout: float
+) -> tuple[str, dict[str, Any]]:
+    """Offer a fresh id to each node in turn until one acknowledges its
+    commit (through forwarding if it is not the leader): that id, and the
+    commit's index, term and leader. A retryable failure (a 503 in an
+    election, a dropped connection) retries the same id; an id that turns
+    out to have been committed by a try whose answer was lost is dropped
+    for a new one, so the id returned is one whose own commit was seen."""
+    node_id = fresh_id()
     with trio.fail_after(timeout):
         for node in itertools.cycle(nodes):
             try:
-                response = await propose(client, node, model)
+                response = await propose(client, node, node_id)
             except httpx.HTTPError:
                 response = None
-            if response is not None and response.status_code == 200:
-                return response.json()
+            if response is not None and already_committed(response):
+                node_id = fresh_id()
+            elif response is not None and response.status_code == 200:
+                return node_id, response.json()
+            elif response is not None and response.status_code != 503:
+                raise AssertionError(f"{response.status_code} {response.text}")
             await trio.sleep(0.05)
     raise AssertionError("unreachable")
 
@@ -124,18 +155,20 @@ async def test_five_nodes_elect_fail_over_and_the_old_leader_catches_up(
 
     async with httpx.AsyncClient(timeout=10) as client:
         # Through a follower: it forwards to the leader and relays the commit.
-        before = {f"before-{i}" for i in range(10)}
         via = next(n for n in nodes if n is not leader)
+        before: set[str] = set()
         committed_by: set[str] = set()
-        for model in sorted(before):
+        for _ in range(10):
             # Retried on a retryable 503 (an election on a loaded machine
             # can supersede a proposal); each ends acknowledged.
-            commit = await propose_until_committed(client, [via], model, 20.0)
+            node_id, commit = await propose_until_committed(client, [via], 20.0)
+            before.add(node_id)
             committed_by.add(commit["leader"])
+        assert len(before) == 10
         # Forwarded to another node's leadership at least once (an election
         # may make `via` itself the leader for the later ones).
         assert committed_by - {via.node_id}
-        await wait_for(swarm, nodes, demand_holds(nodes, before), 10.0, "replicated")
+        await wait_for(swarm, nodes, ledger_holds(nodes, before), 10.0, "replicated")
         # Leadership may have moved on a loaded machine: kill whoever leads now.
         leader = await elected(swarm, nodes, 5)
         followers = [n for n in nodes if n is not leader]
@@ -153,14 +186,14 @@ async def test_five_nodes_elect_fail_over_and_the_old_leader_catches_up(
             FAILOVER_TIMEOUT_S,
             "a new leader",
         )
-        commit = await propose_until_committed(client, followers, "after-failover", 10.0)
+        after_failover, commit = await propose_until_committed(client, followers, 10.0)
         assert commit["term"] > old_term
-        after = before | {"after-failover"}
-        await wait_for(swarm, followers, demand_holds(followers, after), 10.0, "survivors")
+        after = before | {after_failover}
+        await wait_for(swarm, followers, ledger_holds(followers, after), 10.0, "survivors")
 
         # The old leader restarts from its sqlite store and catches up.
         await swarm.start_ready(leader, [followers[0].seed], timeout=START_TIMEOUT_S)
-        await wait_for(swarm, [leader], demand_holds([leader], after), 20.0, "catch-up")
+        await wait_for(swarm, [leader], ledger_holds([leader], after), 20.0, "catch-up")
         view = await swarm.status(leader)
         assert view is not None and view["leader"] != leader.node_id
         assert view["term"] > old_term
@@ -184,21 +217,22 @@ async def test_a_node_cut_off_from_the_majority_cannot_commit_and_has_no_leader(
     def has_no_leader(node: LocalNode) -> Callable[[Views], bool]:
         return lambda views: views[node.name] is not None and views[node.name]["leader"] is None
 
+    never = fresh_id()
     async with httpx.AsyncClient(timeout=10) as client:
         # The leader itself is cut off: CheckQuorum makes it step down.
         await isolate(leader, True)
         await wait_for(swarm, [leader], has_no_leader(leader), 10.0, "stale leader steps down")
-        refused = await propose(client, leader, "never")
+        refused = await propose(client, leader, never)
         assert refused.status_code == 503
         assert refused.json()["error"]["code"] == "no_leader"
         assert refused.headers["retry-after"]
         # The majority side elects a leader of its own and commits.
-        commit = await propose_until_committed(client, rest, "majority", 15.0)
+        majority, commit = await propose_until_committed(client, rest, 15.0)
         await isolate(leader, False)
-        await wait_for(swarm, nodes, demand_holds(nodes, {"majority"}), 15.0, "healed")
+        await wait_for(swarm, nodes, ledger_holds(nodes, {majority}), 15.0, "healed")
 
         # The majority's own leader committed it (the commit names it). "healed"
-        # waited on the demand table only: agreeing on a leader again is a
+        # waited on the ledger only: agreeing on a leader again is a
         # separate condition, and leadership may have moved since the commit.
         assert commit["leader"] != leader.node_id
         new_leader = await elected(swarm, nodes, 3)
@@ -208,11 +242,12 @@ async def test_a_node_cut_off_from_the_majority_cannot_commit_and_has_no_leader(
         follower = next(n for n in nodes if n is not new_leader)
         await isolate(follower, True)
         await wait_for(swarm, [follower], has_no_leader(follower), 10.0, "follower sees no leader")
-        refused = await propose(client, follower, "never")
+        refused = await propose(client, follower, never)
         assert refused.status_code == 503
+        assert refused.json()["error"]["code"] == "no_leader"
         await isolate(follower, False)
         views = await swarm.views(nodes)
-        assert all("never" not in view["demand"] for view in views.values() if view)
+        assert all(never not in assigned(view) for view in views.values() if view)
     await assert_no_internal_errors(swarm, nodes)
 
 
@@ -227,14 +262,17 @@ async def test_kill_9_under_heavy_proposals_loses_no_acknowledged_entry(
     async def load(client: httpx.AsyncClient, worker: int) -> None:
         # Mostly straight to the leader (the heavy part), some forwarded.
         for i in itertools.count():
-            model = f"w{worker}-{i}"
+            node_id = fresh_id()
             target = nodes[i % len(nodes)] if worker == 0 else leader
             try:
-                response = await propose(client, target, model)
+                response = await propose(client, target, node_id)
             except httpx.HTTPError:
                 return  # the node died mid-request: unacknowledged
             if response.status_code == 200:
-                acknowledged.add(model)
+                assert response.json()["accepted"], response.text  # a fresh id: never stale
+                acknowledged.add(node_id)
+            else:  # only a retryable refusal (an election), never a 403 or a 4xx
+                assert response.status_code == 503, response.text
 
     async with httpx.AsyncClient(timeout=10) as client, trio.open_nursery() as nursery:
         for worker in range(6):
@@ -251,5 +289,5 @@ async def test_kill_9_under_heavy_proposals_loses_no_acknowledged_entry(
 
     await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
     await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=START_TIMEOUT_S)
-    await wait_for(swarm, nodes, demand_holds(nodes, acknowledged), 30.0, "all acknowledged")
+    await wait_for(swarm, nodes, ledger_holds(nodes, acknowledged), 30.0, "all acknowledged")
     await assert_no_internal_errors(swarm, nodes)

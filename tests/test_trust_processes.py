@@ -28,7 +28,7 @@ import zmq
 
 from mesh.identity import Identity, curve_public_key
 from mesh.transport import NODE_ID_PROPERTY
-from runtime.cli.localswarm import LocalNode, LocalSwarm
+from runtime.cli.localswarm import LocalNode, LocalSwarm, all_see
 from runtime.model.tiny import make_tiny_model
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
 
@@ -220,3 +220,41 @@ async def test_a_flood_on_both_planes_leaves_the_node_serving(
         assert response.status_code == 200, response.text
         assert response.json()["choices"] == before.json()["choices"]
     await assert_no_internal_errors(swarm, nodes)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.mark.slow
+async def test_a_crashed_node_restarted_as_its_unit_would_is_back_within_10_s(
+    swarm: LocalSwarm,
+) -> None:
+    """The restart path `docs/deploy` relies on (systemd `Restart=always`,
+    launchd `KeepAlive`): the same command, state dir and ports, right after
+    a SIGKILL. The node is back, with its identity, as its peers see it,
+    within 10 s of the crash."""
+    seed = swarm.new_node("seed")
+    await swarm.start_ready(seed, timeout=START_TIMEOUT_S)
+    fixed = ["--listen", f"127.0.0.1:{_free_port()}", "--api", f"127.0.0.1:{_free_port()}"]
+    unit = swarm.new_node("unit", args=fixed)
+    first = await swarm.start_ready(unit, [seed.seed], timeout=START_TIMEOUT_S)
+    pair = [seed, unit]
+    await wait_for(swarm, pair, all_see(pair, pair, "alive"), 15.0, "both alive")
+
+    crashed_at = trio.current_time()
+    unit.kill()
+    await unit.wait_exit(5)
+    again = await swarm.start_ready(unit, [seed.seed], timeout=10.0)
+    assert again["node_id"] == first["node_id"] and again["control"] == first["control"]
+
+    def back(views: dict) -> bool:
+        for member in (views.get(seed.name) or {}).get("members", []):
+            if member["node_id"] == unit.node_id:
+                return member["state"] == "alive" and member["incarnation"] >= again["incarnation"]
+        return False
+
+    await wait_for(swarm, [seed], back, 10.0, "the restarted node alive again")
+    assert trio.current_time() - crashed_at <= 10.0

@@ -111,7 +111,10 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
         if len(members) > len(SHARDS)
         else ""
     )
-    _say("each joins through the node started before it; the matrix shows who sees whom")
+    _say(
+        "each joins through the node started before it (--join ID@HOST:PORT: both planes are "
+        "CurveZMQ, encrypted to the key that is the node's id); the matrix shows who sees whom"
+    )
     _say("(rows: observer, columns: subject; A alive S suspect D dead L left . unknown)")
     t0 = trio.current_time()
     started = trio.Event()
