@@ -504,6 +504,10 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
             send(_raw({"op": "forward", "step": 0, "pos": 0}))  # no session
             send(_raw({"op": "close", "session": "not-hex"}))
             send(_raw({"op": "open", "session": new_session_id(), "reply": 7}))
+            # Bigger than a whole budget of inputs: refused before decoding.
+            send([header_frame, b"\x00" * (first.hop.max_message_bytes + 1)])
+            # An entry takes replies only, headers of well under a kilobyte.
+            peer.send(entry.address, [header_frame, b"\x00" * 70_000], peer=entry.node)
 
             # An open with a reply address is answered, even when refused.
             wrong = new_session_id()
@@ -560,8 +564,12 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
             "engine.bad_position": 1,
             "engine.budget_exceeded": 1,
             "engine.shard_failed": 1,
+            "engine.oversized": 1,
         }
         assert {k: first.drops[k] for k in expected} == expected
+        with trio.fail_after(SETTLE_S):
+            while entry.drops["engine.oversized"] < 1:
+                await trio.sleep(0.01)
         # ...left the hop serving.
         chain = [node.as_hop() for node in hops]
         assert await collect(pipeline, chain) == reference[PROMPT]

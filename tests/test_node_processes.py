@@ -1,8 +1,9 @@
 """Real `shardmesh node` processes on 127.0.0.1 (issue 2's acceptance).
 
-Every node is a subprocess speaking ZeroMQ to the others; the tests only
-watch them through `GET /v1/network/status`, as an operator would. Waits are
-bounded by `trio.fail_after`; the `swarm` fixture kills whatever is left.
+Every node is a subprocess speaking ZeroMQ (encrypted, CurveZMQ) to the
+others; the tests only watch them through `GET /v1/network/status`, as an
+operator would. Waits are bounded by `trio.fail_after`; the `swarm` fixture
+kills whatever is left.
 """
 
 from __future__ import annotations
@@ -17,11 +18,13 @@ import cbor2
 import pytest
 import trio
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from mesh.config import MembershipConfig
-from mesh.identity import Identity
+from mesh.identity import Identity, curve_public_key
 from mesh.messages import Envelope, Gossip, Ping, Record, record_signing_bytes
 from mesh.records import Addresses, NodeRecord, encode_record_body
+from mesh.transport import NODE_ID_PROPERTY
 from mesh.wire import (
     MAX_CONTROL_MESSAGE_BYTES,
     MAX_DEPTH,
@@ -30,6 +33,7 @@ from mesh.wire import (
     encode_envelope,
 )
 from runtime.cli.localswarm import (
+    LocalNode,
     LocalSwarm,
     Views,
     all_see,
@@ -170,10 +174,18 @@ def _mutated(payload: bytes, mutate: Callable[[dict[int, Any]], None]) -> bytes:
     return cbor2.dumps(raw)
 
 
-def bad_inputs() -> list[tuple[str, list[bytes]]]:
-    """(expected drop reason, payloads sent in order) for every kind of bad input."""
-    me, someone, forger = Identity.generate(), Identity.generate(), Identity.generate()
-    ping = encode_envelope(Envelope(me.node_id, FAKE_ADDR, Ping(1, someone.node_id)))
+def bad_inputs() -> list[tuple[str, Identity, list[bytes]]]:
+    """(expected drop reason, the member that sends it, payloads sent in
+    order) for every kind of bad input. Each case has a sender of its own,
+    as from distinct hostile members, and every envelope names that sender,
+    except in the case that is about exactly that."""
+    someone, forger = Identity.generate(), Identity.generate()
+    cut, big, deep, typo, mistyped, forging, replaying, impostor = (
+        Identity.generate() for _ in range(8)
+    )
+
+    def ping(sender: Identity) -> bytes:
+        return encode_envelope(Envelope(sender.node_id, FAKE_ADDR, Ping(1, someone.node_id)))
 
     def unknown_type(raw: dict[int, Any]) -> None:
         raw[1] = 99
@@ -182,54 +194,122 @@ def bad_inputs() -> list[tuple[str, list[bytes]]]:
         raw[4][0] = "one"  # Ping's seq must be an unsigned integer
 
     return [
-        ("malformed_cbor", [b"\xa5\x00\x01\x01"]),  # a 5-entry map cut short
-        ("oversized", [b"\x00" * (MAX_CONTROL_MESSAGE_BYTES + 1)]),
-        ("too_deep", [b"\x81" * (MAX_DEPTH + 4) + b"\x00"]),
-        ("unknown_type", [_mutated(ping, unknown_type)]),
-        ("bad_field", [_mutated(ping, wrong_field_type)]),
+        ("malformed_cbor", cut, [b"\xa5\x00\x01\x01"]),  # a 5-entry map cut short
+        ("oversized", big, [b"\x00" * (MAX_CONTROL_MESSAGE_BYTES + 1)]),
+        ("too_deep", deep, [b"\x81" * (MAX_DEPTH + 4) + b"\x00"]),
+        ("unknown_type", typo, [_mutated(ping(typo), unknown_type)]),
+        ("bad_field", mistyped, [_mutated(ping(mistyped), wrong_field_type)]),
         # A record about `someone`, signed by `forger`.
-        ("bad_signature", [_gossip(me, _record(someone, 1, signer=forger))]),
-        # `me`'s record seq 5, then an older seq 3 replayed.
-        ("stale_record", [_gossip(me, _record(me, 5)), _gossip(me, _record(me, 3))]),
+        ("bad_signature", forging, [_gossip(forging, _record(someone, 1, signer=forger))]),
+        # The sender's own record seq 5, then an older seq 3 replayed.
+        (
+            "stale_record",
+            replaying,
+            [_gossip(replaying, _record(replaying, 5)), _gossip(replaying, _record(replaying, 3))],
+        ),
+        # A well-formed ping that names `someone` as its sender: a member
+        # speaking as another node.
+        ("sender_not_peer", impostor, [ping(someone)]),
     ]
 
 
 CORE_REASONS = ("bad_signature", "stale_record")
-"""Well-formed messages the membership core refuses; the rest fail to decode."""
+"""Well-formed messages the membership core refuses."""
+NODE_REASONS = ("sender_not_peer",)
+"""Well-formed messages the node refuses before its core sees them; the
+rest fail to decode."""
 
 
 def status_reason(reason: str) -> str:
     """How the status document names a drop: by its source, then the reason."""
-    return ("membership." if reason in CORE_REASONS else "wire.") + reason
+    if reason in CORE_REASONS:
+        return "membership." + reason
+    return ("node." if reason in NODE_REASONS else "wire.") + reason
 
 
 def test_bad_inputs_are_what_the_decoder_says() -> None:
     """The crafted bytes fail where the test means them to (pure, fast)."""
-    for reason, payloads in bad_inputs():
-        if reason in CORE_REASONS:
-            for payload in payloads:
-                decode_envelope(payload)  # well-formed; the core refuses them
+    for reason, sender, payloads in bad_inputs():
+        if reason in CORE_REASONS or reason in NODE_REASONS:
+            for payload in payloads:  # well-formed; the node or its core refuses them
+                named = decode_envelope(payload).sender
+                assert (named == sender.node_id) == (reason not in NODE_REASONS), reason
             continue
         with pytest.raises(DecodeError) as caught:
             decode_envelope(payloads[0])
         assert caught.value.reason == reason
 
 
+def member_socket(context: zmq.Context, member: Identity, node: LocalNode) -> zmq.Socket:
+    """A DEALER to `node`'s control plane that completes the CURVE
+    handshake as `member`: it proves `member`'s plane key and names its id,
+    as any member of an open swarm may."""
+    keys = member.plane_keys()
+    server_key = curve_public_key(bytes.fromhex(node.node_id))
+    assert server_key is not None
+    sock = context.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.curve_public)
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys.curve_secret)
+    pass
+    sock.setsockopt(zmq.METADATA, f"{NODE_ID_PROPERTY}:{keys.node_id.hex()}".encode())
+    sock.connect(node.info["control"])
+    return sock
+
+
+HANDSHAKE_FAILED = (
+    zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+    | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+)
+
+
+async def handshake_events(monitor: zmq.Socket, timeout: float) -> set[int]:
+    """The events a socket's monitor reports until its first failed
+    handshake, or until `timeout`."""
+    seen: set[int] = set()
+    with trio.move_on_after(timeout):
+        while not any(event & HANDSHAKE_FAILED for event in seen):
+            try:
+                seen.add(recv_monitor_message(monitor, zmq.NOBLOCK)["event"])
+            except zmq.Again:
+                await trio.sleep(POLL_S)
+    return seen
+
+
 async def test_bad_input_is_dropped_counted_and_survived(swarm: LocalSwarm) -> None:
     nodes = await start_swarm(swarm, 2)
     target = nodes[0]
     cases = bad_inputs()
-    expected = {status_reason(reason) for reason, _ in cases}
+    expected = {status_reason(reason) for reason, _, _ in cases}
     context = zmq.Context()
     sockets = []
     try:
-        # One connection per case, as from distinct hostile peers: whatever
-        # one case does to its connection cannot hide the next case.
-        for _, payloads in cases:
-            sock = context.socket(zmq.DEALER)
+        # A plaintext peer cannot complete a handshake with the CURVE
+        # plane, so none of its junk (every case's bytes) is ever read.
+        plaintext = context.socket(zmq.DEALER)
+        sockets.append(plaintext)
+        plaintext.setsockopt(zmq.LINGER, 0)
+        monitor = plaintext.get_monitor_socket()
+        sockets.append(monitor)
+        plaintext.connect(target.info["control"])
+        for _, _, payloads in cases:
+            for payload in payloads:
+                plaintext.send(payload, flags=zmq.NOBLOCK)
+        events = await handshake_events(monitor, 10.0)
+        assert any(event & HANDSHAKE_FAILED for event in events), events
+        assert zmq.EVENT_HANDSHAKE_SUCCEEDED not in events, events
+        print("EVENTS", events, (await swarm.status(target))["drops"])
+        view = await swarm.status(target)
+        assert view is not None
+        assert not expected & set(view["drops"]), view["drops"]
+
+        # The same junk from members, authenticated: read, then dropped and
+        # counted. One connection per case, as from distinct hostile peers:
+        # whatever one case does to its connection cannot hide the next.
+        for _, sender, payloads in cases:
+            sock = member_socket(context, sender, target)
             sockets.append(sock)
-            sock.setsockopt(zmq.LINGER, 0)
-            sock.connect(target.info["control"])
             for payload in payloads:
                 sock.send(payload, flags=zmq.NOBLOCK)
 
@@ -247,6 +327,10 @@ async def test_bad_input_is_dropped_counted_and_survived(swarm: LocalSwarm) -> N
     assert view is not None
     for reason in expected:
         assert view["drops"][reason] >= 1, (reason, view["drops"])
+    # Each undecodable payload went once over an authenticated connection
+    # (no honest peer sends one): the plaintext copies were never read.
+    for reason in expected - {status_reason(r) for r in CORE_REASONS + NODE_REASONS}:
+        assert view["drops"][reason] == 1, (reason, view["drops"])
     # Still running and still a member of the swarm, in both directions.
     assert target.running
     await wait_for(swarm, nodes, all_see(nodes, nodes, "alive"), 5.0, "membership intact")

@@ -35,6 +35,15 @@ from runtime.inference.protocol import ENTRY_OPS, HOP_OPS, OP_OPEN, R_WRONG_SHAR
 __all__ = ["Engine"]
 
 R_UNKNOWN_OP: Final = "unknown_op"
+R_OVERSIZED: Final = "oversized"
+
+REPLY_MAX_BYTES: Final = 64 * 1024
+"""The largest message a node that serves no shard takes: an entry gets
+only replies (``opened``, ``busy``, ``token``, ``error``), headers of well
+under a kilobyte. A node with a shard takes what its sessions can need
+(`HopServer.max_message_bytes`). Anything bigger is refused before it is
+decoded; the plane's own cap (`mesh.transport.DATA_MAX_MESSAGE_BYTES`)
+bounds what libzmq buffers before that."""
 
 
 class Engine:
@@ -124,6 +133,11 @@ class Engine:
     def dispatch(self, peer: bytes, frames: list[bytes]) -> None:
         """Handle one message from node ``peer`` (authenticated by the
         plane); never raises for bad input."""
+        hop = self.hop_server
+        limit = REPLY_MAX_BYTES if hop is None else max(REPLY_MAX_BYTES, hop.max_message_bytes)
+        if sum(len(frame) for frame in frames) > limit:
+            self._drops[f"engine.{R_OVERSIZED}"] += 1
+            return
         try:
             header, dtype, shape, raw = decode_tensor(frames)
         except DecodeError as exc:

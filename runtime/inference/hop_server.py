@@ -125,6 +125,10 @@ DEFAULT_IDLE_TIMEOUT_S: Final = 60.0
 # at most 25% after its limit.
 REAP_FRACTION: Final = 4
 
+# Room for a message's CBOR header beside its payload (session, step,
+# pos, a compute_us per hop): a few hundred bytes in practice.
+HEADER_ROOM_BYTES: Final = 16 * 1024
+
 # Steps that may wait for one session's task. The entry sends one step and
 # waits for its token before the next, so an honest session never queues
 # more than one; the bound only stops a misbehaving peer from queueing
@@ -238,6 +242,15 @@ class HopServer:
         # One forward at a time on this shard's device (see the module docstring).
         self._compute = trio.CapacityLimiter(1)
         self._nursery: trio.Nursery | None = None
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message a session of this hop can need: a whole
+        budget of inputs (token ids into the first hop, hidden states into
+        the others) plus its header. The engine refuses bigger ones."""
+        shard = self.shard
+        row = 8 if shard.is_first else 4 * shard.hidden_size
+        return self.max_budget * row + HEADER_ROOM_BYTES
 
     @property
     def sessions(self) -> int:

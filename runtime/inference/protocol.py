@@ -58,7 +58,10 @@ peer; an entry takes each session's replies only from the hop it opened
 the session on (so ``token`` only from the last hop). Anything else is
 dropped and counted (``not_session_peer``) and does not disturb the
 session. One peer may hold at most a share of a hop's sessions
-(``MAX_SESSION_SHARE``), so it cannot take them all.
+(``MAX_SESSION_SHARE``), so it cannot take them all, and a message bigger
+than any session of the node could need (a whole budget of inputs into a
+hop; a reply's header into an entry) is refused before it is decoded
+(``engine.oversized``).
 
 Header fields are checked by the rules of :mod:`mesh.fields`, like every
 other field a node reads; a field that breaks its rule is a
