@@ -20,7 +20,7 @@ the generation under attack still yields exactly the reference tokens.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -757,12 +757,18 @@ async def wait_until_dropped(node: Node, count: int) -> None:
     assert node.drops["engine.not_session_peer"] == count
 
 
-async def test_a_third_node_cannot_forward_into_a_sniffed_session(
-    torch_shards: dict[tuple[int, int], ShardBackend],
-    reference: dict[tuple[int, ...], list[int]],
-) -> None:
+Attack = Callable[[Node, list[Node], Node], Awaitable[None]]
+"""What a third node does while a generation runs: (mallory, hops, entry)."""
+
+
+async def attack_mid_generation(
+    shards: dict[tuple[int, int], ShardBackend], reference: list[int], attack: Attack
+) -> list[Node]:
+    """Run a greedy generation through three hops while `attack` runs after
+    its first token; the answer must be the reference all the same. The
+    hops, settled (every session closed by the entry)."""
     async with trio.open_nursery() as nursery:
-        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
+        entry, hops = await start_chain(nursery, [shards[s] for s in SPANS])
         mallory = await start_node(nursery, "mallory")
         chain = [node.as_hop() for node in hops]
         stream = entry.engine.pipeline.generate(
@@ -771,94 +777,83 @@ async def test_a_third_node_cannot_forward_into_a_sniffed_session(
         with trio.fail_after(SCENARIO_S):
             async with aclosing(stream) as tokens:
                 got = [await anext(tokens)]
-                # Mallory pushes her own inputs into every hop's session: a
-                # token into the first, hidden states into the others. Taken,
-                # they would poison the caches (or break the positions) and
-                # change every token after them.
-                for i, node in enumerate(hops):
-                    pos = len(PROMPT) + 1
-                    header = {"op": "forward", "session": session_of(node), "step": 2, "pos": pos}
-                    if i == 0:
-                        inputs = np.array([66], np.int64)
-                    else:
-                        inputs = np.full((1, node.hop.shard.hidden_size), 1e4, np.float32)
-                    mallory.plane.send(node.address, encode_message(header, inputs), peer=node.node)
-                for node in hops:
-                    await wait_until_dropped(node, 1)
+                await attack(mallory, hops, entry)
                 got += [token async for token in tokens]
-        assert got == reference[PROMPT]
+        assert got == reference
         await settle(hops)
-        # Nothing of hers was computed: each hop ran the prompt and each later
-        # token once, and no session saw an error.
-        for node in hops:
-            stats = node.engine.hop_stats
-            assert stats is not None
-            assert (stats["prefill_steps"], stats["decode_steps"]) == (1, NEW_TOKENS - 1)
-            assert {k for k in node.drops if k.startswith("engine.")} == {"engine.not_session_peer"}
         nursery.cancel_scope.cancel()
+    return hops
+
+
+async def test_a_third_node_cannot_forward_into_a_sniffed_session(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+    reference: dict[tuple[int, ...], list[int]],
+) -> None:
+    async def forward_into_sessions(mallory: Node, hops: list[Node], entry: Node) -> None:
+        # Mallory pushes her own inputs into every hop's session: a token
+        # into the first, hidden states into the others. Taken, they would
+        # poison the caches (or break the positions) and change every token
+        # after them.
+        for i, node in enumerate(hops):
+            pos = len(PROMPT) + 1
+            header = {"op": "forward", "session": session_of(node), "step": 2, "pos": pos}
+            if i == 0:
+                inputs = np.array([66], np.int64)
+            else:
+                inputs = np.full((1, node.hop.shard.hidden_size), 1e4, np.float32)
+            mallory.plane.send(node.address, encode_message(header, inputs), peer=node.node)
+        for node in hops:
+            await wait_until_dropped(node, 1)
+
+    hops = await attack_mid_generation(torch_shards, reference[PROMPT], forward_into_sessions)
+    # Nothing of hers was computed: each hop ran the prompt and each later
+    # token once, and no session saw an error.
+    for node in hops:
+        stats = node.engine.hop_stats
+        assert stats is not None
+        assert (stats["prefill_steps"], stats["decode_steps"]) == (1, NEW_TOKENS - 1)
+        assert {k for k in node.drops if k.startswith("engine.")} == {"engine.not_session_peer"}
 
 
 async def test_a_third_node_cannot_close_a_live_session(
     torch_shards: dict[tuple[int, int], ShardBackend],
     reference: dict[tuple[int, ...], list[int]],
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
-        mallory = await start_node(nursery, "mallory")
-        chain = [node.as_hop() for node in hops]
-        stream = entry.engine.pipeline.generate(
-            MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=PATIENT
-        )
-        with trio.fail_after(SCENARIO_S):
-            async with aclosing(stream) as tokens:
-                got = [await anext(tokens)]
-                # Close is idempotent and has no reply: were it taken from
-                # anyone, one message would end a stranger's generation.
-                for node in hops:
-                    close = encode_message({"op": "close", "session": session_of(node)})
-                    mallory.plane.send(node.address, close, peer=node.node)
-                for node in hops:
-                    await wait_until_dropped(node, 1)
-                assert [node.hop.sessions for node in hops] == [1, 1, 1]
-                got += [token async for token in tokens]
-        assert got == reference[PROMPT]
-        # The entry's own close, at the end, is taken.
-        await settle(hops)
-        nursery.cancel_scope.cancel()
+    async def close_sessions(mallory: Node, hops: list[Node], entry: Node) -> None:
+        # Close is idempotent and has no reply: were it taken from anyone,
+        # one message would end a stranger's generation.
+        for node in hops:
+            close = encode_message({"op": "close", "session": session_of(node)})
+            mallory.plane.send(node.address, close, peer=node.node)
+        for node in hops:
+            await wait_until_dropped(node, 1)
+        assert [node.hop.sessions for node in hops] == [1, 1, 1]
+
+    # The entry's own close, at the end, is taken (the hops settle).
+    await attack_mid_generation(torch_shards, reference[PROMPT], close_sessions)
 
 
 async def test_a_third_node_cannot_forge_replies_to_the_entry(
     torch_shards: dict[tuple[int, int], ShardBackend],
     reference: dict[tuple[int, ...], list[int]],
 ) -> None:
-    async with trio.open_nursery() as nursery:
-        entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
-        mallory = await start_node(nursery, "mallory")
-        chain = [node.as_hop() for node in hops]
-        stream = entry.engine.pipeline.generate(
-            MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=PATIENT
-        )
-        with trio.fail_after(SCENARIO_S):
-            async with aclosing(stream) as tokens:
-                got = [await anext(tokens)]
-                # Tokens carry the last hop's session id. Mallory answers in
-                # its name, for the step in flight and the next one, with a
-                # token of her choosing; then she reports the session failed.
-                last = session_of(hops[-1])
-                forged = [
-                    {"op": "token", "session": last, "step": step, "token": 666}
-                    | {"compute_us": [1, 1, 1]}
-                    for step in (1, 2)
-                ]
-                forged.append({"op": "error", "session": last, "step": 2, "reason": "shard_failed"})
-                for header in forged:
-                    mallory.plane.send(entry.address, encode_message(header), peer=entry.node)
-                await wait_until_dropped(entry, len(forged))
-                got += [token async for token in tokens]
-        assert got == reference[PROMPT]
-        assert 666 not in got
-        await settle(hops)
-        nursery.cancel_scope.cancel()
+    async def forge_replies(mallory: Node, hops: list[Node], entry: Node) -> None:
+        # Tokens carry the last hop's session id. Mallory answers in its
+        # name, for the step in flight and the next one, with a token of her
+        # choosing (666, never in the reference); then she reports the
+        # session failed.
+        last = session_of(hops[-1])
+        forged = [
+            {"op": "token", "session": last, "step": step, "token": 666} | {"compute_us": [1, 1, 1]}
+            for step in (1, 2)
+        ]
+        forged.append({"op": "error", "session": last, "step": 2, "reason": "shard_failed"})
+        for header in forged:
+            mallory.plane.send(entry.address, encode_message(header), peer=entry.node)
+        await wait_until_dropped(entry, len(forged))
+
+    assert 666 not in reference[PROMPT]
+    await attack_mid_generation(torch_shards, reference[PROMPT], forge_replies)
 
 
 async def test_one_peer_holds_at_most_its_share_of_a_hops_sessions(
