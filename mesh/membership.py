@@ -79,6 +79,11 @@ from mesh.messages import (
 MAX_COUNTER = MAX_UINT
 """Incarnations and record sequence numbers stay below 2**63 (wire limit)."""
 
+JOIN_BACKOFF_MAX_FACTOR = 8
+"""Join retries back off up to this many `join_retry_interval`s apart (8 s
+on a LAN): a seed that comes up late is still found within seconds, and a
+wrong address costs its owner one small message per few seconds."""
+
 RELAY_NACK_FRACTION = 0.8
 """A helper probing on someone's behalf sends its nack after this fraction
 of its probe timeout, so the nack lands before the requester's probe ends."""
@@ -226,6 +231,7 @@ class Membership:
         self._leaving = False
         self._join_seeds: tuple[tuple[bytes, str], ...] = ()
         self._joined = True
+        self._join_attempts = 0
 
         jitter = rng.random()
         self._next_probe = now + config.probe_interval * jitter
@@ -253,6 +259,12 @@ class Membership:
         return self._me.incarnation
 
     @property
+    def joining(self) -> tuple[bool, int]:
+        """(whether a seed has answered our join, join attempts so far);
+        (True, 0) for a node that was given no seeds."""
+        return self._joined, self._join_attempts
+
+    @property
     def health(self) -> int:
         """Lifeguard local-health score: 0 is healthy; timeouts scale by score + 1."""
         return self._awareness
@@ -264,6 +276,7 @@ class Membership:
         if not self._join_seeds:
             return
         self._joined = False
+        self._join_attempts = 0
         self._send_join(now)
 
     def leave(self, now: float) -> None:
@@ -800,7 +813,12 @@ class Membership:
         return PushPull(join, reply, tuple(states), tuple(self._table.records()))
 
     def _send_join(self, now: float) -> None:
-        self._next_join = now + self.config.join_retry_interval
+        # Back off while no seed answers (a wrong address or id, a seed not
+        # up yet): 1, 2, 4, 8, 8... intervals, so a node left alone keeps
+        # trying without hammering the addresses it was given.
+        backoff = min(2**self._join_attempts, JOIN_BACKOFF_MAX_FACTOR)
+        self._join_attempts += 1
+        self._next_join = now + self.config.join_retry_interval * backoff
         state = self._full_state(join=True, reply=False)
         for node, addr in self._join_seeds:
             self._send(node, addr, state)

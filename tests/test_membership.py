@@ -8,6 +8,7 @@ told, so a test decides exactly which ones arrive.
 
 from __future__ import annotations
 
+import itertools
 import random
 from collections.abc import Callable
 
@@ -392,3 +393,24 @@ def test_profiles_document_consistent_timings(profile: str) -> None:
     assert config.retransmit_limit(999) == config.retransmit_mult * 3
     with pytest.raises(ValueError, match="unknown profile"):
         MembershipConfig.profile("moon")
+
+
+def test_a_join_nobody_answers_backs_off_and_a_late_answer_ends_it() -> None:
+    net = Net("a", "b")
+    lost = net.nodes["b"]
+    seed = (net.ids["a"].node_id, "tcp://nobody")  # an address where no node listens
+    lost.join([seed], net.now)
+    sent_at = [net.now]
+    lost.take_sends()
+    while len(sent_at) < 7:
+        net.now = lost.next_deadline()
+        lost.tick(net.now)
+        if any(s.addr == "tcp://nobody" for s in lost.take_sends()):
+            sent_at.append(net.now)
+    gaps = [round((b - a) / CONFIG.join_retry_interval) for a, b in itertools.pairwise(sent_at)]
+    assert gaps == [1, 2, 4, 8, 8, 8]
+    assert lost.joining == (False, 7)
+    # The seed at last answers: joining ends, and no more attempts go out.
+    lost.join([(net.ids["a"].node_id, "tcp://a")], net.now)
+    net.deliver()
+    assert lost.joining[0]

@@ -7,7 +7,7 @@ import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from consensus.settings import PlacementSettings, policy_json
-from runtime.cli.localswarm import LocalSwarm
+from runtime.cli.localswarm import LocalSwarm, Views
 
 CONTRACT_KEYS = {
     "node_id",
@@ -150,3 +150,32 @@ async def test_the_swarm_policy_is_shown_changed_and_bad_settings_are_refused(
         assert (await client.get("/v1/network/policy")).json()["settings"] == changed.json()[
             "settings"
         ]
+
+
+async def test_a_join_nobody_answers_is_logged_and_shown(swarm: LocalSwarm) -> None:
+    """A wrong --join (here: the right address, the wrong id, so the
+    encrypted handshake fails) leaves the node alone: it says so in its log
+    and its status instead of running silently, and keeps trying."""
+    first = swarm.new_node()
+    await swarm.start_ready(first)
+    wrong = f"{'ab' * 32}@{first.control}"
+    lost, joined = swarm.new_node(), swarm.new_node()
+    await swarm.start_ready(lost, [wrong])
+    await swarm.start_ready(joined, [first.seed])
+
+    def states(views: Views) -> bool:
+        lost_join = (views.get(lost.name) or {}).get("join", {})
+        joined_join = (views.get(joined.name) or {}).get("join", {})
+        return lost_join.get("attempts", 0) >= 3 and joined_join.get("state") == "joined"
+
+    await swarm.wait_for([lost, joined], states, 15.0, "join states")
+    view = (await swarm.views([lost]))[lost.name]
+    assert view is not None
+    assert view["join"]["state"] == "no peer reached" and view["join"]["seeds"] == [wrong]
+    first_view = (await swarm.views([first]))[first.name]
+    assert first_view is not None and first_view["join"] == {
+        "state": "founded",
+        "seeds": [],
+        "attempts": 0,
+    }
+    assert f"no answer from {wrong}" in lost.log_tail(200)

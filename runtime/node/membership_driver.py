@@ -98,6 +98,8 @@ class MembershipDriver:
         self._plane = plane
         self._isolated = False
         self._leaving = False
+        self._seeds: list[str] = []
+        self._join_logged = 0
         self._wake = _Wake()
         self.core = Membership(
             signer=identity,
@@ -152,8 +154,23 @@ class MembershipDriver:
 
     def join(self, seeds: Sequence[tuple[bytes, str]]) -> None:
         """Join through `(node id, control address)` seeds."""
+        self._seeds = [
+            f"{node_id_text(node)}@{addr.removeprefix('tcp://')}" for node, addr in seeds
+        ]
         self.core.join(list(seeds), trio.current_time())
         self.flush()
+
+    def join_status(self) -> dict[str, Any]:
+        """What `/v1/network/status` says about joining: the seeds, whether
+        one answered, how many attempts, and in words."""
+        joined, attempts = self.core.joining
+        if not self._seeds:
+            state = "founded"
+        elif joined:
+            state = "joined"
+        else:
+            state = "no peer reached"
+        return {"state": state, "seeds": self._seeds, "attempts": attempts}
 
     def publish_record(self, body: bytes) -> None:
         """Re-sign and gossip this node's record body."""
@@ -202,6 +219,7 @@ class MembershipDriver:
         events, and wake the timer loop, since the step may have moved the
         next deadline.
         """
+        self._log_join_attempts()
         events = self.core.take_events()
         for event in events:
             if event.kind == "record" and event.node == self.node_id:
@@ -235,6 +253,24 @@ class MembershipDriver:
                     event.incarnation,
                 )
         self._wake.set()
+
+    def _log_join_attempts(self) -> None:
+        """One warning per join attempt after the first that no seed answered
+        (each names the seeds and what to check), then one line when a seed
+        does: a node joined to a wrong address otherwise runs alone, silently."""
+        joined, attempts = self.core.joining
+        if joined and self._join_logged:
+            log.info("joined the swarm after %d attempts", attempts)
+            self._join_logged = 0
+        elif not joined and attempts > 1 and attempts != self._join_logged:
+            self._join_logged = attempts
+            log.warning(
+                "no peer reached: %d join attempts got no answer from %s; check each "
+                "seed's address and port, and that its id is the one the node printed at "
+                "start (a wrong id fails the encrypted handshake); trying again",
+                attempts - 1,
+                ", ".join(self._seeds),
+            )
 
     def _send(self, addr: str, node: bytes, payload: bytes) -> None:
         if self._isolated:

@@ -75,6 +75,7 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         "node_id": node_id_text(membership.node_id),
         "incarnation": membership.core.incarnation,
         "profile": source.profile,
+        "join": membership.join_status(),
         "addresses": dict(source.addresses),
         "started_at": source.started_at,
         "uptime_s": round(now - source.started_mono, 3),
