@@ -109,7 +109,8 @@ class Send:
 @dataclass(frozen=True, slots=True)
 class MemberEvent:
     """A change in this node's view. `kind` is one of
-    "joined", "alive", "suspect", "dead", "left", "record"; for "record",
+    "joined", "alive", "suspect", "dead", "left", "record", "twin" (another
+    process holds our key: `Membership.twin_addr`); for "record",
     `incarnation` carries the record's seq."""
 
     kind: str
@@ -210,6 +211,10 @@ class Membership:
         self.drops: Counter[str] = Counter()
         self._signer = signer
         self._verify = verifier
+        self._first_incarnation = incarnation
+        self.twin_addr: str | None = None
+        """Where another live process holding our key says it is (see
+        `_apply_alive`); None while no such process has been heard of."""
         self._rng = rng
         self._validate_body = validate_record_body
 
@@ -611,6 +616,25 @@ class Membership:
             case Record():
                 self._apply_record(update, now, relay)
 
+    def _check_twin(self, alive: Alive, now: float) -> None:
+        """An Alive of ours, from another address, at an incarnation this
+        life has reached: only our key signs it, and a previous life's
+        incarnations are all below this one's first (the state dir keeps the
+        count), so another process holds our key right now (a copied state
+        dir). Reported as a "twin" event; what to do is the node's call.
+        The twin gets our newest Alive straight away, so it learns of us now
+        rather than at its next full-state sync: the newcomer of the two
+        must find out within moments of its start (`runtime.node.daemon`)."""
+        if (
+            alive.addr != self.addr
+            and alive.incarnation >= self._first_incarnation
+            and alive.addr != self.twin_addr
+            and self._authentic(alive)
+        ):
+            self.twin_addr = alive.addr
+            self._events.append(MemberEvent("twin", self.node_id, alive.incarnation, now))
+            self._send(self.node_id, alive.addr, Gossip((self._me.alive,)))
+
     def _authentic(self, update: Update) -> bool:
         if self._verify(signer_of(update), signing_bytes(update), update.signature):
             return True
@@ -622,6 +646,7 @@ class Membership:
             stale_self = alive.incarnation > self._me.incarnation and not self._leaving
             if stale_self and self._authentic(alive):
                 self._refute(alive.incarnation, now)
+            self._check_twin(alive, now)
             return
         member = self._table.get(alive.node)
         if member is None:

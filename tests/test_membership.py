@@ -414,3 +414,27 @@ def test_a_join_nobody_answers_backs_off_and_a_late_answer_ends_it() -> None:
     lost.join([(net.ids["a"].node_id, "tcp://a")], net.now)
     net.deliver()
     assert lost.joining[0]
+
+
+def test_two_live_processes_with_one_key_learn_of_each_other_and_a_restart_does_not() -> None:
+    net = Net("a", "b")
+    net.join_all()
+    # A restart of b (same key, new address, the next incarnation, as the
+    # state dir gives it): its previous life is no twin.
+    del net.nodes["b"]
+    net.advance(CONFIG.detection_bound(2))
+    net.ids["b2"] = net.ids["b"]
+    reborn = net.start("b2", incarnation=1)
+    reborn.join([(net.ids["a"].node_id, "tcp://a")], net.now)
+    net.deliver()
+    net.advance(3.0)
+    assert reborn.twin_addr is None and not [e for e in reborn.take_events() if e.kind == "twin"]
+    # A copy of b2's state dir started while b2 runs: both sign b's id.
+    net.ids["b3"] = net.ids["b"]
+    copy = net.start("b3", incarnation=2)
+    copy.join([(net.ids["a"].node_id, "tcp://a")], net.now)
+    net.deliver()
+    # a now sends to b's id at the copy's address; b2 hears of the copy at
+    # its next full-state sync with a at the latest, then tells the copy.
+    net.advance(2 * CONFIG.push_pull_period(2))
+    assert reborn.twin_addr == "tcp://b3" and copy.twin_addr == "tcp://b2"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import shutil
+
 import httpx
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
 from consensus.settings import PlacementSettings, policy_json
 from runtime.cli.localswarm import LocalSwarm, Views
+from runtime.node.daemon import TWIN_STARTUP_WINDOW_S
 
 CONTRACT_KEYS = {
     "node_id",
@@ -179,3 +182,36 @@ async def test_a_join_nobody_answers_is_logged_and_shown(swarm: LocalSwarm) -> N
         "attempts": 0,
     }
     assert f"no answer from {wrong}" in lost.log_tail(200)
+
+
+async def test_a_copied_state_dir_stops_the_copy_not_the_node(swarm: LocalSwarm) -> None:
+    """Two processes with one key would fight over one id (each outbidding
+    the other's incarnation) and the swarm would move it between addresses.
+    The newcomer notices the running twin within moments and stops, with
+    one line; the node it copied keeps serving."""
+    seed, original = swarm.new_node(), swarm.new_node()
+    await swarm.start_ready(seed)
+    await swarm.start_ready(original, [seed.seed])
+    # The original is established (older than the profile's window; see
+    # runtime.node.daemon.TWIN_STARTUP_WINDOW_S) when the copy starts.
+    await trio.sleep(TWIN_STARTUP_WINDOW_S["local"] + 0.5)
+    copy = swarm.new_node("copy")
+    # Copied while it runs, as a careless backup-and-restore would; the
+    # lock and ready files are per process and stay behind.
+    shutil.copytree(
+        original.state_dir, copy.state_dir, ignore=shutil.ignore_patterns("lock", "node.json")
+    )
+    await swarm.start(copy, [seed.seed])
+    assert copy.process is not None
+    with trio.move_on_after(30):
+        await copy.process.wait()
+    assert copy.process.returncode == 1, (copy.log_tail(), original.log_tail())
+    assert f"node {original.node_id} is already alive at" in copy.log_tail(5)
+    assert original.running
+
+    def original_alive(views: Views) -> bool:
+        members = (views.get(seed.name) or {}).get("members", [])
+        states = {m["node_id"]: (m["state"], m["addr"]) for m in members}
+        return states.get(original.node_id) == ("alive", original.info["control"])
+
+    await swarm.wait_for([seed], original_alive, 15.0, "the original alive where it is")

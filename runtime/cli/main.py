@@ -37,6 +37,7 @@ from runtime.node.hostport import (
 
 if TYPE_CHECKING:  # imported when used: `shardmesh --help` stays fast
     from runtime.cli.chat_client import ChatResult
+    from runtime.node.options import NodeOptions
 
 PROG = "shardmesh"
 CHAT_WAIT_S = 300.0
@@ -143,10 +144,41 @@ def _token_arguments(command: argparse.ArgumentParser) -> None:
     )
 
 
+def package_version() -> str:
+    """The installed package's version (`importlib.metadata`), else says so."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(PROG)
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+class _VersionAction(argparse.Action):
+    """`--version`: asks the package metadata only when given, so that
+    every other command starts without looking it up."""
+
+    def __init__(self, option_strings: Sequence[str], dest: str, help: str) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, help=help)
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: object,
+        option_string: str | None = None,
+    ) -> None:
+        print(f"{PROG} {package_version()}")
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG,
         description="A peer-to-peer swarm that serves large language models.",
+    )
+    parser.add_argument(
+        "--version", action=_VersionAction, help="print the version of shardmesh and exit"
     )
     commands = parser.add_subparsers(dest="command", title="commands", required=True)
 
@@ -154,6 +186,15 @@ def build_parser() -> argparse.ArgumentParser:
         "node",
         help="run a node: join the swarm and serve the HTTP API",
         description="Run a node until SIGTERM/SIGINT, then leave the swarm gracefully.",
+    )
+    node.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read flags from this TOML file: keys are the flags without -- "
+        '(data-listen = "H:P", join = ["ID@H:P"], auto-join = true); relative paths are '
+        "relative to the file's folder; flags given here win over it",
     )
     node.add_argument(
         "--listen",
@@ -564,6 +605,52 @@ a forward. A short spin keeps them warm within a forward and asleep between
 steps (measured: ~0.9-1.5 ms per hop). An operator's own setting wins."""
 
 
+def node_options(args: argparse.Namespace) -> NodeOptions:
+    """The options a `node` command line (and its --config file) asks for;
+    starts nothing. A combination of flags that cannot work raises
+    ValueError (a usage error)."""
+    from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS
+    from runtime.node.admission import DEFAULT_TTL_S, ServeOptions
+    from runtime.node.options import NodeOptions
+    from runtime.node.state_dir import default_state_dir
+
+    if (args.model is None) != (args.layers is None):
+        raise ValueError("--model and --layers go together")
+    if args.auto_join and args.model is not None:
+        raise ValueError("--auto-join is for model-less nodes; --model pins one")
+    if args.models is not None and not args.models.is_dir():
+        raise ValueError(f"--models {args.models}: not a directory")
+    serve = None
+    if args.model is not None:
+        serve = ServeOptions(
+            model_dir=args.model.resolve(),
+            layers=args.layers,
+            recipe=args.recipe,
+            backend=args.backend,
+            ttl_s=args.capability_ttl or DEFAULT_TTL_S,
+            refresh_s=args.capability_refresh,
+            max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS,
+        )
+    return NodeOptions(
+        listen=args.listen,
+        api=args.api,
+        state_dir=args.state_dir or default_state_dir(),
+        joins=tuple(args.join),
+        profile=args.profile,
+        data_listen=args.data_listen,
+        advertise=args.advertise,
+        fault_injection=args.fault_injection,
+        encrypted=not args.insecure_plaintext,
+        serve=serve,
+        models=args.models.resolve() if args.models else None,
+        backend=args.backend,
+        auto_join=args.auto_join,
+        swarm=args.swarm,
+        invite=args.invite,
+        max_chats_per_client=args.max_chats_per_client,
+    )
+
+
 def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     import os
 
@@ -575,55 +662,19 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
     from mesh.identity import IdentityError
     from runtime.node.daemon import serve_node
-    from runtime.node.options import NodeOptions, NodeStartupError
-    from runtime.node.state_dir import StateDirError, default_state_dir
+    from runtime.node.options import NodeStartupError
+    from runtime.node.state_dir import StateDirError
 
     logging.basicConfig(
         level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS
-    from runtime.node.admission import DEFAULT_TTL_S, ServeOptions
-
-    if (args.model is None) != (args.layers is None):
-        parser.error("--model and --layers go together")
-    if args.auto_join and args.model is not None:
-        parser.error("--auto-join is for model-less nodes; --model pins one")
-    if args.models is not None and not args.models.is_dir():
-        parser.error(f"--models {args.models}: not a directory")
     try:
-        serve = None
-        if args.model is not None:
-            serve = ServeOptions(
-                model_dir=args.model.resolve(),
-                layers=args.layers,
-                recipe=args.recipe,
-                backend=args.backend,
-                ttl_s=args.capability_ttl or DEFAULT_TTL_S,
-                refresh_s=args.capability_refresh,
-                max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS,
-            )
-        options = NodeOptions(
-            listen=args.listen,
-            api=args.api,
-            state_dir=args.state_dir or default_state_dir(),
-            joins=tuple(args.join),
-            profile=args.profile,
-            data_listen=args.data_listen,
-            advertise=args.advertise,
-            fault_injection=args.fault_injection,
-            encrypted=not args.insecure_plaintext,
-            serve=serve,
-            models=args.models.resolve() if args.models else None,
-            backend=args.backend,
-            auto_join=args.auto_join,
-            swarm=args.swarm,
-            invite=args.invite,
-            max_chats_per_client=args.max_chats_per_client,
-        )
+        options = node_options(args)
     except ValueError as exc:
         parser.error(str(exc))
+    serve = options.serve
     if serve is not None:
         from runtime.model.doctor import preflight
 
@@ -870,10 +921,25 @@ def _run_doctor(args: argparse.Namespace) -> int:
     return 0
 
 
+def parse_arguments(
+    parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
+) -> argparse.Namespace:
+    """`parser.parse_args`, with `node --config FILE`'s values as defaults
+    (so flags still win); a bad file exits 2 with one line, as a usage error."""
+    from runtime.cli.config_file import ConfigError, apply_config
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        apply_config(parser, build_parser, argv)
+    except ConfigError as exc:
+        parser.exit(2, f"{PROG} node: error: {exc}\n")
+    return parser.parse_args(argv)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `shardmesh` console script; returns the exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parse_arguments(parser, argv)
     if args.command == "node":
         return _run_node(args, parser)
     if args.command == "status":

@@ -55,6 +55,14 @@ from runtime.node.swarm_view import SwarmView
 log = logging.getLogger("shardmesh.node")
 
 RAFT_STORE: Final = "raft.sqlite3"
+TWIN_STARTUP_WINDOW_S: Final = {"lan": 30.0, "wan": 120.0, "local": 3.0}
+"""Both processes holding one key learn of each other (each sees the other
+sign an incarnation it never signed). One that learns it this soon after
+it started, by profile, is the newcomer: it stops with an error instead of
+fighting the running node for its id. One started longer ago is the
+established node: it keeps refuting, as SWIM does, and stays. The window
+must cover a join and a refutation's round trip on the profile's network;
+two copies started within one window of each other both stop."""
 
 
 class Node:
@@ -174,6 +182,7 @@ class Node:
                     nursery.start_soon(self.membership.run)
                     nursery.start_soon(self.raft.run)
                     nursery.start_soon(self.access.run)
+                    nursery.start_soon(self._stop_if_identity_taken)
                     await nursery.start(self.engine.run)
                     if options.serve is not None:
                         nursery.start_soon(self.slot.start(options.serve).run)
@@ -206,6 +215,21 @@ class Node:
                     self._http_shutdown.set()
                     nursery.cancel_scope.cancel()
         self.state.clear_ready()
+
+    async def _stop_if_identity_taken(self) -> None:
+        """A copied state dir: stop the newcomer (see TWIN_STARTUP_WINDOW_S).
+        It raises past the leave on purpose: a leave is a self-signed death
+        of *this id*, which would take the running node down too."""
+        await self.membership.twin_found.wait()
+        window = TWIN_STARTUP_WINDOW_S[self.options.profile]
+        if trio.current_time() - self.started_mono > window:
+            return
+        raise NodeStartupError(
+            f"node {node_id_text(self.node_id)} is already alive at "
+            f"{self.membership.core.twin_addr}: this state dir's key is in use by another "
+            f"process (a copied state dir?); stop that node, or give this one its own "
+            f"--state-dir"
+        )
 
     async def _start_http(self, nursery: trio.Nursery) -> str:
         """Start the API server in `nursery`; its URL as peers should use it."""

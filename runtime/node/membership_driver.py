@@ -99,6 +99,9 @@ class MembershipDriver:
         self._isolated = False
         self._leaving = False
         self._seeds: list[str] = []
+        self.twin_found = trio.Event()
+        """Set when another live process turns out to hold this node's key
+        (`Membership.twin_addr`); the daemon decides whether to stop."""
         self._join_logged = 0
         self._wake = _Wake()
         self.core = Membership(
@@ -245,6 +248,14 @@ class MembershipDriver:
                 "at": event.at,
             }
             self.recent_events.append(entry)
+            if event.kind == "twin":
+                log.error(
+                    "node %s is also alive at %s: another process uses this node's key "
+                    "(a copied state dir?)",
+                    entry["node_id"][:12],
+                    self.core.twin_addr,
+                )
+                self.twin_found.set()
             if event.kind != "record":
                 log.info(
                     "member %s %s (incarnation %d)",
