@@ -109,7 +109,7 @@ def test_flags_on_the_command_line_override_the_file(tmp_path: Path) -> None:
 
 def test_without_a_file_the_defaults_and_required_flags_stay() -> None:
     got = options("--listen", "127.0.0.1:0", "--state-dir", "s")
-    assert (got.api, got.joins, got.swarm, got.profile) == (
+    assert (got.api_bind, got.joins, got.swarm, got.profile) == (
         parse_hostport("127.0.0.1:0"),
         (),
         "open",
@@ -254,3 +254,20 @@ def test_version_prints_the_package_version() -> None:
     assert result.returncode == 0, result.stderr
     assert result.stdout == f"shardmesh {package_version()}\n"
     assert package_version()[0].isdigit()  # installed in the venv: the real version
+
+
+def test_an_advertised_node_serves_its_api_where_it_is_advertised() -> None:
+    parser = build_parser()
+
+    def api_bind(*argv: str) -> str:
+        return node_options(parser.parse_args(["node", *argv])).api_bind.text()
+
+    assert api_bind("--listen", "127.0.0.1:0") == "127.0.0.1:0"
+    # Listening on every interface and advertising a public name: the API
+    # must be reachable there too, not only on this machine's loopback.
+    assert api_bind("--listen", "0.0.0.0:7001", "--advertise", "node.example") == "0.0.0.0:0"
+    assert api_bind("--listen", "10.0.0.5:7001", "--advertise", "10.0.0.5") == "10.0.0.5:0"
+    # An explicit --api is the operator's choice.
+    assert api_bind("--listen", "0.0.0.0:7001", "--advertise", "h", "--api", "127.0.0.1:8") == (
+        "127.0.0.1:8"
+    )

@@ -215,9 +215,10 @@ def build_parser() -> argparse.ArgumentParser:
     node.add_argument(
         "--api",
         type=_hostport,
-        default=parse_hostport("127.0.0.1:0"),
+        default=None,
         metavar="H:P",
-        help="HTTP API address (default 127.0.0.1:0, a free port; see the log line)",
+        help="HTTP API address (default: a free port on 127.0.0.1, or with --advertise on "
+        "the --listen host, so the advertised API is reachable; see the log line)",
     )
     node.add_argument(
         "--data-listen",

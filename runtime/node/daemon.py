@@ -243,9 +243,9 @@ class Node:
                 if oserrors is None or rest is not None:
                     raise
                 bind_error = _first_leaf(oserrors)
-            where = self.options.api.text()
+            where = self.options.api_bind.text()
             raise NodeStartupError(f"cannot serve the API on {where}: {bind_error}") from exc
-        bound = parse_hostport(binds[0].split("//", 1)[1]) if binds else self.options.api
+        bound = parse_hostport(binds[0].split("//", 1)[1]) if binds else self.options.api_bind
         if self.options.advertise:
             bound = HostPort(self.options.advertise, bound.port)
         return bound.http()
@@ -257,7 +257,7 @@ class Node:
         from runtime.api.app import create_app
 
         config = Config()
-        config.bind = [self.options.api.text()]
+        config.bind = [self.options.api_bind.text()]
         config.accesslog = None
         # Through our logging config (one format, one stream), not a second handler.
         config.errorlog = logging.getLogger("hypercorn.error")

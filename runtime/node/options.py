@@ -43,8 +43,11 @@ class NodeOptions:
     """Everything `shardmesh node` was asked to do."""
 
     listen: HostPort
-    api: HostPort
     state_dir: Path
+    api: HostPort | None = None
+    """`--api`; None: a free port on 127.0.0.1, or, with `--advertise`, on
+    the `--listen` host, since an advertised API must be reachable where
+    it is advertised (`api_bind`)."""
     joins: tuple[Seed, ...] = ()
     profile: str = "lan"
     data_listen: HostPort | None = None
@@ -87,6 +90,13 @@ class NodeOptions:
                 f"--listen {self.listen.text()} listens on every interface; peers need one "
                 "address to reach this node: give --advertise HOST"
             )
+
+    @property
+    def api_bind(self) -> HostPort:
+        """Where the HTTP API listens (see `api`)."""
+        if self.api is not None:
+            return self.api
+        return HostPort(self.listen.host if self.advertise else "127.0.0.1", 0)
 
     def advertised(self, address: str) -> str:
         """The address peers should use: the bound one, with the host
