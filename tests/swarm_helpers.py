@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
 import pytest
 
 from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see
+from runtime.model.tiny import make_tiny_model
 
 START_TIMEOUT_S = 30.0
 CONVERGE_TIMEOUT_S = 15.0
+ADMIT_TIMEOUT_S = 60.0
+"""Load and the doctor of a tiny model, on a loaded machine."""
 
 
 async def wait_for(
@@ -40,3 +44,18 @@ async def assert_no_internal_errors(swarm: LocalSwarm, nodes: Sequence[LocalNode
     for name, view in (await swarm.views(nodes)).items():
         assert view is not None, f"{name} stopped answering"
         assert "node.internal_error" not in view["drops"], (name, view["drops"])
+
+
+async def start_tiny_model_node(swarm: LocalSwarm, folder: Path, model: str) -> LocalNode:
+    """One node serving the whole of a 4-layer tiny model named `model`
+    (made in `folder`), started and admitted: chat can route to it."""
+    model_dir = make_tiny_model(folder / model, layers=4, name=model)
+    node = swarm.new_node(args=["--model", str(model_dir), "--layers", "0:4"])
+    await swarm.start_ready(node, timeout=START_TIMEOUT_S)
+
+    def admitted(views: Views) -> bool:
+        coverage = (views.get(node.name) or {}).get("coverage", {}).get(model)
+        return coverage is not None and not coverage["gaps"]
+
+    await wait_for(swarm, [node], admitted, ADMIT_TIMEOUT_S, "the model admitted")
+    return node

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections import Counter
 from collections.abc import AsyncGenerator, AsyncIterator
 from contextlib import asynccontextmanager
 from functools import partial
@@ -35,9 +36,15 @@ from runtime.api.quota import (
 )
 from runtime.cli.localswarm import LocalSwarm
 from runtime.cli.main import build_parser
-from runtime.inference.chat import ChatRequest, Generation
-from runtime.model.tiny import make_tiny_model
-from tests.swarm_helpers import START_TIMEOUT_S, wait_for
+from runtime.inference.chat import (
+    OUTCOME_CANCELLED,
+    OUTCOME_CLIENT_ERROR,
+    OUTCOME_OK,
+    OUTCOME_RATE_LIMITED,
+    ChatRequest,
+    Generation,
+)
+from tests.swarm_helpers import start_tiny_model_node
 
 second_loopback = pytest.mark.skipif(
     not sys.platform.startswith("linux"), reason="a second loopback source address is Linux's"
@@ -110,6 +117,7 @@ class HeldChat:
 
     def __init__(self) -> None:
         self.counters: dict[str, int] = {}
+        self.outcomes: Counter[str] = Counter()
         self.finish = trio.Event()
         self.open = 0
         self.closed = 0
@@ -246,12 +254,22 @@ async def test_one_client_with_40_streams_gets_429s_while_another_is_served() ->
             assert chat.open == MAX_CONCURRENT_PER_CLIENT
             refused = STREAMS - MAX_CONCURRENT_PER_CLIENT
             assert chat.counters == {f"refused_{REASON_CLIENT}": refused}
+            assert chat.outcomes[OUTCOME_RATE_LIMITED] == refused
             chat.finish.set()
             hold.set()
         assert chat.open == 0
         # Streams that ended gave their slots back: the client has its share again.
         again = await mine.post(f"{url}/v1/chat/completions", json=chat_body("held", stream=False))
         assert again.status_code == 200
+        # Each request counted once by how it ended (a stream once its response is over).
+        answered = MAX_CONCURRENT_PER_CLIENT + 3  # the held streams, theirs two, this one
+        with trio.fail_after(5):
+            while chat.outcomes[OUTCOME_OK] < answered:
+                await trio.sleep(0.01)
+        assert chat.outcomes == {
+            OUTCOME_RATE_LIMITED: STREAMS - MAX_CONCURRENT_PER_CLIENT,
+            OUTCOME_OK: answered,
+        }
 
 
 async def test_a_client_that_walks_away_gets_its_slots_back() -> None:
@@ -277,9 +295,10 @@ async def test_a_client_that_walks_away_gets_its_slots_back() -> None:
                     nursery.cancel_scope.cancel()  # the client hangs up mid-stream
             assert not scope.cancelled_caught
             with trio.fail_after(5):  # the server notices the disconnects
-                while chat.open:
+                while chat.open or chat.outcomes.total() < chat.closed:
                     await trio.sleep(0.01)
         assert chat.closed == 3 * MAX_CONCURRENT_PER_CLIENT
+        assert chat.outcomes == {OUTCOME_CANCELLED: chat.closed}  # each stream counted once
         answer = await mine.post(
             f"{url}/v1/chat/completions", json=chat_body("quick", stream=False)
         )
@@ -301,6 +320,7 @@ async def test_a_refused_or_failed_chat_gives_its_slot_back() -> None:
                 f"{url}/v1/chat/completions", json=chat_body("quick", stream=False)
             )
             assert second.status_code == 429  # the flag's limit: one
+            assert chat.outcomes == {OUTCOME_CLIENT_ERROR: 3, OUTCOME_RATE_LIMITED: 1}
             chat.finish.set()
             hold.set()
 
@@ -318,15 +338,7 @@ LONG_TOKENS = 64
 async def test_a_node_serves_another_client_while_one_floods_it(
     swarm: LocalSwarm, tmp_path: Path
 ) -> None:
-    model_dir = make_tiny_model(tmp_path / MODEL, layers=4, name=MODEL)
-    node = swarm.new_node(args=["--model", str(model_dir), "--layers", "0:4"])
-    await swarm.start_ready(node, timeout=START_TIMEOUT_S)
-
-    def ready(views: dict[str, Any]) -> bool:
-        coverage = (views.get(node.name) or {}).get("coverage", {}).get(MODEL)
-        return coverage is not None and not coverage["gaps"]
-
-    await wait_for(swarm, [node], ready, 60.0, "the model admitted")
+    node = await start_tiny_model_node(swarm, tmp_path, MODEL)
     url = node.api + "/v1/chat/completions"
     body = {
         "model": MODEL,

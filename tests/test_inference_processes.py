@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -213,39 +214,10 @@ async def test_killing_a_hop_mid_stream_does_not_break_the_stream(
     first, middles = nodes[0], nodes[1:3]
     await wait_for(swarm, nodes, model_ready(MODEL, nodes), READY_TIMEOUT_S, "coverage")
 
-    body = {
-        "model": MODEL,
-        "messages": MESSAGES,
-        "max_tokens": LONG_TOKENS,
-        "temperature": 0,
-        "stream": True,
-    }
-    parts: list[str] = []
-    killed: LocalNode | None = None
-    finish = None
-    extension: dict[str, Any] = {}
-    async with (
-        httpx.AsyncClient(timeout=60) as client,
-        client.stream("POST", first.api + "/v1/chat/completions", json=body) as response,
-    ):
-        assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
-            assert "error" not in chunk, chunk
-            choice = chunk["choices"][0]
-            parts.append(choice["delta"].get("content") or "")
-            finish = choice["finish_reason"] or finish
-            extension = chunk.get("shardmesh", extension)  # on the final chunk
-            if killed is None and len(parts) > 3:
-                # Kill whichever middle node this stream runs through.
-                busy = await sessions(swarm, middles)
-                killed = next(n for n in middles if busy[n.name] > 0)
-                killed.kill()
-    assert killed is not None
-    assert "".join(parts) == expected
-    assert finish in ("length", "stop")
+    text, extension, killed, _ = await _stream_stopping(
+        swarm, first, middles, LONG_TOKENS, LocalNode.kill
+    )
+    assert text == expected
     assert (await swarm.status(first))["chat"]["reroutes"] >= 1
     survivor = next(n for n in middles if n is not killed)
     # The final chunk names the chain that finished the stream, and its timing.
@@ -412,3 +384,100 @@ async def test_a_light_entry_loads_the_tokenizer_library_once_the_swarm_has_a_mo
         response = await chat(client, light)
     assert response.status_code == 200, response.text
     assert response.json()["shardmesh"]["route"] == [serving.node_id]
+
+
+DRAIN_TOKENS = 400
+"""The acceptance's stream: long enough to be mid-way when a hop is stopped."""
+
+
+async def _stream_stopping(
+    swarm: LocalSwarm,
+    entry: LocalNode,
+    hops: Sequence[LocalNode],
+    tokens: int,
+    stop: Callable[[LocalNode], None],
+) -> tuple[str, dict[str, Any], LocalNode, float]:
+    """Stream `tokens` greedily from `entry`; after a few tokens `stop`
+    whichever of `hops` this stream runs through (SIGKILL, SIGTERM). The
+    text, the final chunk's `shardmesh` extension (reroutes, route,
+    timing), the stopped node, and when it was stopped."""
+    body = {
+        "model": MODEL,
+        "messages": MESSAGES,
+        "max_tokens": tokens,
+        "temperature": 0,
+        "stream": True,
+    }
+    parts: list[str] = []
+    stopped: LocalNode | None = None
+    stopped_at = 0.0
+    finish = None
+    extension: dict[str, Any] = {}
+    async with (
+        httpx.AsyncClient(timeout=120) as client,
+        client.stream("POST", entry.api + "/v1/chat/completions", json=body) as response,
+    ):
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            choice = chunk["choices"][0]
+            parts.append(choice["delta"].get("content") or "")
+            finish = choice["finish_reason"] or finish
+            extension = chunk.get("shardmesh", extension)  # on the final chunk
+            if stopped is None and len(parts) > 3:
+                busy = await sessions(swarm, hops)
+                stopped = next(n for n in hops if busy[n.name] > 0)
+                stop(stopped)
+                stopped_at = trio.current_time()
+    assert stopped is not None
+    assert finish in ("length", "stop")
+    return "".join(parts), extension, stopped, stopped_at
+
+
+@pytest.mark.slow
+async def test_sigterm_on_the_only_holder_of_a_span_finishes_the_stream_then_exits_0(
+    swarm: LocalSwarm, model_dir: Path
+) -> None:
+    expected, _ = await trio.to_thread.run_sync(reference_text, model_dir, DRAIN_TOKENS)
+    nodes = await start_serving(swarm, [shard_args(model_dir, s) for s in ("0:4", "4:8")])
+    await wait_for(swarm, nodes, model_ready(MODEL, nodes), READY_TIMEOUT_S, "coverage")
+    text, extension, stopped, _ = await _stream_stopping(
+        swarm, nodes[0], nodes[1:], DRAIN_TOKENS, lambda node: node.signal(signal.SIGTERM)
+    )
+    # Nobody else holds [4, 8): leaving would break the stream, so the node
+    # served it to its end, with no failover, and only then left.
+    assert text == expected
+    assert extension["reroutes"] == 0
+    assert await stopped.wait_exit(15) == 0
+    assert "Traceback" not in stopped.log_tail(200)
+
+
+@pytest.mark.slow
+async def test_sigterm_with_a_second_holder_moves_the_stream_and_exits_at_once(
+    swarm: LocalSwarm, model_dir: Path
+) -> None:
+    expected, _ = await trio.to_thread.run_sync(reference_text, model_dir, DRAIN_TOKENS)
+    nodes = await start_serving(swarm, [shard_args(model_dir, s) for s in ("0:4", "4:8", "4:8")])
+
+    def two_replicas(views: Views) -> bool:
+        for node in nodes:
+            coverage = (views.get(node.name) or {}).get("coverage", {}).get(MODEL)
+            if coverage is None or coverage["replicas"] != [1, 1, 1, 1, 2, 2, 2, 2]:
+                return False
+        return True
+
+    await wait_for(swarm, nodes, two_replicas, READY_TIMEOUT_S, "both holders seen by all")
+    text, extension, stopped, signalled = await _stream_stopping(
+        swarm, nodes[0], nodes[1:], DRAIN_TOKENS, lambda node: node.signal(signal.SIGTERM)
+    )
+    # The stream moved to the other holder (a failover the client never
+    # saw), and the stopped node did not wait for the stream to end: it
+    # handed its session over and left (a few seconds of leave gossip).
+    assert text == expected
+    assert extension["reroutes"] >= 1 and stopped.node_id not in extension["route"]
+    assert await stopped.wait_exit(10) == 0
+    assert trio.current_time() - signalled < 10
+    assert "handed 1 open session(s) over" in stopped.log_tail(50)

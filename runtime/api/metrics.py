@@ -5,7 +5,14 @@ returns, so the two can never disagree; this module only names and shapes
 them. Counters are what only ever grows in the node's life (drops, steps,
 completions) or in the swarm's (the ledger's demand counts); gauges are
 everything else. Labels are only ever bounded sets: member states, tiers,
-drop reasons (fixed strings), model names (the ones the swarm knows).
+drop reasons (fixed strings), request outcomes, model names (the ones the
+swarm knows).
+
+Latency is histograms (`runtime.inference.latency`): time to first token
+and between tokens at this node as the entry, and each step of the shard
+this node serves, by phase. The status carries each as its cumulative
+buckets, count and sum; here they become `_bucket{le=...}` (with
+`le="+Inf"`, the count), `_sum` and `_count` samples.
 
 The format (version 0.0.4): `# HELP` and `# TYPE` once per family, then
 `name{label="value"} number` lines; label values escape backslash, double
@@ -46,6 +53,25 @@ class _Exposition:
         self._lines.append(f"# TYPE {full} {kind}")
         for labels, value in samples:
             self._lines.append(f"{full}{_labels(labels)} {_number(value)}")
+
+    def histogram(
+        self,
+        name: str,
+        help_text: str,
+        series: Iterable[tuple[Mapping[str, str], Mapping[str, Any]]],
+    ) -> None:
+        """One histogram family; each of `series` is its labels and a
+        histogram as the status writes it (`Histogram.to_json`)."""
+        full = PREFIX + name
+        self._lines.append(f"# HELP {full} {help_text}")
+        self._lines.append(f"# TYPE {full} histogram")
+        for labels, histogram in series:
+            buckets = [(repr(float(le)), n) for le, n in histogram["buckets"]]
+            for le, count in [*buckets, ("+Inf", histogram["count"])]:
+                bucket = _labels({**labels, "le": le})
+                self._lines.append(f"{full}_bucket{bucket} {_number(count)}")
+            self._lines.append(f"{full}_sum{_labels(labels)} {_number(histogram['sum'])}")
+            self._lines.append(f"{full}_count{_labels(labels)} {_number(histogram['count'])}")
 
     def one(self, name: str, kind: str, help_text: str, value: float) -> None:
         self.family(name, kind, help_text, [({}, value)])
@@ -131,6 +157,19 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
         "Chains this entry re-routed after a hop failed mid-generation.",
         chat.get("reroutes", 0),
     )
+    out.family(
+        "chat_requests",
+        "counter",
+        "Chat requests this node answered as the entry, by how they ended "
+        "(ok, client_error, rate_limited, model_not_found, model_loading, swarm_lost, ...).",
+        [({"outcome": outcome}, count) for outcome, count in chat.get("requests", {}).items()],
+    )
+    for name, key, help_text in (
+        ("chat_ttft_seconds", "ttft_s", "Seconds from accepting a chat to its first token."),
+        ("chat_inter_token_seconds", "inter_token_s", "Seconds between two tokens of a chat."),
+    ):
+        if key in chat:
+            out.histogram(name, help_text, [({}, chat[key])])
     hop = status.get("hop")
     if hop is not None:
         for name, field, help_text in (
@@ -143,6 +182,13 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
             "hop_prefill_tokens", "counter", "Prompt tokens prefilled here.", hop["prefill_tokens"]
         )
         out.one("hop_sessions_reaped", "counter", "Sessions closed as idle.", hop["reaped"])
+        steps = hop.get("step_s")
+        if steps is not None:
+            out.histogram(
+                "hop_step_seconds",
+                "Seconds each forward step of this node's shard took, by phase.",
+                [({"phase": phase}, steps[phase]) for phase in PHASES],
+            )
     admission = status.get("admission")
     if admission is not None:
         out.family(

@@ -6,6 +6,10 @@
 ignore. Each client may run a few chats at once (`runtime.api.quota`); one
 more gets `429` with `Retry-After`, and a stream holds its slot until it has
 ended, failed or been abandoned.
+
+Each request is counted once by how it ended (`ChatService.outcomes`, the
+`OUTCOMES` of `runtime.inference.chat`): a JSON answer or a refusal when
+the route returns or raises, a stream when it is over.
 """
 
 from __future__ import annotations
@@ -16,14 +20,24 @@ from contextlib import aclosing
 from typing import Any, Final
 
 import trio
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from runtime.api.http import json_object
+from runtime.api.http import BadRequest, json_object
 from runtime.api.quota import ChatQuota, client_key
-from runtime.inference.chat import ChatError, ChatService, Generation, parse_chat_request
+from runtime.inference.chat import (
+    OUTCOME_CANCELLED,
+    OUTCOME_CLIENT_ERROR,
+    OUTCOME_OK,
+    OUTCOME_SERVER_ERROR,
+    ChatError,
+    ChatService,
+    Generation,
+    parse_chat_request,
+)
 
 
 def openai_routes(chat: ChatService, quota: ChatQuota | None = None) -> list[Route]:
@@ -32,6 +46,19 @@ def openai_routes(chat: ChatService, quota: ChatQuota | None = None) -> list[Rou
     quota = quota if quota is not None else ChatQuota()
 
     async def chat_completions(request: Request) -> Response:
+        try:
+            response = await answer(request)
+        except Exception as exc:
+            chat.outcomes[request_outcome(exc)] += 1
+            raise
+        except BaseException:  # cancelled: the client went away, or the node stops
+            chat.outcomes[OUTCOME_CANCELLED] += 1
+            raise
+        if not isinstance(response, _SlotStream):  # a stream counts itself once over
+            chat.outcomes[OUTCOME_OK] += 1
+        return response
+
+    async def answer(request: Request) -> Response:
         # Before the body is read: a slow upload holds a slot too.
         client = client_key(request.client.host if request.client else None)
         refusal = quota.acquire(client)
@@ -53,9 +80,14 @@ def openai_routes(chat: ChatService, quota: ChatQuota | None = None) -> list[Rou
                 async with aclosing(deltas):
                     text = "".join([delta async for delta in deltas])
                 return JSONResponse(_completion_json(generation, text))
+            ending = _Ending()
+
+            def over() -> None:
+                chat.outcomes[ending.outcome] += 1
+                quota.release(client)
+
             response = _SlotStream(
-                _events(generation, deltas, request_.include_usage),
-                release=lambda: quota.release(client),
+                _events(generation, deltas, request_.include_usage, ending), release=over
             )
             streaming = True  # the response releases the slot once it is over
             return response
@@ -70,6 +102,26 @@ def openai_routes(chat: ChatService, quota: ChatQuota | None = None) -> list[Rou
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
     ]
+
+
+def request_outcome(exc: Exception) -> str:
+    """How a request that raised `exc` ended (one of `runtime.inference.chat.OUTCOMES`)."""
+    if isinstance(exc, ChatError):
+        return exc.outcome
+    if isinstance(exc, BadRequest):
+        return OUTCOME_CLIENT_ERROR
+    if isinstance(exc, HTTPException) and exc.status_code < 500:  # 415: not sent as JSON
+        return OUTCOME_CLIENT_ERROR
+    return OUTCOME_SERVER_ERROR
+
+
+class _Ending:
+    """How a stream ended, as far as it got: cancelled until it says otherwise."""
+
+    __slots__ = ("outcome",)
+
+    def __init__(self) -> None:
+        self.outcome = OUTCOME_CANCELLED
 
 
 STREAM_CLOSE_TIMEOUT_S: Final = 5.0
@@ -105,9 +157,13 @@ class _SlotStream(StreamingResponse):
 
 
 async def _events(
-    generation: Generation, deltas: AsyncGenerator[str, None], include_usage: bool
+    generation: Generation,
+    deltas: AsyncGenerator[str, None],
+    include_usage: bool,
+    ending: _Ending,
 ) -> AsyncGenerator[str, None]:
-    """The server-sent events of one streamed completion."""
+    """The server-sent events of one streamed completion; `ending` says how
+    it ended (left cancelled when the client goes away first)."""
     # aclosing: a client that disconnects cancels this generator,
     # and the hops' sessions must close now, not at garbage collection.
     yield _chunk(generation, {"role": "assistant", "content": ""}, None)
@@ -116,10 +172,12 @@ async def _events(
             async for delta in deltas:
                 yield _chunk(generation, {"content": delta}, None)
     except ChatError as exc:
+        ending.outcome = exc.outcome
         # Headers are gone: report in-band, as OpenAI does mid-stream.
         error = {"message": exc.message, "type": "server_error", "code": exc.code}
         yield f"data: {json.dumps({'error': error})}\n\n"
         return
+    ending.outcome = OUTCOME_OK  # the answer is whole; what follows only closes it
     last = _chunk_json(generation, {}, generation.finish_reason)
     last["shardmesh"] = _shardmesh_json(generation)
     yield f"data: {json.dumps(last)}\n\n"

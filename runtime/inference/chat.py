@@ -47,6 +47,7 @@ from mesh.member_table import MemberState
 from mesh.records import NodeRecord
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
 from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
+from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
 
 log = logging.getLogger("shardmesh.chat")
@@ -68,6 +69,42 @@ ARTIFACT_FETCH_TIMEOUT_S: Final = 30.0
 HOLD_BACK_REPLACEMENT: Final = "\ufffd"
 """A decoded text ending in U+FFFD is (probably) a UTF-8 sequence cut between
 tokens; it is held back until the next token completes it."""
+
+
+# How a chat request ended (`ChatService.outcomes`; `/metrics`:
+# shardmesh_chat_requests_total{outcome}). The API layer counts each request
+# once, when it is over: the route for a JSON answer or a refusal, the
+# stream when it has ended.
+OUTCOME_OK: Final = "ok"
+"""Answered to the end (`finish_reason` stop or length)."""
+OUTCOME_CLIENT_ERROR: Final = "client_error"
+"""Refused for what the request itself says: a malformed body or field, a
+body not sent as JSON, a prompt over the model's context window."""
+OUTCOME_RATE_LIMITED: Final = "rate_limited"
+"""429: the client's or the node's chats in flight (`runtime.api.quota`)."""
+OUTCOME_MODEL_NOT_FOUND: Final = "model_not_found"
+"""404: no node of the swarm knows the model."""
+OUTCOME_MODEL_LOADING: Final = "model_loading"
+"""503 before generating: coverage incomplete, no routable chain, or the
+tokenizer not to be had from any serving node."""
+OUTCOME_SWARM_LOST: Final = "swarm_lost"
+"""A chain failed mid-generation and no re-route saved it."""
+OUTCOME_CANCELLED: Final = "cancelled"
+"""The client went away (or the node stopped) before the answer was over."""
+OUTCOME_SERVER_ERROR: Final = "server_error"
+"""Anything else: a bug (500)."""
+OUTCOMES: Final = (
+    OUTCOME_OK,
+    OUTCOME_CLIENT_ERROR,
+    OUTCOME_RATE_LIMITED,
+    OUTCOME_MODEL_NOT_FOUND,
+    OUTCOME_MODEL_LOADING,
+    OUTCOME_SWARM_LOST,
+    OUTCOME_CANCELLED,
+    OUTCOME_SERVER_ERROR,
+)
+GENERATION_FAILED: Final = "generation_failed"
+"""The error code of a generation the swarm lost."""
 
 
 class ChatError(Exception):
@@ -92,6 +129,19 @@ class ChatError(Exception):
         self.param = param
         self.headers = headers
         self.extra = extra or {}
+
+    @property
+    def outcome(self) -> str:
+        """How a request that ends with this error ended (one of `OUTCOMES`)."""
+        if self.status == 429:
+            return OUTCOME_RATE_LIMITED
+        if self.status == 404:
+            return OUTCOME_MODEL_NOT_FOUND
+        if self.code == GENERATION_FAILED:
+            return OUTCOME_SWARM_LOST
+        if self.code == "model_loading":
+            return OUTCOME_MODEL_LOADING
+        return OUTCOME_CLIENT_ERROR if self.status < 500 else OUTCOME_SERVER_ERROR
 
 
 @dataclass(frozen=True)
@@ -401,6 +451,21 @@ class ChatService:
         self.artifacts = artifacts
         self.backoff = Backoff()
         self.counters: Counter[str] = Counter()  # completions, reroutes, failures
+        self.outcomes: Counter[str] = Counter()  # requests by OUTCOMES, counted by the API
+        self.ttft = Histogram(TTFT_BUCKETS_S)
+        self.inter_token = Histogram(INTER_TOKEN_BUCKETS_S)
+
+    def stats_json(self) -> dict[str, Any]:
+        """The status document's `chat`: the counters, requests by outcome
+        (every outcome, 0 included), and the latency histograms: time to
+        first token, and between one token and the next (both by this
+        entry's clock, `Generation.timing_json`'s figures for every request)."""
+        return {
+            **self.counters,
+            "requests": {outcome: self.outcomes[outcome] for outcome in OUTCOMES},
+            "ttft_s": self.ttft.to_json(),
+            "inter_token_s": self.inter_token.to_json(),
+        }
 
     async def prepare(self) -> None:
         """Import the tokenizer library as soon as some member serves or
@@ -591,9 +656,13 @@ class ChatService:
             async with aclosing(stream) as tokens:
                 async for token in tokens:
                     generation.completion_tokens += 1
-                    generation.last_token_at = trio.current_time()
-                    if generation.first_token_at is None:
-                        generation.first_token_at = generation.last_token_at
+                    now = trio.current_time()
+                    if generation.last_token_at is None:
+                        generation.first_token_at = now
+                        self.ttft.observe(now - generation.accepted_at)
+                    else:
+                        self.inter_token.observe(now - generation.last_token_at)
+                    generation.last_token_at = now
                     if token in tokenizer.eos_ids:
                         generation.finish_reason = "stop"
                         break
@@ -613,7 +682,7 @@ class ChatService:
             generation.finish_reason = "error"
             log.warning("generation %s failed: %s", generation.id, exc)
             raise ChatError(
-                503, f"the swarm lost this generation: {exc}", code="generation_failed"
+                503, f"the swarm lost this generation: {exc}", code=GENERATION_FAILED
             ) from exc
         self.counters["completed"] += 1
         if generation.finish_reason is None:

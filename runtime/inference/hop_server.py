@@ -43,6 +43,7 @@ import trio
 
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS
+from runtime.inference.latency import STEP_BUCKETS_S, Histogram
 from runtime.inference.protocol import (
     MAX_NAME_CHARS,
     OP_BUSY,
@@ -55,6 +56,7 @@ from runtime.inference.protocol import (
     R_BAD_POSITION,
     R_BUDGET,
     R_DUPLICATE,
+    R_LEAVING,
     R_NOT_SESSION_PEER,
     R_OVERLOADED,
     R_SHARD_FAILED,
@@ -149,15 +151,20 @@ class HopStats:
     prefill_tokens: int = 0
     prefill_compute_s: float = 0.0
     reaped: int = 0  # sessions closed by the idle reaper
+    # Each step's time, by phase (``/metrics``: shardmesh_hop_step_seconds).
+    decode_step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
+    prefill_step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
 
     def count(self, tokens: int, seconds: float) -> None:
         if tokens == 1:  # a decode step; more tokens are a prefill or a replay
             self.decode_steps += 1
             self.decode_compute_s += seconds
+            self.decode_step_s.observe(seconds)
         else:
             self.prefill_steps += 1
             self.prefill_tokens += tokens
             self.prefill_compute_s += seconds
+            self.prefill_step_s.observe(seconds)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -167,6 +174,10 @@ class HopStats:
             "prefill_tokens": self.prefill_tokens,
             "prefill_compute_s": round(self.prefill_compute_s, 6),
             "reaped": self.reaped,
+            "step_s": {
+                "decode": self.decode_step_s.to_json(),
+                "prefill": self.prefill_step_s.to_json(),
+            },
         }
 
 
@@ -242,6 +253,9 @@ class HopServer:
         # One forward at a time on this shard's device (see the module docstring).
         self._compute = trio.CapacityLimiter(1)
         self._nursery: trio.Nursery | None = None
+        self.leaving = False
+        """Set when the node is stopping: new sessions are refused (`busy`),
+        so entries route around it (see `runtime.node.drain`)."""
 
     @property
     def max_message_bytes(self) -> int:
@@ -337,6 +351,8 @@ class HopServer:
 
     def _busy(self, entry: bytes) -> str:
         """Why a new session from ``entry`` is refused ("": it is not)."""
+        if self.leaving:
+            return "this node is leaving the swarm"
         if len(self._sessions) >= self.max_sessions:
             return f"session limit ({self.max_sessions}) reached"
         share = max(1, int(self.max_sessions * MAX_SESSION_SHARE))
@@ -532,6 +548,15 @@ class HopServer:
         # the stats' only writer even when it runs in a worker thread.
         self.stats.count(tokens, took)
         return result, round(took * 1e6)
+
+    def hand_over(self) -> int:
+        """End every open session with an ``error`` naming this node as
+        leaving: each entry re-routes around it and replays on another
+        chain, which the client never sees (failover). How many ended."""
+        sessions = list(self._sessions.values())
+        for session in sessions:
+            self._fail(session, None, R_LEAVING, "the node is stopping; route around it")
+        return len(sessions)
 
     def _fail(self, session: _Session, step: object, reason: str, detail: str) -> None:
         """Tell the entry this session failed, and end it."""

@@ -100,6 +100,7 @@ __all__ = [
     "R_BAD_POSITION",
     "R_BUDGET",
     "R_DUPLICATE",
+    "R_LEAVING",
     "R_NOT_SESSION_PEER",
     "R_OVERLOADED",
     "R_SHARD_FAILED",
@@ -149,6 +150,7 @@ no model we know of has more layers; bounds what a header makes us parse."""
 R_BAD_FIELD: Final = "bad_field"  # missing or mistyped header field
 R_BAD_PAYLOAD: Final = "bad_payload"  # wrong dtype or shape for this hop
 R_UNKNOWN_SESSION: Final = "unknown_session"
+R_LEAVING: Final = "leaving"  # the hop is stopping: the entry routes around it
 # A message about a session from a peer the session is not bound to (see
 # "Sessions are bound to peers" above): dropped, the session untouched.
 R_NOT_SESSION_PEER: Final = "not_session_peer"

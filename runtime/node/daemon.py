@@ -26,6 +26,7 @@ import random
 import signal
 import time
 from collections import Counter
+from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, Final
@@ -43,6 +44,7 @@ from runtime.inference.dispatch import Engine
 from runtime.model.store import ModelStore
 from runtime.node.access import AccessError, SwarmAccess, redeem_invitation
 from runtime.node.admission import ShardSlot
+from runtime.node.drain import drain, others_hold
 from runtime.node.hostport import HostPort, parse_hostport
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.options import NodeOptions, NodeStartupError, open_node_planes
@@ -95,6 +97,7 @@ class Node:
             options.models, options.serve.model_dir if options.serve else None
         )
         self._http_shutdown = trio.Event()
+        self._draining = False
         # Wired in run() once the planes are bound; nothing reads them before.
         self.membership: MembershipDriver
         self.raft: RaftDriver
@@ -209,12 +212,45 @@ class Node:
                     )
                     task_status.started(self)
                     async for signum in signals:
-                        log.info("%s: leaving the swarm", signal.Signals(signum).name)
+                        name = signal.Signals(signum).name
+                        log.info("%s: stopping (signal again to stop at once)", name)
                         break
+                    with trio.CancelScope() as draining:
+                        nursery.start_soon(self._stop_at_once_on, signals, draining)
+                        await drain(
+                            self.engine.hop_server,
+                            withdraw=self._withdraw,
+                            replaceable=self._replaceable,
+                        )
+                    log.info("leaving the swarm")
                     await self.membership.leave()
                     self._http_shutdown.set()
                     nursery.cancel_scope.cancel()
         self.state.clear_ready()
+
+    async def _stop_at_once_on(
+        self, signals: AsyncIterator[int], draining: trio.CancelScope
+    ) -> None:
+        """A second SIGTERM or Ctrl-C during the drain: stop draining now."""
+        async for signum in signals:
+            log.info("%s again: stopping now", signal.Signals(signum).name)
+            draining.cancel()
+            return
+
+    def _withdraw(self) -> None:
+        """Take this node's capability out of its record: routes stop
+        naming it (the drain's first step)."""
+        self._draining = True
+        self.republish()
+
+    def _replaceable(self) -> bool:
+        """Whether the swarm can serve this node's span without it."""
+        admission = self.slot.admission
+        assignment = admission.assignment() if admission else None
+        if assignment is None:
+            return False
+        coverage = self.swarm.coverage()
+        return others_hold(coverage, self.node_id, assignment.model, assignment.layers)
 
     async def _stop_if_identity_taken(self) -> None:
         """A copied state dir: stop the newcomer (see TWIN_STARTUP_WINDOW_S).
@@ -276,7 +312,7 @@ class Node:
             started_at=self.started_at,
             backend=self.slot.backend,
             assignment=admission.assignment() if admission else None,
-            capability=admission.capability if admission else None,
+            capability=admission.capability if admission and not self._draining else None,
             models=self.store.names(),
             # One assignment per node until multi-shard slots exist
             # (ADR-0026): a node pinned by its operator has no spare slot.
@@ -312,7 +348,7 @@ class Node:
             slot=self.slot,
             placement=self.placement,
             store=self.store,
-            chat_counters=self.chat.counters,
+            chat=self.chat,
             drops=dict(sorted(drops.items())),
         )
         return status_document(sources, trio.current_time())

@@ -7,13 +7,13 @@ itself, so no component needs to know the document's shape.
 
 from __future__ import annotations
 
-from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
 from mesh import records
 from mesh.coverage import coverage_to_json, excluded_to_json
 from mesh.identity import node_id_text
+from runtime.inference.chat import ChatService
 from runtime.inference.dispatch import Engine
 from runtime.model.store import ModelStore
 from runtime.node.admission import ShardSlot
@@ -39,7 +39,7 @@ class StatusSources:
     slot: ShardSlot
     placement: Placement
     store: ModelStore
-    chat_counters: Counter[str]
+    chat: ChatService
     drops: dict[str, int]
 
 
@@ -88,7 +88,7 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         "drops": source.drops,
         "sessions": source.engine.sessions,
         "hop": source.engine.hop_stats,
-        "chat": dict(source.chat_counters),
+        "chat": source.chat.stats_json(),
         "admission": None if admission is None else admission.to_json(),
         "placement": source.placement.to_json(),
         "store": list(source.store.names()),

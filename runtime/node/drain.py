@@ -1,0 +1,95 @@
+"""A stop that drains: what a node does between SIGTERM and leaving the swarm.
+
+Killing a hop mid-stream makes every entry that uses it wait out a step
+timeout and replay elsewhere (or fail, when nobody else holds the span). A
+node asked to stop can do better, because it knows it is going:
+
+1. it refuses new sessions (`HopServer.leaving`: entries get `busy` and
+   route elsewhere) and withdraws its capability from its record, so new
+   routes stop naming it within a gossip spread;
+2. if the swarm can serve its span without it (every layer of the span
+   held by another live, admitted node), it hands its open sessions over:
+   each entry gets an `error` naming this node as leaving and replays on
+   another chain at once, which its client never sees (failover);
+3. otherwise it keeps serving its open sessions until they end, for at most
+   `DRAIN_GRACE_S`, because leaving now would break them.
+
+Then the node leaves the swarm and exits 0. A second signal cancels the
+drain (the daemon's business): the node leaves at once.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Final
+
+import trio
+
+from mesh.coverage import CoverageMap
+from mesh.member_table import LIVE_STATES
+from runtime.inference.hop_server import HopServer
+
+log = logging.getLogger("shardmesh.node")
+
+DRAIN_GRACE_S: Final = 300.0
+"""Longest a node that is the only holder of its span keeps serving open
+sessions after SIGTERM: a long answer (a few thousand tokens on a slow
+chain) finishes; a stuck one does not hold the stop forever. Supervisors'
+stop timeouts must exceed it (systemd's TimeoutStopSec, launchd's
+ExitTimeOut) or they kill the node mid-answer."""
+HAND_OVER_WAIT_S: Final = 5.0
+"""After handing sessions over, how long to wait for their entries' closes
+(an entry closes a failed chain at once; this only bounds a lost close)."""
+POLL_S: Final = 0.1
+
+
+def others_hold(coverage: CoverageMap, me: bytes, model: str, layers: tuple[int, int]) -> bool:
+    """Whether every layer of `layers` of `model` is held by some live node
+    other than `me` in the variant `me` serves (so entries can re-route)."""
+    for entry in coverage.for_model(model):
+        if not any(node.node_id == me for node in entry.nodes):
+            continue
+        others = [n for n in entry.nodes if n.node_id != me and n.state in LIVE_STATES]
+        return all(
+            any(a <= layer < b for a, b in (n.layers for n in others)) for layer in range(*layers)
+        )
+    return False
+
+
+async def drain(
+    hop: HopServer | None,
+    *,
+    withdraw: Callable[[], None],
+    replaceable: Callable[[], bool],
+    grace_s: float = DRAIN_GRACE_S,
+) -> None:
+    """Drain `hop` (None: no shard, nothing to drain). `withdraw` takes the
+    node's capability out of its record; `replaceable` says whether the
+    swarm can serve the span without this node (`others_hold`)."""
+    if hop is None:
+        return
+    # Asked before withdrawing: this node's own view of the coverage stops
+    # listing it once its record no longer carries its capability.
+    can_hand_over = replaceable()
+    hop.leaving = True
+    withdraw()
+    if not hop.sessions:
+        return
+    if can_hand_over:
+        handed = hop.hand_over()
+        log.info("handed %d open session(s) over to other holders of this span", handed)
+        limit = HAND_OVER_WAIT_S
+    else:
+        log.info(
+            "the only holder of this span: serving %d open session(s) to their end "
+            "(at most %.0f s; signal again to stop now)",
+            hop.sessions,
+            grace_s,
+        )
+        limit = grace_s
+    with trio.move_on_after(limit):
+        while hop.sessions:
+            await trio.sleep(POLL_S)
+    if hop.sessions:
+        log.warning("stopping with %d session(s) still open", hop.sessions)
