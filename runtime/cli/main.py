@@ -871,18 +871,21 @@ def _run_simulate(args: argparse.Namespace) -> int:
 def _run_tiny_model(args: argparse.Namespace) -> int:
     from runtime.model.backends.base import BackendError
     from runtime.model.manifest import load_manifest, manifest_digest
+    from runtime.model.progress import Progress
     from runtime.model.tiny import make_tiny_model
 
     try:
-        out = make_tiny_model(
-            args.out_dir,
-            layers=args.layers,
-            seed=args.seed,
-            name=args.name,
-            family=args.family,
-            hidden_size=args.hidden_size,
-            intermediate_size=args.intermediate_size,
-        )
+        with Progress(f"{PROG} tiny-model") as progress:
+            out = make_tiny_model(
+                args.out_dir,
+                layers=args.layers,
+                seed=args.seed,
+                name=args.name,
+                family=args.family,
+                hidden_size=args.hidden_size,
+                intermediate_size=args.intermediate_size,
+                progress=progress,
+            )
         digest = manifest_digest(load_manifest(out))
     except (OSError, ValueError, BackendError) as exc:
         print(f"{PROG} tiny-model: error: {exc}", file=sys.stderr)
@@ -895,12 +898,14 @@ def _run_tiny_model(args: argparse.Namespace) -> int:
 def _run_manifest_build(args: argparse.Namespace) -> int:
     from runtime.model.backends.base import BackendError
     from runtime.model.manifest import build_manifest, manifest_digest
+    from runtime.model.progress import Progress
 
     if not args.dir.is_dir():
         print(f"{PROG} manifest build: error: no directory at {args.dir}", file=sys.stderr)
         return 1
     try:
-        manifest = build_manifest(args.dir, name=args.name)
+        with Progress(f"{PROG} manifest build") as progress:
+            manifest = build_manifest(args.dir, name=args.name, progress=progress)
     except (OSError, BackendError) as exc:
         print(f"{PROG} manifest build: error: {exc}", file=sys.stderr)
         return 1

@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 
 from runtime.model.backends.base import BackendError, ShardSpec
+from runtime.model.progress import Progress
 from runtime.model.weights import SafetensorsReader, architecture, read_config
 
 MANIFEST_FILE = "shardmesh-manifest.json"
@@ -96,11 +97,13 @@ def probe_token_ids(vocab_size: int) -> list[int]:
     return ids
 
 
-def build_manifest(model_dir: Path, name: str | None = None) -> dict[str, Any]:
+def build_manifest(
+    model_dir: Path, name: str | None = None, progress: Progress | None = None
+) -> dict[str, Any]:
     """Compute the manifest and goldens of `model_dir`, write both files
     there, and return the manifest. `name` defaults to the name in an
     existing manifest (so a rebuild keeps a tiny model's --name), else the
-    directory's name."""
+    directory's name. `progress` hears of each phase."""
     model_dir = Path(model_dir)
     config = read_config(model_dir)
     if name is None:
@@ -110,15 +113,20 @@ def build_manifest(model_dir: Path, name: str | None = None) -> dict[str, Any]:
             name = model_dir.resolve().name
     reader = SafetensorsReader(model_dir)
     tensors = {}
-    for tensor_name in reader.names():  # one tensor in memory at a time
+    names = reader.names()
+    if progress:
+        progress.phase("hashing tensors", len(names))
+    for tensor_name in names:  # one tensor in memory at a time
         raw = reader.read([tensor_name])[tensor_name]
         tensors[tensor_name] = {
             "dtype": raw.dtype,
             "shape": list(raw.shape),
             "sha256": hashlib.sha256(raw.data).hexdigest(),
         }
+        if progress:
+            progress.advance()
     token_ids = probe_token_ids(config["vocab_size"])
-    golden = compute_golden(model_dir, token_ids)
+    golden = compute_golden(model_dir, token_ids, progress)
     golden_sha = _write_golden(model_dir / GOLDEN_FILE, golden)
     tokenizer_files = {
         f: _file_sha256(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).exists()
@@ -147,7 +155,9 @@ def build_manifest(model_dir: Path, name: str | None = None) -> dict[str, Any]:
     return manifest
 
 
-def compute_golden(model_dir: Path, token_ids: list[int]) -> Golden:
+def compute_golden(
+    model_dir: Path, token_ids: list[int], progress: Progress | None = None
+) -> Golden:
     """fp32 activations of the probe at every boundary, one layer at a time."""
     from runtime.model.backends.torch_backend import load_torch_shard
 
@@ -160,6 +170,8 @@ def compute_golden(model_dir: Path, token_ids: list[int]) -> Golden:
     del embed
     hidden: np.ndarray = ids
     logits = None
+    if progress:
+        progress.phase("golden activations, layer by layer", layers)
     for i in range(layers):
         shard = load_torch_shard(ShardSpec(model_dir, i, i + 1, "fp32"), device="cpu")
         hidden = shard.forward(hidden, positions, shard.new_cache(), apply_head=False)
@@ -167,6 +179,8 @@ def compute_golden(model_dir: Path, token_ids: list[int]) -> Golden:
         if shard.is_last:
             logits = shard.head(hidden)
         del shard
+        if progress:
+            progress.advance()
     assert logits is not None
     return Golden(boundaries, logits)
 

@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from runtime.model.progress import Progress
 from runtime.model.weights import INDEX_FILE, SINGLE_FILE, expected_shapes
 
 # Model geometry: small enough that an 8-layer model runs a forward in
@@ -89,6 +90,7 @@ def make_tiny_model(
     with_manifest: bool = True,
     hidden_size: int = HIDDEN_SIZE,
     intermediate_size: int = INTERMEDIATE_SIZE,
+    progress: Progress | None = None,
 ) -> Path:
     """Write a tiny random model to `out_dir` and return the directory.
 
@@ -102,6 +104,7 @@ def make_tiny_model(
     (with golden activations) is written unless `with_manifest` is False.
     `hidden_size` and `intermediate_size` grow the model for benchmarks
     that need a decode step to cost real compute (see `_attention_shape`).
+    `progress` hears of each phase.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
@@ -115,6 +118,8 @@ def make_tiny_model(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
+    if progress:
+        progress.phase("tokenizer and config")
     tokenizer = _build_tokenizer()
     config = _config(
         family, layers, tokenizer.get_vocab_size(), tie_embeddings, hidden_size, intermediate_size
@@ -141,11 +146,13 @@ def make_tiny_model(
             "chat_template": CHAT_TEMPLATE,
         },
     )
+    if progress:
+        progress.phase(f"random weights, {layers} layers")
     _write_weights(out, config, seed, shards)
     if with_manifest:
         from runtime.model.manifest import build_manifest
 
-        build_manifest(out, name=name)
+        build_manifest(out, name=name, progress=progress)
     return out
 
 

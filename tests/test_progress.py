@@ -1,0 +1,62 @@
+"""Progress on long steps: one line per phase in a log, a bar on a terminal."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from pathlib import Path
+
+from runtime.model.progress import Progress
+from runtime.model.tiny import make_tiny_model
+
+
+class Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_log_gets_one_line_per_phase_and_one_at_the_end() -> None:
+    lines: list[str] = []
+    with Progress("build", emit=lines.append) as progress:
+        progress.phase("hashing", 3)
+        for _ in range(3):
+            progress.advance()
+        progress.phase("writing")
+    assert lines[:2] == ["build: hashing (3)", "build: writing"]
+    assert lines[2].startswith("build: done in ") and lines[2].endswith(" s")
+    assert len(lines) == 3
+
+
+def test_a_terminal_gets_a_bar_per_phase_and_a_failure_no_done_line() -> None:
+    screen = Terminal()
+    with Progress("build", stream=screen) as progress:
+        progress.phase("hashing", 4)
+        progress.advance(4)
+    drawn = screen.getvalue()
+    assert "build: hashing" in drawn and "/4 [" in drawn and "\r" in drawn  # a bar, redrawn
+    assert "done in" in drawn
+    quiet = Terminal()
+    try:
+        with Progress("build", stream=quiet) as progress:
+            progress.phase("hashing", 4)
+            raise RuntimeError("disk full")
+    except RuntimeError:
+        pass
+    assert "done in" not in quiet.getvalue()
+
+
+def test_manifest_build_says_what_it_is_doing(tmp_path: Path) -> None:
+    model = make_tiny_model(tmp_path / "m", layers=2, with_manifest=False)
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "manifest", "build", str(model)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("shardmesh")]
+    assert lines[0].startswith("shardmesh manifest build: hashing tensors (")
+    assert lines[1] == "shardmesh manifest build: golden activations, layer by layer (2)"
+    assert lines[2].startswith("shardmesh manifest build: done in ")
