@@ -21,6 +21,7 @@ hangs on it.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -29,6 +30,8 @@ from typing import Final
 import zmq
 
 __all__ = ["Admit", "ZapHandler"]
+
+log = logging.getLogger("shardmesh.zap")
 
 ZAP_ENDPOINT: Final = "inproc://zeromq.zap.01"
 
@@ -134,7 +137,7 @@ class ZapHandler:
         with self._lock:
             admit = self._domains.get(domain)
         key = credentials[0] if mechanism == b"CURVE" and credentials else b""
-        allowed = admit is not None and len(key) == 32 and admit(key)
+        allowed = admit is not None and len(key) == 32 and _admits(admit, key)
         if not allowed:
             with self._lock:
                 self._refused[domain] += 1
@@ -142,3 +145,13 @@ class ZapHandler:
         # The user id is the key in hex: the plane compares it with the
         # key of the node id the peer claims in its handshake metadata.
         return [version, request_id, _STATUS_OK, b"OK", key.hex().encode(), b""]
+
+
+def _admits(admit: Admit, key: bytes) -> bool:
+    """`admit(key)`, with a policy that raises taken as a refusal: the
+    handler thread must outlive a bug in one plane's policy."""
+    try:
+        return admit(key)
+    except Exception:
+        log.exception("a ZAP policy failed; refusing the handshake")
+        return False

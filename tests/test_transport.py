@@ -457,3 +457,23 @@ async def test_a_private_policy_refuses_keys_at_the_handshake() -> None:
             while drops["control.handshake_refused"] < 1:
                 await trio.sleep(0.02)
         assert b.received_messages == 1
+
+
+async def test_a_policy_that_raises_refuses_and_the_handler_keeps_answering() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(3, drops, config=PlaneConfig(unreachable_after_s=0.5)) as (a, b, c):
+        allowed = a.keys.curve_public
+
+        def buggy(key: bytes) -> bool:
+            if key == allowed:
+                return True
+            raise RuntimeError("a bug in the policy")
+
+        b.admit(buggy)
+        c.send(b.address, [b"refused"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            while drops["control.handshake_refused"] < 1:
+                await trio.sleep(0.02)
+        a.send(b.address, [b"still answered"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [b"still answered"]
