@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.node.state_dir import StateDir, StateDirError, read_ready
+from runtime.node.state_dir import MAX_SANE_COUNTER, StateDir, StateDirError, read_ready
 
 
 def test_incarnation_and_record_seq_continue_across_runs(tmp_path: Path) -> None:
@@ -33,6 +33,20 @@ def test_corrupt_counter_is_a_clear_error(tmp_path: Path) -> None:
     (tmp_path / "incarnation").write_text("seven\n")
     with StateDir(tmp_path) as state, pytest.raises(StateDirError, match="corrupt"):
         state.next_incarnation()
+
+
+def test_an_absurd_counter_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    # What a forged death at incarnation 2**63 - 1 would have pushed a node
+    # to, had it been refuted and stored: starting from it, the node could
+    # never outbid the next accusation.
+    (tmp_path / "incarnation").write_text(f"{2**63 - 2}\n")
+    with StateDir(tmp_path) as state, pytest.raises(StateDirError) as refused:
+        state.next_incarnation()
+    assert str(tmp_path / "incarnation") in str(refused.value)
+    assert "beyond anything a node reaches" in str(refused.value)
+    (tmp_path / "incarnation").write_text(f"{MAX_SANE_COUNTER}\n")  # the limit itself is fine
+    with StateDir(tmp_path) as state:
+        assert state.next_incarnation() == MAX_SANE_COUNTER + 1
 
 
 def test_ready_file_is_per_process_and_cleared(tmp_path: Path) -> None:

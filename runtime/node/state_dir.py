@@ -39,6 +39,12 @@ INCARNATION_FILE = "incarnation"
 RECORD_SEQ_FILE = "record_seq"
 READY_FILE = "node.json"
 LOCK_FILE = "lock"
+MAX_SANE_COUNTER = 2**48
+"""The highest incarnation or record seq a state dir may hold. A node moves
+them by refuting suspicions and republishing its record, a few times a
+second at worst: 2**48 is thousands of years of that. A larger value is
+damage or tampering, and starting from it would push the node toward the
+wire's limit (2**63), where it could no longer outbid an accusation."""
 OPERATOR_TOKEN_FILE = "operator.token"
 
 
@@ -106,7 +112,14 @@ class StateDir:
             return None
         if not text.isdigit():
             raise StateDirError(f"{path} is corrupt: {text[:40]!r} is not a counter")
-        return int(text)
+        value = int(text)
+        if value > MAX_SANE_COUNTER:
+            raise StateDirError(
+                f"{path} holds {value}, beyond anything a node reaches (at most "
+                f"{MAX_SANE_COUNTER}): the file is damaged or was written by hand; remove it "
+                "and the node starts that count over"
+            )
+        return value
 
     def store_counter(self, name: str, value: int) -> None:
         """Persist `value` for counter `name` if it is higher than what is
