@@ -211,10 +211,17 @@ async def test_a_flood_on_both_planes_leaves_the_node_serving(
     async with httpx.AsyncClient(timeout=60) as client:
         before = await _chat(client, nodes[0])
         assert before.status_code == 200, before.text
+        sent: dict[str, int] = {}
+
+        async def flood() -> None:
+            sent.update(await trio.to_thread.run_sync(_flood, nodes[1], 20))
+
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(trio.to_thread.run_sync, _flood, nodes[1], 20)
+            nursery.start_soon(flood)
             during = await _chat(client, nodes[0])
         after = await _chat(client, nodes[0])
+    # The flood really went out, of every kind, at both planes.
+    assert sent["garbage"] > 0 and sent["plaintext"] > 0 and sent["oversized"] > 0, sent
     assert nodes[1].running, nodes[1].log_tail()
     for response in (during, after):
         assert response.status_code == 200, response.text

@@ -116,11 +116,6 @@ class SwarmAccess:
         for plane in planes:
             plane.admit(self._admits)
 
-    @property
-    def mode(self) -> str | None:
-        swarm = self._raft.ledger.swarm
-        return None if swarm is None else swarm.mode
-
     def _admits(self, key: bytes) -> bool:
         """The planes' policy (called on libzmq's ZAP thread: it reads one
         frozenset the trio thread replaces whole, never mutates)."""
