@@ -191,6 +191,7 @@ async def _real_failover_trials(root: Path, trials: int) -> list[float]:
         nodes = [swarm.new_node() for _ in range(VOTERS)]
         await swarm.start_ready(nodes[0])
         await swarm.start_many(nodes[1:], [nodes[0].seed])
+        await swarm.make_eligible(nodes[0], nodes[1:])
 
         def settled(views: Views) -> bool:
             leader = _real_leader(views, nodes)

@@ -24,6 +24,10 @@ It records, per ADR-0026, who serves what and why:
   the first `Found` and never changed; and, in a private swarm, the
   **admitted** members: each with whether it may become a voter and the
   digest of the invitation that let it in (`consensus.invitations`);
+* the nodes **eligible to vote**: the founder, nodes an operator made
+  eligible (`Eligible`) and, in a private swarm, nodes admitted with a voter
+  invitation. Raft's autopilot promotes no one else (DESIGN.md, "Trust":
+  voters are the members the swarm trusts to follow the protocol);
 * counts of rejected commands per reason, so a bad proposer is visible.
 
 Rules enforced at apply time (the policy on the leader should never propose
@@ -88,9 +92,10 @@ MAX_TEXT: Final = 256
 """Model names, reasons: long enough for a manifest name, short enough to log."""
 MAX_INT: Final = MAX_UINT
 """Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
-SNAPSHOT_VERSION: Final = 3
+SNAPSHOT_VERSION: Final = 4
 """Version 2 added the policy settings, version 3 the swarm and its admitted
-members; older snapshots are still read.
+members, version 4 the nodes made eligible to vote; older snapshots are
+still read.
 Bounding the demand table changed what apply does, not the encoding: a
 snapshot holds the rows left, in the same format."""
 MAX_DEMAND_MODELS: Final = 256
@@ -283,7 +288,22 @@ class Admit:
         object.__setattr__(self, "at", number(self.at, "at"))
 
 
-Command = Assign | Release | RecordDemand | MarkAdmissionFailed | SetPolicy | Found | Admit
+@dataclass(frozen=True, slots=True)
+class Eligible:
+    """An operator made `node` eligible to become a Raft voter."""
+
+    node: bytes
+    at: float
+
+    @_as_ledger_error
+    def __post_init__(self) -> None:
+        _node(self.node)
+        object.__setattr__(self, "at", number(self.at, "at"))
+
+
+Command = (
+    Assign | Release | RecordDemand | MarkAdmissionFailed | SetPolicy | Found | Admit | Eligible
+)
 
 # Append-only: never renumber or reuse an id; 0 is reserved.
 _TYPE_IDS: Final[Mapping[type, int]] = {
@@ -294,6 +314,7 @@ _TYPE_IDS: Final[Mapping[type, int]] = {
     SetPolicy: 5,
     Found: 6,
     Admit: 7,
+    Eligible: 8,
 }
 _TYPES_BY_ID: Final = {v: k for k, v in _TYPE_IDS.items()}
 
@@ -411,6 +432,7 @@ REASON_BAD_POLICY: Final = "bad_policy"
 REASON_ALREADY_FOUNDED: Final = "already_founded"
 REASON_NOT_PRIVATE: Final = "not_private"
 REASON_ALREADY_ADMITTED: Final = "already_admitted"
+REASON_ALREADY_ELIGIBLE: Final = "already_eligible"
 
 
 class _Reject(Exception):
@@ -433,6 +455,7 @@ class PlacementLedger:
         self._settings: dict[str, int | float] = {}
         self._swarm: Found | None = None
         self._admitted: dict[bytes, Admission] = {}
+        self._eligible: dict[bytes, float] = {}  # node -> when it was made eligible
 
     def __eq__(self, other: object) -> bool:
         """Equal when their snapshots are byte-identical (the determinism contract)."""
@@ -478,6 +501,8 @@ class PlacementLedger:
                     self._found(command)
                 case Admit():
                     self._admit(command)
+                case Eligible():
+                    self._make_eligible(command)
         except _Reject as rej:
             return self._rejected_result(index, command, rej.reason, rej.detail)
         return ApplyResult(index, command, True)
@@ -532,6 +557,11 @@ class PlacementLedger:
         if cmd.node in self._admitted or cmd.node == self._swarm.swarm:
             raise _Reject(REASON_ALREADY_ADMITTED, "the node is a member already")
         self._admitted[cmd.node] = Admission(cmd.voter, cmd.invitation, cmd.at)
+
+    def _make_eligible(self, cmd: Eligible) -> None:
+        if cmd.node in self.eligible_voters():
+            raise _Reject(REASON_ALREADY_ELIGIBLE, "the node may become a voter already")
+        self._eligible[cmd.node] = cmd.at
 
     def _live_for(self, node: bytes, model: str, epoch: int) -> LedgerAssignment:
         live = self._assignments.get(node)
@@ -607,6 +637,15 @@ class PlacementLedger:
         implicitly one), in id order."""
         return {n: self._admitted[n] for n in sorted(self._admitted)}
 
+    def eligible_voters(self) -> frozenset[bytes]:
+        """Who may become a Raft voter: the founder, the nodes made
+        `Eligible`, and a private swarm's members admitted as voters. Empty
+        until the swarm is founded (its founder is then the one voter)."""
+        if self._swarm is None:
+            return frozenset(self._eligible)
+        admitted = (n for n, a in self._admitted.items() if a.voter)
+        return frozenset({self._swarm.swarm, *self._eligible, *admitted})
+
     def policy(self) -> PlacementSettings:
         """The swarm's placement policy: the defaults with its settings applied."""
         return with_settings(PlacementSettings(), self._settings)
@@ -664,6 +703,7 @@ class PlacementLedger:
                     for n, a in self.admitted().items()
                 ],
             },
+            "eligible_voters": sorted(n.hex() for n in self.eligible_voters()),
         }
 
     # -- snapshots -----------------------------------------------------------
@@ -700,6 +740,8 @@ class PlacementLedger:
             swarm = self._swarm
             state.append(None if swarm is None else [swarm.swarm, swarm.mode, swarm.at])
             state.append([[n, a.voter, a.invitation, a.at] for n, a in self.admitted().items()])
+        if version >= 4:
+            state.append([[n, self._eligible[n]] for n in sorted(self._eligible)])
         return cbor2.dumps(state, canonical=True)
 
     @classmethod
@@ -708,18 +750,18 @@ class PlacementLedger:
         """Rebuild a ledger from `snapshot()` bytes; `LedgerError` if they are not exactly that."""
         value = _loads(data, MAX_SNAPSHOT_BYTES)
         # Version 2 appended the policy settings, version 3 the swarm and
-        # its admitted members.
-        sizes = {1: 6, 2: 7, SNAPSHOT_VERSION: 9}
+        # its admitted members, version 4 the eligible voters.
+        sizes = {1: 6, 2: 7, 3: 9, SNAPSHOT_VERSION: 10}
         if type(value) is not list or not value or type(value[0]) is not int:
             _fail("a ledger snapshot is an array that starts with its version")
         if sizes.get(value[0]) != len(value):
             _fail(
                 f"ledger snapshot version {value[0]} with {len(value)} items; this build "
-                f"reads versions 1 (6 items), 2 (7) and {SNAPSHOT_VERSION} (9)"
+                f"reads versions 1 (6 items), 2 (7), 3 (9) and {SNAPSHOT_VERSION} (10)"
             )
         version, applied, assignments, epochs, demand, rejected, *later = value
-        defaults: list[Any] = [[], None, []]  # what versions 1 and 2 lack
-        settings, founding, admitted = [*later, *defaults[len(later) :]]
+        defaults: list[Any] = [[], None, [], []]  # what older versions lack
+        settings, founding, admitted, eligible = [*later, *defaults[len(later) :]]
         ledger = cls(applied_index=uint(applied, "applied_index"))
         try:
             for node, epoch in epochs:
@@ -748,6 +790,9 @@ class PlacementLedger:
             for node, voter, invitation, at in admitted:
                 admit = Admit(node, voter, invitation, at)
                 ledger._admitted[admit.node] = Admission(admit.voter, admit.invitation, admit.at)
+            for node, at in eligible:
+                made = Eligible(node, at)
+                ledger._eligible[made.node] = made.at
         except (TypeError, ValueError) as exc:
             _fail(f"malformed ledger snapshot: {exc}")
         if ledger._snapshot(version) != data:

@@ -48,3 +48,17 @@ class Snapshot:
     voters: frozenset[bytes]
     learners: frozenset[bytes]
     data: bytes
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class LogPosition:
+    """Where a log ends: the last entry's term and index.
+
+    Ordered by term, then index: the order Raft's election restriction
+    (paper §5.4.1) uses to decide which of two logs is more up to date, so
+    `a >= b` reads "a log ending at `a` is at least as up to date as one
+    ending at `b`". Used to say how far a damaged log must be repaired.
+    """
+
+    term: int
+    index: int

@@ -29,21 +29,65 @@ entry, snapshots and compaction, learners, single-server membership changes
 (thesis §4.1: a configuration takes effect as soon as its entry is appended,
 and is rolled back if that entry is truncated), and leadership transfer.
 
+Who may speak (DESIGN.md, "Trust": voters are trusted, nobody else is).
+Once a node has a configuration, `step` drops, and counts in `refused`,
+every message whose sender is neither in it nor `eligible`
+(`not_in_configuration`), and every leader's message (AppendEntries,
+InstallSnapshot, TimeoutNow) whose sender is neither a voter nor `eligible`
+(`leader_message_from_non_voter`). Raft's own checks are all about terms and
+logs: without this, one message with a huge term from a key that never
+joined deposes the leader, and one forged InstallSnapshot replaces the
+configuration and the state machine.
+
+`eligible` is the driver's: the nodes the replicated ledger lets become
+voters. They are trusted like voters because a follower's configuration can
+lag: a follower that missed the entry promoting a new voter must still
+follow it once it leads, or it would never be repaired. Eligibility is
+committed long before any promotion (a learner must first be stable), so a
+follower far enough behind to miss that too is the one corner left: it
+ignores that leader (counted) until a voter it knows leads again.
+A node with no configuration yet (it joined and waits to be added) checks
+against `eligible` alone, and with neither has no one to check against: it
+takes the first leader that reaches it.
+
 Learners are a property of the configuration, not a `Role`: a learner runs
 as a FOLLOWER that never campaigns and whose acknowledgements never count
 towards a quorum. Keeping the role set to the four Raft states keeps the
 state machine the paper's; `RaftNode.is_learner` answers the question.
+
+Repair: a node whose log lost entries it had acknowledged (sqlite's WAL cut
+short by a crash or a disk fault; `consensus.storage` notices this from its
+marker) is started with `repair_until`, the position its log had reached.
+Until a leader has replicated its log to at least that position, it grants
+no vote and no pre-vote (it answers each with a rejection) and never
+campaigns, not even when a leader transfers leadership to it; it follows,
+acknowledges and applies as usual. The reason is the election restriction
+(paper §5.4): a leader counted this node's acknowledgements towards
+committing entries, and the proof that every later leader holds those
+entries relies on this node refusing candidates whose logs lack them,
+which it can only do while it still holds them. Repaired means: a leader's
+AppendEntries or InstallSnapshot succeeded up to an index `m` whose entry
+is at least as up to date as `repair_until` (`LogPosition` order). Then the
+log matches that leader's through `m`, and the leader holds every committed
+entry (Leader Completeness), so this node again holds every committed entry
+it acknowledged. Comparing by (term, index) rather than by index alone ends
+the repair as soon as the node matches a newer leader whose log is shorter
+(the lost suffix was never committed). A leader that had counted this
+node's acknowledgements learns of the loss from a rejection hinting below
+them, which an intact follower never sends, and backs off from there instead
+of waiting forever for entries it believes the follower holds.
 """
 
 from __future__ import annotations
 
 import random
 import struct
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from consensus.log import Entry, EntryKind, HardState, Snapshot
+from consensus.log import Entry, EntryKind, HardState, LogPosition, Snapshot
 
 __all__ = [
     "AppendEntries",
@@ -232,6 +276,10 @@ class Ready:
     """To apply, in order, after the above."""
 
 
+_LEADER_MESSAGES = (AppendEntries, InstallSnapshot, TimeoutNow)
+"""What only a leader sends: taken only from a voter (module doc)."""
+
+
 # --- configuration entries ----------------------------------------------------
 
 _CONFIG_FORMAT_VERSION = 1
@@ -309,6 +357,7 @@ class RaftNode:
         voters: frozenset[bytes] = frozenset(),
         learners: frozenset[bytes] = frozenset(),
         applied: int = 0,
+        repair_until: LogPosition | None = None,
     ) -> None:
         """Start from durable state (empty for a new node).
 
@@ -317,9 +366,12 @@ class RaftNode:
         `voters={node_id}` to bootstrap a one-voter cluster; a joining node
         passes nothing and learns its configuration from the leader.
         `applied` is how far the state machine already is (entries after it
-        are handed out again as committed). Raises ValueError on durable
-        state that is inconsistent: that is a driver/storage bug, not peer
-        input.
+        are handed out again as committed). `repair_until`: the log lost
+        acknowledged entries up to this position (storage's
+        `damaged_until`); the node neither votes nor campaigns until a
+        leader has repaired it (module doc, "Repair"). Raises ValueError on
+        durable state that is inconsistent: that is a driver/storage bug,
+        not peer input.
         """
         self._id = node_id
         self._cfg = config
@@ -360,6 +412,12 @@ class RaftNode:
         self._applied = min(max(applied, self._snap_index), self._commit)
         self._prev_hard_state = HardState(self._term, self._vote, self._commit)
         self._outstanding: Ready | None = None
+        self._repair_until = repair_until
+        self.refused: Counter[str] = Counter()
+        """Messages dropped for who sent them, by reason (module doc)."""
+        self.eligible: frozenset[bytes] = frozenset()
+        """Nodes trusted like voters although this node's configuration may
+        not (yet) say so; the driver keeps it to the ledger's (module doc)."""
 
     # --- properties -------------------------------------------------------------
 
@@ -426,6 +484,12 @@ class RaftNode:
     def transferring_to(self) -> bytes | None:
         return self._transferee
 
+    @property
+    def repairing_until(self) -> LogPosition | None:
+        """While set, the log is being repaired and this node does not vote
+        or campaign (module doc, "Repair"); None once repaired."""
+        return self._repair_until
+
     def entries(self, lo: int, hi: int) -> tuple[Entry, ...]:
         """Log entries lo..hi inclusive that are still held (for tests/inspection)."""
         lo = max(lo, self.first_index)
@@ -446,10 +510,34 @@ class RaftNode:
             self._campaign(transfer=False)
 
     def campaign(self) -> None:
-        """Start an election now (through PreVote if enabled); no-op for leaders
-        and for nodes that are not voters."""
+        """Start an election now (through PreVote if enabled); no-op for leaders,
+        for nodes that are not voters and for nodes being repaired."""
         if self._role != Role.LEADER and self._promotable():
             self._campaign(transfer=False)
+
+    def refound(self) -> int:
+        """Make this node the only voter, and lead: the operator's way out
+        when the voters are gone for good (like etcd's --force-new-cluster).
+
+        Never automatic, because it is not safe in general: entries the lost
+        voters committed that this log lacks are gone, so it belongs on the
+        surviving node with the longest log. The new configuration goes in
+        at a new term, so it can never share an (index, term) with an entry
+        of a leader of the old one; learners stay learners, and the voter
+        policy grows the cluster again from there. Returns the new
+        configuration entry's index; ValueError while the log is being
+        repaired (a shortened log is the worst one to keep).
+        """
+        if self._repair_until is not None:
+            raise ValueError("this log is being repaired; refound from a node with a whole log")
+        self._term += 1
+        self._vote = self._id
+        self._become_follower(self._term, None)
+        config = encode_config(frozenset({self._id}), self._learners - {self._id})
+        index = self.last_index + 1
+        self._truncate_append([Entry(self._term, index, EntryKind.CONFIG, config)])
+        self._campaign_real(transfer=False)
+        return index
 
     def propose(self, data: bytes) -> int | None:
         """Append a command; its index, or None if not leader (see `leader`).
@@ -518,6 +606,10 @@ class RaftNode:
         """Feed one message from a peer. Invalid or stale input is dropped,
         never raised: peers are not trusted to be well-formed."""
         if not self._valid(message):
+            return
+        refusal = self.refusal(message)
+        if refusal is not None:
+            self.refused[refusal] += 1
             return
         m = message
         if m.term > self._term:
@@ -693,7 +785,10 @@ class RaftNode:
         holds the only up-to-date log no one else can win. It campaigns
         under its latest configuration, where its own vote does not count
         (`_tally_won`), so it can only lead long enough to commit the
-        removal, and then steps down."""
+        removal, and then steps down. A node being repaired may not
+        (module doc, "Repair")."""
+        if self._repair_until is not None:
+            return False
         if self._id in self._voters:
             return True
         if self._config_index <= self._commit:
@@ -711,6 +806,21 @@ class RaftNode:
         self._messages.append(message)
 
     # --- validation ---------------------------------------------------------------
+
+    def refusal(self, m: Message) -> str | None:
+        """Why `m`'s sender may not say this to us, or None (module doc).
+        `step` drops such a message; a driver may ask first, to spare work
+        (decoding a snapshot) on a message that would be dropped anyway."""
+        members = self._voters | self._learners
+        if not members and not self.eligible:
+            return None
+        if m.sender not in members and m.sender not in self.eligible:
+            return "not_in_configuration"
+        if isinstance(m, _LEADER_MESSAGES) and not (
+            m.sender in self._voters or m.sender in self.eligible
+        ):
+            return "leader_message_from_non_voter"
+        return None
 
     def _valid(self, m: object) -> bool:
         if not isinstance(m, _MESSAGE_TYPES) or m.to != self._id or m.sender == self._id:
@@ -849,7 +959,9 @@ class RaftNode:
             or (m.pre_vote and m.term > self._term)
         )
         up_to_date = (m.last_term, m.last_index) >= (self.last_term, self.last_index)
-        granted = can_vote and up_to_date
+        # A log being repaired may lack entries it acknowledged: its
+        # up-to-date check would let through candidates without them.
+        granted = can_vote and up_to_date and self._repair_until is None
         if granted and not m.pre_vote:
             self._vote = m.candidate
             self._election_elapsed = 0
@@ -882,6 +994,11 @@ class RaftNode:
     # --- replication: follower side ---------------------------------------------
 
     def _reply_append(self, to: bytes, success: bool, match: int, hint: int = 0) -> None:
+        if success and self._repair_until is not None:
+            # A success says the log matches the leader's through `match`.
+            term = self._term_at(match)
+            if term is not None and LogPosition(term=term, index=match) >= self._repair_until:
+                self._repair_until = None
         self._send(
             AppendResponse(to=to, term=self._term, follower=self._id, success=success,
                            match_index=match, reject_hint=hint)
@@ -982,6 +1099,12 @@ class RaftNode:
         if not m.success:
             if m.match_index < pr.match:
                 return  # stale: that prefix has been acknowledged since
+            if m.reject_hint < pr.match:
+                # A follower that still holds what it acknowledged never hints
+                # below it: this one lost entries (a damaged log, module doc,
+                # "Repair"). Forget its acknowledgements and back off from
+                # what it has now; the commit index never goes back.
+                pr.match = 0
             new_next = max(pr.match + 1, min(pr.next, m.reject_hint + 1))
             if new_next != pr.next:
                 pr.next = new_next

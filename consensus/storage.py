@@ -27,6 +27,39 @@ Every row carries a CRC-32 of its values, because sqlite's checks cover the
 b-tree structure but not the bytes inside a record: a flipped bit in an
 entry's data would otherwise be applied to the state machine unnoticed.
 
+**A WAL that lost its tail is noticed, not trusted.** sqlite checks the
+frames of its write-ahead log and, at the first frame that is torn (kill -9
+or power loss mid-write on a disk that lies about fsync), truncated, or has
+a flipped bit, silently drops that frame and every one after it: the store
+opens cleanly, just older, and the entries it acknowledged are gone. Nothing
+inside sqlite can tell. So every `save` that changes where the log ends, the
+term or the vote also records, in a small *marker* beside the database
+(`<file>.marker`), the last entry's index and term, the term and vote, and
+any repair still owed; durably, and only *after* sqlite's commit, so the
+marker never claims more than the store held. It is one fdatasync'd
+overwrite of the older of two slots (`_MarkerFile`, created atomically by a
+rename), and a commit-index-only save (the frequent follower case) skips it:
+one small write per batch of entries. On `open`:
+
+* a term or vote that the store lost is restored from the marker (a voter
+  that forgot its vote could vote twice in a term);
+* a log that no longer holds the marker's last entry is *damaged*: a warning
+  names the database, the marker and the indexes, `damaged_until` says how
+  far it must be repaired, and the node starts as a follower that never
+  votes or campaigns until a leader has replicated at least that far
+  (`consensus.raft`, "Repair"). The debt is kept in the marker until paid,
+  so a second crash mid-repair does not forget it;
+* a missing marker beside a non-empty store (one written before markers
+  existed) is a warning, and so is one unreadable slot (the other is used);
+  a marker with no readable slot is a `StorageError` naming it.
+
+Damage sqlite itself sees (a bad main file, a malformed page) still raises
+`StorageError` naming the file, as above. One crash window remains on the
+safe side: a crash between sqlite's commit and the marker's write in a
+batch that *replaced* entries (a new leader's conflicting suffix, or a
+snapshot) leaves a marker that names an entry the log legitimately dropped,
+so the node repairs once when it did not need to; it never votes wrongly.
+
 The object is not thread-safe; the driver serializes calls (it may make them
 from a worker thread, hence `check_same_thread=False`).
 """
@@ -35,6 +68,9 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import json
+import logging
+import os
 import sqlite3
 import struct
 import zlib
@@ -44,7 +80,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Final, NoReturn, Self
 
-from consensus.log import Entry, EntryKind, HardState, Snapshot
+from consensus.log import Entry, EntryKind, HardState, LogPosition, Snapshot
 from mesh.files import replace_durably
 
 SCHEMA_VERSION: Final = 1
@@ -77,6 +113,18 @@ CREATE TABLE snapshot_member (
 
 _U64: Final = struct.Struct(">Q")
 
+MARKER_SUFFIX: Final = ".marker"
+"""The marker lives at `<database file><MARKER_SUFFIX>` (module doc)."""
+
+MARKER_FORMAT: Final = 1
+"""Bump on any change to the marker's fields or layout; an unknown format is refused."""
+
+MARKER_SLOT: Final = 4096
+"""The marker file is two slots of this size (`_MarkerFile`): one disk block
+each, so a write torn by power loss cannot spoil both."""
+
+log = logging.getLogger("shardmesh.raft.storage")
+
 
 class StorageError(Exception):
     """The store on disk is unusable (corrupt, truncated, foreign); the message names the file."""
@@ -101,6 +149,10 @@ class LoadedState:
     hard_state: HardState
     snapshot: Snapshot | None
     entries: tuple[Entry, ...]
+    damaged_until: LogPosition | None = None
+    """Set when the log lost entries it had acknowledged (module doc): the
+    node must not vote or campaign until a leader has replicated it to at
+    least this position (`RaftNode(repair_until=...)`). None: intact."""
 
 
 def _crc(*parts: int | bytes | None) -> int:
@@ -133,17 +185,97 @@ def _snapshot_crc(index: int, term: int, data: bytes, members: Iterable[tuple[by
     return _crc(*parts)
 
 
+@dataclass(frozen=True, slots=True)
+class _Marker:
+    """What the store promised after its last batch (module doc)."""
+
+    last: LogPosition
+    """The log's last entry (the snapshot's position when the log after it is empty)."""
+    repair: LogPosition | None
+    """A repair still owed from an earlier damaged start, or None."""
+    term: int
+    vote: bytes | None
+
+    def encode(self, seq: int) -> bytes:
+        """One slot: a JSON record with its CRC, padded with NULs; `seq` orders the slots."""
+        fields = {
+            "format": MARKER_FORMAT,
+            "seq": seq,
+            "last_index": self.last.index,
+            "last_term": self.last.term,
+            "repair_index": None if self.repair is None else self.repair.index,
+            "repair_term": None if self.repair is None else self.repair.term,
+            "term": self.term,
+            "vote": None if self.vote is None else self.vote.hex(),
+        }
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        record = json.dumps({**fields, "crc": zlib.crc32(body.encode())}).encode() + b"\n"
+        if len(record) > MARKER_SLOT:
+            raise ValueError(f"marker record of {len(record)} bytes exceeds its slot")
+        return record.ljust(MARKER_SLOT, b"\0")
+
+    @classmethod
+    def decode(cls, data: bytes) -> tuple[int, _Marker]:
+        """Inverse of `encode`: (seq, marker); ValueError (with the reason) on anything else."""
+        data = data.rstrip(b"\0")
+        if not data:
+            raise ValueError("empty")
+        try:
+            fields = json.loads(data)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not JSON ({exc})") from exc
+        if not isinstance(fields, dict):
+            raise ValueError("not a JSON object")
+        crc = fields.pop("crc", None)
+        body = json.dumps(fields, sort_keys=True, separators=(",", ":"))
+        if crc != zlib.crc32(body.encode()):
+            raise ValueError("checksum mismatch")
+        if fields.get("format") != MARKER_FORMAT:
+            raise ValueError(
+                f"format is {fields.get('format')!r}, this build reads {MARKER_FORMAT}"
+            )
+        repair = None
+        if fields.get("repair_index") is not None or fields.get("repair_term") is not None:
+            repair = LogPosition(
+                term=_count(fields, "repair_term"), index=_count(fields, "repair_index")
+            )
+        vote = fields.get("vote")
+        if vote is not None and not isinstance(vote, str):
+            raise ValueError("the vote is not a hex string")
+        return _count(fields, "seq"), cls(
+            last=LogPosition(term=_count(fields, "last_term"), index=_count(fields, "last_index")),
+            repair=repair,
+            term=_count(fields, "term"),
+            vote=None if vote is None else bytes.fromhex(vote),
+        )
+
+
+def _count(fields: dict[str, object], key: str) -> int:
+    value = fields.get(key)
+    if type(value) is not int or value < 0:
+        raise ValueError(f"{key} is {value!r}, not a non-negative integer")
+    return value
+
+
 class RaftStorage:
     """One node's durable Raft state. Open with `RaftStorage.open(path)`."""
 
     def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
         """Use `open`; this only wires an already-verified connection."""
         self.path = path
+        self.marker_path = marker_path(path)
+        self._marker_file = _MarkerFile(path)
         self._conn: sqlite3.Connection | None = conn
         self._hard_state = HardState()
         self._snap_index = 0
         self._snap_term = 0
         self._last_index = 0
+        self._marker: _Marker | None = None
+        """The marker as last read or written: a save that would not change it skips the write."""
+        self._repair: LogPosition | None = None
+        """A repair still owed (module doc); cleared once a saved log reaches it."""
+        self.damaged_until: LogPosition | None = None
+        """What `open` found: the log lost acknowledged entries up to here (None: intact)."""
 
     # -- opening -------------------------------------------------------------
 
@@ -152,10 +284,19 @@ class RaftStorage:
         """Open (or atomically create) the store at `path`, verifying it fully.
 
         Raises `StorageError` naming `path` for anything that is not a
-        complete, consistent store of this schema version.
+        complete, consistent store of this schema version (or naming its
+        marker, if that cannot be read). A log behind its marker opens, says
+        so in a warning and sets `damaged_until` (module doc).
         """
         path = Path(path)
         if not path.exists():
+            wal = Path(f"{path}-wal")
+            if wal.exists():
+                # A fresh file would pick up the orphaned WAL's frames (sqlite
+                # does not check which database they belong to): a mix of two stores.
+                raise StorageError(
+                    _corrupt(path, f"the file is missing but its write-ahead log {wal} is there")
+                )
             _create(path)
         try:
             conn = sqlite3.connect(
@@ -166,6 +307,7 @@ class RaftStorage:
         store = cls(path, conn)
         try:
             store._verify()
+            store._check_marker()
         except sqlite3.Error as exc:
             conn.close()
             raise StorageError(_corrupt(path, f"sqlite says: {exc}")) from exc
@@ -216,14 +358,89 @@ class RaftStorage:
                 f"stored index {self._last_index} (truncated log?)"
             )
 
+    def _check_marker(self) -> None:
+        """Compare the verified store with its marker (module doc)."""
+        marker = self._marker_file.read()
+        if marker is None:
+            if self._last_index > 0 or self._hard_state.term > 0:
+                log.warning(
+                    "Raft store %s has no marker %s, so a crash that cut its write-ahead "
+                    "log short cannot be detected this once; the next save writes one",
+                    self.path, self.marker_path,
+                )  # fmt: skip
+            return
+        self._marker = marker
+        hs = self._hard_state
+        if marker.term == hs.term and None not in (marker.vote, hs.vote) and marker.vote != hs.vote:
+            self._fail(
+                f"it holds a vote for {_hex(hs.vote)} in term {hs.term}, but its marker "
+                f"{self.marker_path} recorded a vote for {_hex(marker.vote)} in that term"
+            )
+        if marker.term > hs.term or (marker.term == hs.term and hs.vote is None and marker.vote):
+            restored = HardState(term=marker.term, vote=marker.vote, commit=hs.commit)
+            log.warning(
+                "Raft store %s went back to term %d (vote %s); its marker %s "
+                "recorded term %d (vote %s): restored from the marker, so this node cannot "
+                "vote twice in a term",
+                self.path, hs.term, _hex(hs.vote), self.marker_path, marker.term,
+                _hex(marker.vote),
+            )  # fmt: skip
+            with self._transaction():
+                self._write_hard_state(restored)
+            self._hard_state = restored
+
+        owed = []
+        if not self._holds(marker.last):
+            owed.append(marker.last)
+        if marker.repair is not None and self._position() < marker.repair:
+            owed.append(marker.repair)
+        if not owed:
+            return
+        self._repair = self.damaged_until = owed_until = max(owed)
+        now = self._position()
+        log.warning(
+            "Raft store %s is behind its marker %s: entries through index %d (term %d) "
+            "were acknowledged, but the log now ends at index %d (term %d)%s. Its "
+            "write-ahead log %s-wal lost them (cut short or damaged by a crash or a disk "
+            "fault). This node joins as a follower that neither votes nor campaigns "
+            "until a leader has repaired its log that far. If it was the only voter, no "
+            "leader can: restore %s from a backup.",
+            self.path, self.marker_path, owed_until.index, owed_until.term, now.index,
+            now.term, "" if owed_until == marker.last else " (a repair left unfinished)",
+            self.path, self.path,
+        )  # fmt: skip
+
+    def _position(self) -> LogPosition:
+        """Where the log ends (the snapshot's position when nothing follows it)."""
+        if self._last_index == self._snap_index:
+            return LogPosition(term=self._snap_term, index=self._snap_index)
+        term = self._db_term(self._last_index)
+        if term is None:  # contiguity was verified on open and kept by save
+            self._fail(f"log row {self._last_index} vanished while open")
+        return LogPosition(term=term, index=self._last_index)
+
+    def _holds(self, position: LogPosition) -> bool:
+        """Whether the log still holds the entry at `position`, and so (Raft's
+        log matching) everything before it. An index the snapshot covers is
+        held: a snapshot only covers committed entries."""
+        if position.index < self._snap_index:
+            return True
+        if position.index == self._snap_index:
+            return position.term == self._snap_term
+        if position.index > self._last_index:
+            return False
+        return self._db_term(position.index) == position.term
+
     # -- reading -------------------------------------------------------------
 
     def load(self) -> LoadedState:
-        """Hard state, snapshot and every entry after it, for a restarting core."""
+        """Hard state, snapshot and every entry after it, for a restarting core,
+        and how far a damaged log must be repaired (see `LoadedState`)."""
         return LoadedState(
             hard_state=self._hard_state,
             snapshot=self.snapshot(),
             entries=self.entries(self.first_index(), self._last_index + 1),
+            damaged_until=self._repair,
         )
 
     @property
@@ -327,6 +544,7 @@ class RaftStorage:
                 )
         self._snap_index, self._snap_term, self._last_index = snap_index, snap_term, last
         self._hard_state = hs
+        self._update_marker()
 
     def compact(self, index: int) -> None:
         """Drop entries `<= index`; allowed only where the saved snapshot covers them.
@@ -342,10 +560,37 @@ class RaftStorage:
         with self._transaction():
             self._live().execute("DELETE FROM log WHERE idx <= ?", (index,))
 
+    def _update_marker(self) -> None:
+        """After a commit: record where the log ends now, if that changed (module doc).
+
+        A follower only saves entries a leader sent, and they end its log, so
+        a saved log that reaches the repair position was repaired by a leader.
+        """
+        position = self._position()
+        if self._repair is not None and position >= self._repair:
+            log.info(
+                "Raft store %s: the log reached index %d (term %d) from a leader; "
+                "the repair that %s recorded is done",
+                self.path, position.index, position.term, self.marker_path,
+            )  # fmt: skip
+            self._repair = None
+        hs = self._hard_state
+        marker = _Marker(last=position, repair=self._repair, term=hs.term, vote=hs.vote)
+        if marker == self._marker:
+            return
+        try:
+            self._marker_file.write(marker)
+        except OSError as exc:
+            raise StorageError(
+                f"Raft store marker {self.marker_path} could not be written: {exc}"
+            ) from exc
+        self._marker = marker
+
     # -- closing -------------------------------------------------------------
 
     def close(self) -> None:
         """Close the connection (sqlite checkpoints the WAL into the file). Idempotent."""
+        self._marker_file.close()
         if self._conn is not None:
             self._conn.close()
             self._conn = None
@@ -505,6 +750,98 @@ class RaftStorage:
 
     def _fail(self, what: str) -> NoReturn:
         raise StorageError(_corrupt(self.path, what))
+
+
+def marker_path(path: Path) -> Path:
+    """Where the marker of the store at `path` lives (module doc)."""
+    return path.with_name(path.name + MARKER_SUFFIX)
+
+
+def _hex(node: bytes | None) -> str:
+    return "none" if node is None else node.hex()[:16]
+
+
+def _bad_marker(path: Path, marker: Path, what: str) -> str:
+    return (
+        f"Raft store marker {marker} is unusable: {what}. It records how far the log of "
+        f"{path} reached, so without it a log that lost acknowledged entries would look "
+        "intact. Refusing to start: restore both from a backup, or remove the marker only "
+        "if you know the store is intact (the next save writes a new one)."
+    )
+
+
+_datasync = getattr(os, "fdatasync", os.fsync)  # fdatasync is Linux-only
+
+
+class _MarkerFile:
+    """The marker on disk: two slots, written alternately in place.
+
+    Created once atomically (temporary file, fsync, rename, fsync of the
+    directory). After that each write overwrites the *older* slot and
+    fdatasyncs it: one flush and no metadata change, where a rename per
+    batch costs a file flush and a directory flush (measured on an ext4 VM
+    disk, per batch: +0.12 ms against +0.4 ms on a 0.19 ms sqlite commit;
+    +1.6 ms against +3.2 ms on 2.3 ms when the disk was busy). A crash
+    mid-write can only spoil the slot being written; the other still holds
+    the previous record, which covers everything acknowledged, because
+    `save` returns, and the node acknowledges, only after the write. A slot
+    that does not decode is said in a warning.
+    """
+
+    def __init__(self, db: Path) -> None:
+        self.db = db
+        self.path = marker_path(db)
+        self._fd: int | None = None
+        self._seq = 0
+
+    def read(self) -> _Marker | None:
+        """The newest readable slot; None if there is no marker; `StorageError` if none decodes."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise StorageError(_bad_marker(self.db, self.path, f"cannot read it: {exc}")) from exc
+        if len(data) != 2 * MARKER_SLOT:
+            what = f"it is {len(data)} bytes long, not {2 * MARKER_SLOT}"
+            raise StorageError(_bad_marker(self.db, self.path, what))
+        records: list[tuple[int, _Marker]] = []
+        problems: list[str] = []
+        for slot in range(2):
+            try:
+                records.append(_Marker.decode(data[slot * MARKER_SLOT : (slot + 1) * MARKER_SLOT]))
+            except ValueError as exc:
+                problems.append(f"slot {slot}: {exc}")
+        if not records:
+            raise StorageError(_bad_marker(self.db, self.path, "; ".join(problems)))
+        if problems:
+            log.warning(
+                "Raft store marker %s: %s (a write torn by a crash, or a damaged disk); "
+                "using the other slot",
+                self.path, problems[0],
+            )  # fmt: skip
+        self._seq, marker = max(records, key=lambda record: record[0])
+        return marker
+
+    def write(self, marker: _Marker) -> None:
+        """Make `marker` the newest record, durably, before returning."""
+        self._seq += 1
+        record = marker.encode(self._seq)
+        if self._fd is None:
+            if not self.path.exists():
+                tmp = self.path.with_name(self.path.name + ".creating")
+                tmp.write_bytes(record + record)  # both slots: either is the newest
+                replace_durably(tmp, self.path)
+                self._fd = os.open(self.path, os.O_RDWR)
+                return
+            self._fd = os.open(self.path, os.O_RDWR)
+        os.pwrite(self._fd, record, (self._seq % 2) * MARKER_SLOT)
+        _datasync(self._fd)
+
+    def close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
 
 def _corrupt(path: Path, what: str) -> str:

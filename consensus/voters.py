@@ -15,17 +15,23 @@ can drive it in virtual time and tests can state scenarios directly.
 Rules, in priority order (the first that applies is the change)::
 
     #  when                                              change        reason
-    1  a voter other than the leader has failed, a       promote       replace_failed_voter
-       stable learner exists, live voters < target and
+    1  a voter other than the leader has failed, an      promote       replace_failed_voter
+       eligible stable learner exists, live voters < target and
        voters < max_voters (replacement first: the
        quorum never shrinks below the live voters)
     2  a voter other than the leader has failed          remove        failed_voter
        (lowest id first; never the leader; never the
        last voter)
-    3  voters < target and a stable learner exists       promote       stable_learner
+    3  voters < target and an eligible stable learner    promote       stable_learner
+       exists
     4  an alive member is neither voter nor learner      add_learner   new_member
     5  a learner has failed                              remove        failed_learner
 
+    eligible   the ledger says the node may vote
+               (`PlacementLedger.eligible_voters`: the founder and the nodes
+               an operator made eligible). Anyone can make a key and join an
+               open swarm, and a voter can rewrite the swarm's decisions, so
+               being alive and stable is never enough (DESIGN.md, "Trust").
     stable     membership says "alive", continuously for stabilization_s
                (alive_since), and the leader heard from it through Raft within
                last_contact_threshold_s (last_contact). Never "suspect".
@@ -160,10 +166,13 @@ def next_change(
     learners: frozenset[bytes],
     leader: bytes,
     members: Mapping[bytes, MemberInfo],
+    eligible: frozenset[bytes],
     now: float,
     policy: VoterPolicy | None = None,
 ) -> ConfigChange | None:
     """The one change to propose next (rules in the module doc), or None.
+
+    `eligible`: the nodes the ledger lets vote; no one else is promoted.
 
     Call only while no configuration change is uncommitted. A `leader` that
     is not a voter gets None: it is being removed and is about to step down.
@@ -181,7 +190,7 @@ def next_change(
         return _failed(members.get(node), now, policy)
 
     failed_voters = sorted(v for v in voters if v != leader and failed(v))
-    candidates = sorted(n for n in learners if stable(n))
+    candidates = sorted(n for n in learners & eligible if stable(n))
     stable_count = 1 + sum(1 for v in voters if v != leader and stable(v)) + len(candidates)
     target = policy.max_voters if stable_count >= policy.max_voters else policy.small_swarm_voters
     live_voters = len(voters) - len(failed_voters)
@@ -212,6 +221,7 @@ def describe_rules(policy: VoterPolicy | None = None) -> str:
     return "\n".join(
         [
             "Voter management (Autopilot-style; one change at a time, lowest node id first):",
+            "  only eligible nodes are promoted: the founder and those an operator made eligible",
             "  1. replace a failed voter: promote a stable learner first while live voters"
             f" < target and voters < {p.max_voters}",
             "  2. remove a failed voter (never the leader, never the last voter)",

@@ -103,6 +103,30 @@ class MembershipConfig:
     join_retry_interval: float
     """Seconds between join attempts while no seed has answered."""
 
+    newcomers_per_address: int
+    """New identities one address may bring in per minute (`mesh.newcomers`),
+    counted by every node: in membership by the address a newcomer
+    advertises, at the handshake by the address it connects from.
+
+    A Sybil bound: a key costs nothing, so one machine can present
+    thousands; this makes them arrive slowly (1,000 keys at 4 a minute take
+    four hours) while Raft, the ledger and probing keep up. Lower is safer
+    against a flood from one host, and slower for honest nodes that share
+    an address: a host running many nodes, volunteers behind one NAT or
+    CGNAT. A refused newcomer is only delayed: it is learned when the
+    bucket refills (gossip retransmits, full-state syncs, its own probes).
+    A joiner's first full state from its seed is exempt, or joining a
+    large swarm would stall; at the handshake, keys that connected before
+    or that membership already learned are never charged again."""
+
+    newcomers_per_prefix: int
+    """New identities one /24 (IPv4) or /48 (IPv6) may bring in per minute.
+
+    The same bound one level up: an attacker with a subnet of addresses
+    gets this many, not `newcomers_per_address` times 256. Lower is safer;
+    higher lets a rack, a lab subnet or a cloud region full of honest
+    volunteers join faster."""
+
     def __post_init__(self) -> None:
         if self.probe_timeout >= self.probe_interval:
             raise ValueError("probe_timeout must be shorter than probe_interval")
@@ -116,6 +140,8 @@ class MembershipConfig:
                 raise ValueError(f"{field_name} must be positive")
         if self.gossip_fanout < 1 or self.retransmit_mult < 1 or self.suspicion_mult < 1:
             raise ValueError("fanout, retransmit_mult and suspicion_mult must be >= 1")
+        if self.newcomers_per_address < 1 or self.newcomers_per_prefix < 1:
+            raise ValueError("newcomers_per_address and newcomers_per_prefix must be >= 1")
 
     # --- profiles -----------------------------------------------------------
 
@@ -139,6 +165,12 @@ class MembershipConfig:
             reconnect_timeout=24 * 3600.0,
             packet_budget=8 * 1024,
             join_retry_interval=1.0,
+            # A lab may start dozens of nodes on one host (one per GPU, or a
+            # test rig), and a /24 is one rack or lab subnet: 64 and 256 a
+            # minute let all of them in at once while a flood from one host
+            # still needs 16 minutes for 1,000 keys.
+            newcomers_per_address=64,
+            newcomers_per_prefix=256,
         )
 
     @classmethod
@@ -164,6 +196,11 @@ class MembershipConfig:
             reconnect_timeout=24 * 3600.0,
             packet_budget=8 * 1024,
             join_retry_interval=2.0,
+            # On the internet one address is one volunteer's machine or
+            # home; a few nodes each is plenty. Volunteers behind one NAT
+            # or CGNAT, or many in one cloud subnet, join 4 (16) a minute.
+            newcomers_per_address=4,
+            newcomers_per_prefix=16,
         )
 
     @classmethod
@@ -189,6 +226,12 @@ class MembershipConfig:
             reconnect_timeout=3600.0,
             packet_budget=64 * 1024,
             join_retry_interval=0.3,
+            # Loopback: every node of a local swarm is 127.0.0.1 and tests
+            # and the demo start dozens within seconds; only our own
+            # processes can reach it. A thousand a minute is far above any
+            # of them, and still a bound on a runaway test.
+            newcomers_per_address=1000,
+            newcomers_per_prefix=1000,
         )
 
     @classmethod

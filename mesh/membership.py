@@ -30,6 +30,38 @@ Protocol summary (SWIM, arXiv cs/0204058, with Lifeguard, arXiv 1707.00788):
   members; each node retransmits an update ~mult*log10(N) times.
 - Periodically a node swaps its full state with one random member, and
   pings one random dead member so that healed partitions merge again.
+
+Trust (DESIGN.md, "Trust": any member but a voter may be Byzantine):
+
+- Every update is signed: an Alive or a record by its subject, a suspicion
+  or a death by its accuser. So nobody refutes for another node, and
+  nobody accuses in another's name.
+- Only a current *alive* member may accuse (`R_ACCUSER_UNKNOWN`,
+  `R_ACCUSER_NOT_ALIVE`). A stranger's word would let anyone with a key
+  kill; a dead or departed member's key may be an old one in the wrong
+  hands. A *suspect* member is refused too, deliberately: memberlist and
+  Lifeguard take anyone's suspicion, but a node whose own liveness is in
+  doubt is most often the one with the bad links (Lifeguard's local-health
+  premise), and an isolated node's backlog of accusations is exactly what
+  must not reach the healthy side when its partition heals. Nothing is lost
+  for a real crash: every alive member probes the crashed node itself, and
+  every node that holds a suspicion decides it on its own timer.
+- An accusation may not name an incarnation above the highest Alive its
+  subject signed that we hold (`R_ABOVE_SIGNED`): the subject can then
+  always outbid it by one. Without this rule one message naming
+  incarnation 2**63 - 1 kills a node for good (the wire cannot carry
+  anything higher to refute it). A node accused of itself above its own
+  incarnation drops it likewise, rather than jumping toward that limit.
+- Accusations about ourselves are refuted whoever among the members made
+  them, dead ones included: refuting costs one incarnation, and a healed
+  partition's members all hold each other dead, so that refutation is
+  what merges them again. Only a stranger's is ignored.
+- An ack or nack counts for a probe only from its target or a helper we
+  asked (`R_UNASKED_ACK`): the plane authenticates every sender, and
+  probe sequence numbers are easy to guess, so this is what stops anyone
+  else keeping a crashed member looking alive.
+- New identities are admitted at a bounded rate per advertised address
+  and network prefix (`mesh.newcomers`, limits in the profile).
 """
 
 from __future__ import annotations
@@ -75,6 +107,7 @@ from mesh.messages import (
     signing_bytes,
     suspect_signing_bytes,
 )
+from mesh.newcomers import NewcomerLimit
 
 MAX_COUNTER = MAX_UINT
 """Incarnations and record sequence numbers stay below 2**63 (wire limit)."""
@@ -87,6 +120,18 @@ wrong address costs its owner one small message per few seconds."""
 RELAY_NACK_FRACTION = 0.8
 """A helper probing on someone's behalf sends its nack after this fraction
 of its probe timeout, so the nack lands before the requester's probe ends."""
+
+R_ACCUSER_UNKNOWN = "accuser_unknown"
+"""Drop reason: a suspicion or death accused by a key that is no member."""
+R_ACCUSER_NOT_ALIVE = "accuser_not_alive"
+"""Drop reason: accused by a member we hold suspect, dead or departed."""
+R_ABOVE_SIGNED = "accusation_above_signed"
+"""Drop reason: an accusation at an incarnation its subject never signed."""
+R_UNASKED_ACK = "ack_from_unasked"
+"""Drop reason: an ack or nack for one of our probes from a node that is
+neither the probe's target nor a helper we asked. Sequence numbers are
+easy to guess; the sender, authenticated by the plane, is not, so only
+the target itself (directly, or through a helper) can keep it alive."""
 
 # Estimated encoded sizes, used only to keep piggybacked updates within the
 # packet budget without encoding them twice. Generous upper bounds.
@@ -162,7 +207,7 @@ class _Suspicion:
 
 
 class _Probe:
-    __slots__ = ("acked", "direct_deadline", "end", "helpers", "nacks", "seq", "target")
+    __slots__ = ("acked", "asked", "direct_deadline", "end", "helpers", "nacks", "seq", "target")
 
     def __init__(self, seq: int, target: bytes, direct_deadline: float, end: float) -> None:
         self.seq = seq
@@ -171,6 +216,7 @@ class _Probe:
         self.end = end
         self.acked = False
         self.helpers = 0
+        self.asked: frozenset[bytes] = frozenset()  # the helpers, by id
         self.nacks = 0
 
 
@@ -217,6 +263,7 @@ class Membership:
         `_apply_alive`); None while no such process has been heard of."""
         self._rng = rng
         self._validate_body = validate_record_body
+        self._newcomers = NewcomerLimit(config.newcomers_per_address, config.newcomers_per_prefix)
 
         self._table = MemberTable(self.node_id, starting_view)
         self._probe_order = ProbeOrder(self._table, rng)
@@ -227,7 +274,8 @@ class Membership:
 
         self._seq = 0
         self._probe: _Probe | None = None
-        self._relays: dict[int, tuple[bytes, str, int, float]] = {}
+        # seq -> (requester, its address, its seq, when to nack, target)
+        self._relays: dict[int, tuple[bytes, str, int, float, bytes]] = {}
         self._suspicions: dict[bytes, _Suspicion] = {}
         # (deadline, node) for every armed suspicion timer; entries whose
         # suspicion is gone or was re-armed are skipped when they surface.
@@ -338,8 +386,12 @@ class Membership:
                 self._apply_all(message.updates, now)
                 self._on_ping_req(envelope, message, now)
             case Nack():
-                if self._probe is not None and self._probe.seq == message.seq:
-                    self._probe.nacks += 1
+                probe = self._probe
+                if probe is not None and probe.seq == message.seq:
+                    if envelope.sender in probe.asked:
+                        probe.nacks += 1
+                    else:
+                        self.drops[R_UNASKED_ACK] += 1
             case Gossip():
                 self._apply_all(message.updates, now)
             case PushPull():
@@ -367,7 +419,7 @@ class Membership:
             if suspicion is not None and suspicion.deadline == deadline:
                 self._suspicion_expired(node, now)
         for seq in [s for s, relay in self._relays.items() if now >= relay[3]]:
-            requester, requester_addr, requester_seq, _ = self._relays.pop(seq)
+            requester, requester_addr, requester_seq, _, _ = self._relays.pop(seq)
             self._send(requester, requester_addr, Nack(requester_seq))
         if now >= self._next_gossip:
             self._gossip(now)
@@ -400,7 +452,7 @@ class Membership:
                 deadline = min(deadline, due)
                 break
             heapq.heappop(timers)  # stale: refuted, decided or re-armed
-        for _, _, _, nack_at in self._relays.values():
+        for _, _, _, nack_at, _ in self._relays.values():
             deadline = min(deadline, nack_at)
         return deadline
 
@@ -471,6 +523,7 @@ class Membership:
         candidates = self._random_peers(self.config.indirect_checks + 1, now, live_only=True)
         helpers = [n for n in candidates if n != probe.target][: self.config.indirect_checks]
         probe.helpers = len(helpers)
+        probe.asked = frozenset(helpers)
         # A second direct ping beside the indirect ones (memberlist sends a
         # TCP ping here): under 10% loss it alone turns most would-be
         # suspicions into acks, and every suspicion avoided is a refutation
@@ -520,14 +573,21 @@ class Membership:
     def _on_ack(self, envelope: Envelope, ack: Ack, now: float) -> None:
         probe = self._probe
         if probe is not None and probe.seq == ack.seq and not probe.acked:
+            if envelope.sender != probe.target and envelope.sender not in probe.asked:
+                self.drops[R_UNASKED_ACK] += 1
+                return
             probe.acked = True
             self._adjust_awareness(-1)
             target = self._table.writable(probe.target)
             if target is not None:
                 target.last_seen = now
             return
-        relay = self._relays.pop(ack.seq, None)
+        relay = self._relays.get(ack.seq)
         if relay is not None:
+            if envelope.sender != relay[4]:
+                self.drops[R_UNASKED_ACK] += 1
+                return
+            del self._relays[ack.seq]
             self._send(relay[0], relay[1], Ack(relay[2]))
             return
         sender = self._table.get(envelope.sender)
@@ -539,7 +599,7 @@ class Membership:
     def _on_ping_req(self, envelope: Envelope, req: PingReq, now: float) -> None:
         self._seq += 1
         nack_at = now + self.config.probe_timeout * RELAY_NACK_FRACTION
-        self._relays[self._seq] = (envelope.sender, envelope.addr, req.seq, nack_at)
+        self._relays[self._seq] = (envelope.sender, envelope.addr, req.seq, nack_at, req.target)
         self._send(req.target, req.target_addr, Ping(self._seq, req.target, self._piggyback()))
 
     # --- suspicion -------------------------------------------------------------------
@@ -635,13 +695,40 @@ class Membership:
             self._events.append(MemberEvent("twin", self.node_id, alive.incarnation, now))
             self._send(self.node_id, alive.addr, Gossip((self._me.alive,)))
 
+    def _may_accuse(self, accusation: Suspect | Dead, subject: MemberEntry) -> bool:
+        """Whether `accusation` of `subject` (a member we hold) may be taken,
+        before its signature is checked; a refusal is counted by its reason.
+        See the module docstring, "Trust", for the rules and why.
+
+        A graceful leave (a death signed by its own subject) passes: it is
+        the subject's own word, at whatever incarnation it names."""
+        if accusation.accuser == accusation.node and isinstance(accusation, Dead):
+            return True
+        if accusation.incarnation > subject.alive.incarnation:
+            self.drops[R_ABOVE_SIGNED] += 1
+            return False
+        accuser = self._table.get(accusation.accuser)
+        if accuser is None:
+            self.drops[R_ACCUSER_UNKNOWN] += 1
+            return False
+        if accuser.state is not MemberState.ALIVE and subject.node != self.node_id:
+            self.drops[R_ACCUSER_NOT_ALIVE] += 1
+            return False
+        return True
+
     def _authentic(self, update: Update) -> bool:
         if self._verify(signer_of(update), signing_bytes(update), update.signature):
             return True
         self.drops["bad_signature"] += 1
         return False
 
-    def _apply_alive(self, alive: Alive, now: float, relay: bool = True) -> None:
+    def _apply_alive(
+        self, alive: Alive, now: float, relay: bool = True, *, vouched: bool = False
+    ) -> None:
+        """Learn or update a member from its own signed Alive. A member new
+        to us is charged to its advertised address's newcomer budget
+        (unless `vouched`: see `_on_push_pull`); over budget it is dropped
+        and counted, and learned when the news comes again."""
         if alive.node == self.node_id:
             stale_self = alive.incarnation > self._me.incarnation and not self._leaving
             if stale_self and self._authentic(alive):
@@ -652,6 +739,11 @@ class Membership:
         if member is None:
             if not self._authentic(alive):
                 return
+            if not vouched:
+                refused = self._newcomers.admit(alive.addr, now)
+                if refused is not None:
+                    self.drops[refused] += 1
+                    return
             self._table.add(MemberEntry(alive, now))
             self._probe_order.joined(alive.node)
             self._live_count += 1
@@ -683,6 +775,8 @@ class Membership:
         if member is None or suspect.incarnation < member.incarnation:
             return
         if member.state in GONE_STATES:
+            return
+        if not (verified or self._may_accuse(suspect, member)):
             return
         if suspect.node == self.node_id:
             if not self._leaving and (verified or self._authentic(suspect)):
@@ -726,6 +820,8 @@ class Membership:
         if member is None or dead.incarnation < member.incarnation:
             return
         if member.state in GONE_STATES:
+            return
+        if not (verified or self._may_accuse(dead, member)):
             return
         if dead.node == self.node_id:
             if not self._leaving and (verified or self._authentic(dead)):
@@ -873,9 +969,17 @@ class Membership:
         and the other nodes get the same news from their own syncs.
         """
         sender = envelope.sender
+        # The first full state a seed returns to our join: we asked for it,
+        # and it is how a joiner learns a swarm of thousands at once, so its
+        # members are not charged against the newcomer limits.
+        vouched = (
+            message.reply and not self._joined and any(sender == s for s, _ in self._join_seeds)
+        )
         for update in message.states:
             if isinstance(update, Dead) and update.accuser != update.node:
                 self._merge_remote_death(update, now)
+            elif isinstance(update, Alive):
+                self._apply_alive(update, now, relay=update.node == sender, vouched=vouched)
             else:
                 self._apply(update, now, relay=update.node == sender)
         for record in message.records:
@@ -903,7 +1007,7 @@ class Membership:
             return
         if dead.incarnation < member.incarnation:
             return
-        if not self._authentic(dead):
+        if not self._may_accuse(dead, member) or not self._authentic(dead):
             return
         self._accuse(member, now)
 

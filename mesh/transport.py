@@ -76,7 +76,7 @@ import trio
 import zmq
 
 from mesh.identity import NODE_ID_BYTES, PlaneKeys, curve_public_key
-from mesh.zap import Admit, ZapHandler
+from mesh.zap import Admit, HandshakeGate, ZapHandler
 
 __all__ = [
     "CONTROL_MAX_MESSAGE_BYTES",
@@ -410,8 +410,9 @@ class Plane:
         ``unreachable``, ``evicted``, ``bad_address``, ``bad_peer_key``,
         ``handshake_failed``, ``send_error``, ``closed``;
         ``receive_queue_full`` for a message to this plane itself; inbound
-        adds ``oversized``, ``malformed``, ``unauthenticated`` and
-        ``handshake_refused``). Raises only for
+        adds ``oversized``, ``malformed``, ``unauthenticated``,
+        ``handshake_refused``, ``newcomer_address_rate`` and
+        ``newcomer_prefix_rate``). Raises only for
         programming errors (no frames, or a frame that is not bytes-like).
 
         Frames are handed to libzmq without copying where they are large, so
@@ -489,6 +490,14 @@ class Plane:
         if self._zap is not None:
             handler, domain = self._zap
             handler.set_policy(domain, policy)
+
+    def limit_newcomers(self, gate: HandshakeGate | None) -> None:
+        """Bound how fast keys new to this node may complete a handshake,
+        per source address and prefix (`mesh.zap.HandshakeGate`; refusals
+        counted as its reasons); None lifts the bound."""
+        if self._zap is not None:
+            handler, domain = self._zap
+            handler.set_gate(domain, gate)
 
     @property
     def peer_count(self) -> int:
@@ -635,9 +644,8 @@ class Plane:
             self._sweep(now)
             if self._zap is not None:
                 handler, domain = self._zap
-                refused = handler.take_refused(domain)
-                if refused:
-                    self._drop("handshake_refused", refused)
+                for reason, count in handler.take_refused(domain).items():
+                    self._drop(reason, count)
             next_sweep = now + sweep_every
 
     def _transmit(self, addr: str, node: bytes, frames: tuple[bytes | memoryview, ...]) -> None:
@@ -768,9 +776,11 @@ class Plane:
                 peer.up = False
                 peer.fd = None
         elif event & _HANDSHAKE_FAILED:
-            # The peer refused us (a private swarm without our invitation) or
-            # is not the node we named (its key did not match): libzmq
-            # retries, and the sweep gives up on it like on any failing peer.
+            # The peer refused us (a private swarm without our invitation, or
+            # its newcomer bound) or is not the node we named (its key did
+            # not match). libzmq does not retry a ZAP refusal (measured on
+            # 4.3.5), so the sweep gives up on the peer like on any failing
+            # one, and a later send connects afresh.
             self._drop("handshake_failed")
             if peer.down_since is None:
                 peer.down_since = trio.current_time()

@@ -14,22 +14,35 @@ every key, a private one only keys with a valid invitation. The handler
 runs in a thread, not a trio task, because libzmq's I/O thread waits for
 its reply mid-handshake: a trio loop busy with a long step must not stall
 every connection attempt. It reads the registry under a lock, counts the
-keys it refused per domain (the plane moves them into its drop counters),
-and stops when the last domain is unregistered, so `Context.term()` never
-hangs on it.
+keys it refused per domain and reason (the plane moves them into its drop
+counters), and stops when the last domain is unregistered, so
+`Context.term()` never hangs on it.
+
+A domain may also have a `HandshakeGate`: the Sybil bound at the door. A
+key the policy admits but that has never connected before (and that
+membership has not learned as a member) is charged to the connection's
+real source address and its /24 or /48 (`mesh.newcomers`); over budget,
+the handshake is refused and counted by the limit's reason. The client's
+plane gives up on that connection like on any failing peer and connects
+afresh on a later send (membership keeps sending), so a refused newcomer
+is only delayed. ZAP's request carries that source address,
+which TCP does not let a client forge, unlike anything it says inside.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from collections import Counter
+import time
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Final
 
 import zmq
 
-__all__ = ["Admit", "ZapHandler"]
+from mesh.newcomers import NewcomerLimit
+
+__all__ = ["Admit", "HandshakeGate", "ZapHandler"]
 
 log = logging.getLogger("shardmesh.zap")
 
@@ -47,6 +60,56 @@ may it connect?"""
 _STATUS_OK: Final = b"200"
 _STATUS_DENIED: Final = b"400"
 
+R_REFUSED: Final = "handshake_refused"
+"""What a refusal by a domain's key policy is counted as."""
+
+MAX_KNOWN_KEYS: Final = 65_536
+"""Keys a gate remembers as already admitted (least recently seen go
+first): a swarm's members, who reconnect after an idle disconnect or a
+restart of ours, must not be charged again each time. 65,536 keys are a
+few MB, and a flood of new keys can only add them at the bounded rate."""
+
+
+class HandshakeGate:
+    """The Sybil bound on one node's handshakes: a `NewcomerLimit` keyed by
+    source address, for keys not known yet. Thread-safe: `admit` runs on
+    the ZAP thread, `vouch` on the node's trio thread, both under one lock.
+    One gate serves both of a node's planes, so a newcomer is charged once."""
+
+    def __init__(
+        self, limit: NewcomerLimit, *, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._limit = limit
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._known: OrderedDict[bytes, None] = OrderedDict()
+
+    def vouch(self, key: bytes) -> None:
+        """`key` (a raw CURVE public key) belongs to a member that membership
+        has learned: it is let in without being charged. A restarted node
+        learns its whole swarm from its seed in one step; their reconnects
+        must not wait for per-subnet budgets."""
+        with self._lock:
+            self._remember(key)
+
+    def admit(self, key: bytes, address: str) -> str | None:
+        """Let `key`, connecting from `address` (a bare IP), through: None,
+        or the reason it is refused for now."""
+        with self._lock:
+            if key in self._known:
+                self._known.move_to_end(key)
+                return None
+            refused = self._limit.admit(address, self._clock())
+            if refused is None:
+                self._remember(key)
+            return refused
+
+    def _remember(self, key: bytes) -> None:
+        self._known[key] = None
+        self._known.move_to_end(key)
+        while len(self._known) > MAX_KNOWN_KEYS:
+            self._known.popitem(last=False)
+
 
 class ZapHandler:
     """The ZAP handler of one context; get it with :meth:`register`."""
@@ -61,7 +124,8 @@ class ZapHandler:
         self._context = context
         self._lock = threading.Lock()
         self._domains: dict[bytes, Admit] = {}
-        self._refused: Counter[bytes] = Counter()
+        self._gates: dict[bytes, HandshakeGate] = {}
+        self._refused: dict[bytes, Counter[str]] = {}
         self._stop = threading.Event()
         self._socket = context.socket(zmq.REP)
         self._socket.setsockopt(zmq.LINGER, 0)
@@ -92,11 +156,22 @@ class ZapHandler:
             if domain in self._domains:
                 self._domains[domain] = admit
 
+    def set_gate(self, domain: bytes, gate: HandshakeGate | None) -> None:
+        """Bound how fast new keys may connect to `domain` (None: unbounded)."""
+        with self._lock:
+            if domain not in self._domains:
+                return
+            if gate is None:
+                self._gates.pop(domain, None)
+            else:
+                self._gates[domain] = gate
+
     def unregister(self, domain: bytes) -> None:
         """Stop answering for `domain`; the last one out stops the thread."""
         with self._registry:
             with self._lock:
                 self._domains.pop(domain, None)
+                self._gates.pop(domain, None)
                 self._refused.pop(domain, None)
                 if self._domains:
                     return
@@ -112,10 +187,12 @@ class ZapHandler:
         self._socket.unbind(ZAP_ENDPOINT)
         self._socket.close(linger=0)
 
-    def take_refused(self, domain: bytes) -> int:
-        """Handshakes refused for `domain` since the last call."""
+    def take_refused(self, domain: bytes) -> Counter[str]:
+        """Handshakes refused for `domain` since the last call, by reason:
+        `R_REFUSED` for the key policy, a `mesh.newcomers` reason for the
+        gate."""
         with self._lock:
-            return self._refused.pop(domain, 0)
+            return self._refused.pop(domain, None) or Counter()
 
     def _serve(self) -> None:
         poller = zmq.Poller()
@@ -132,15 +209,19 @@ class ZapHandler:
         status text, user id, metadata."""
         if len(request) < 6:
             return [b"1.0", b"", _STATUS_DENIED, b"malformed request", b"", b""]
-        version, request_id, domain, _address, _identity, mechanism = request[:6]
+        version, request_id, domain, address, _identity, mechanism = request[:6]
         credentials = request[6:]
         with self._lock:
             admit = self._domains.get(domain)
+            gate = self._gates.get(domain)
         key = credentials[0] if mechanism == b"CURVE" and credentials else b""
         allowed = admit is not None and len(key) == 32 and _admits(admit, key)
-        if not allowed:
+        refused = None if allowed else R_REFUSED
+        if refused is None and gate is not None:
+            refused = gate.admit(key, address.decode(errors="replace"))
+        if refused is not None:
             with self._lock:
-                self._refused[domain] += 1
+                self._refused.setdefault(domain, Counter())[refused] += 1
             return [version, request_id, _STATUS_DENIED, b"not admitted", b"", b""]
         # The user id is the key in hex: the plane compares it with the
         # key of the node id the peer claims in its handshake metadata.

@@ -20,9 +20,9 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from consensus.log import Entry, HardState, Snapshot
+from consensus.log import Entry, HardState, LogPosition, Snapshot
 from consensus.raft import Message, RaftConfig, RaftNode, Ready, Role
 from simulations.loop import EventLoop, Timer
 from simulations.network import Network, NetworkConfig, Partition
@@ -65,6 +65,17 @@ class _Durable:
     applied: int = 0
     """How far the node's state machine got. Kept with the disk because the
     simulated state machine is the applied log itself (`_SimRaft.applied`)."""
+    repair: LogPosition | None = None
+    """What the real store's marker records after a damaged log
+    (`RaftCluster.damage_log`): the node restarts in repair until a
+    persisted log reaches this position."""
+
+    def position(self) -> LogPosition:
+        if self.entries:
+            return LogPosition(term=self.entries[-1].term, index=self.entries[-1].index)
+        if self.snapshot is not None:
+            return LogPosition(term=self.snapshot.term, index=self.snapshot.index)
+        return LogPosition(term=0, index=0)
 
     def persist(self, rd: Ready) -> None:
         """Steps 1-3 of the driver contract, in the core's documented order."""
@@ -77,6 +88,8 @@ class _Durable:
             self.entries.extend(rd.entries)
         if rd.hard_state is not None:
             self.hard_state = rd.hard_state
+        if self.repair is not None and self.position() >= self.repair:
+            self.repair = None
 
 
 @dataclass
@@ -261,6 +274,29 @@ class RaftCluster:
         self._start(s)
         self._record(f"restart {i}")
 
+    def damage_log(self, i: int, lose: int) -> None:
+        """While node `i` is down, its disk loses its last `lose` log entries
+        (and the commit index with them), as a WAL cut short by a crash or a
+        disk fault does. Term and vote survive, as the real store restores
+        them from its marker; the marker also makes the next start a repair
+        (`RaftNode(repair_until=...)`) through the entry that was last."""
+        s = self.nodes[i]
+        if s.raft is not None:
+            raise ValueError("damage_log needs a crashed node")
+        d = s.durable
+        lose = min(lose, len(d.entries))
+        if lose <= 0:
+            return
+        owed = d.position()
+        del d.entries[-lose:]
+        last = d.position().index
+        d.hard_state = replace(d.hard_state, commit=min(d.hard_state.commit, last))
+        # The real node rebuilds its state machine from snapshot and log.
+        d.applied = min(d.applied, d.hard_state.commit)
+        s.applied = [e for e in s.applied if e.index <= d.applied]
+        d.repair = owed if d.repair is None else max(d.repair, owed)
+        self._record(f"damage {i} {lose}")
+
     def partition(self, groups: Iterable[Iterable[int]], duration: float = math.inf) -> Partition:
         """Split the nodes into `groups` from now for `duration` (see `Network`)."""
         return self.network.schedule_partition(groups, self.loop.now, self.loop.now + duration)
@@ -277,7 +313,10 @@ class RaftCluster:
         every application of an index agrees with the first one. Checked
         here over the current state: logs (memory for live nodes, disk for
         crashed ones) agree on every index both have committed, and every
-        current leader holds every committed entry (leader completeness).
+        current leader holds every entry committed before it was elected
+        (leader completeness: entries committed in earlier terms). A stale
+        leader that has not yet noticed a newer term rightly lacks what that
+        term's leader committed since.
         """
         problems = list(self.violations)
         logs: list[tuple[int, int, dict[int, Entry]]] = []
@@ -306,7 +345,10 @@ class RaftCluster:
             r = s.raft
             if r is None or not r.is_leader:
                 continue
+            elected = self.elected_at[r.term]
             for index, truth in self._committed_entries.items():
+                if self.committed[index].at >= elected:
+                    continue  # perhaps committed in a later term than r's
                 if index >= r.first_index and r.entries(index, index) != (truth,):
                     problems.append(f"leader {s.index} (term {r.term}) lacks committed {truth}")
                     break
@@ -327,6 +369,7 @@ class RaftCluster:
             snapshot=d.snapshot,
             voters=self._voter_ids,
             applied=d.applied,
+            repair_until=d.repair,
         )
         s.role, s.term = s.raft.role, s.raft.term
         # Independent processes tick out of phase with each other; drawing

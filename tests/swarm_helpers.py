@@ -30,13 +30,22 @@ async def wait_for(
         pytest.fail(str(exc))
 
 
-async def start_swarm(swarm: LocalSwarm, n: int) -> list[LocalNode]:
+async def start_swarm(swarm: LocalSwarm, n: int, *, eligible: bool = True) -> list[LocalNode]:
+    """`n` nodes joined through the first (the founder), all alive in
+    everyone's view. `eligible`: the founder's operator makes every node
+    eligible to vote, as one operator running them all would; without it
+    only the founder ever votes."""
     nodes = [swarm.new_node() for _ in range(n)]
     await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
     await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=START_TIMEOUT_S)
     await wait_for(
         swarm, nodes, all_see(nodes, nodes, "alive"), CONVERGE_TIMEOUT_S, "full membership"
     )
+    if eligible:
+        try:
+            await swarm.make_eligible(nodes[0], nodes[1:], timeout=START_TIMEOUT_S)
+        except SwarmError as exc:
+            pytest.fail(str(exc))
     return nodes
 
 

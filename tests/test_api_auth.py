@@ -366,6 +366,7 @@ async def test_an_operator_call_through_a_follower_is_forwarded_signed(
     first, second = swarm.new_node(), swarm.new_node(args=["--models", str(tmp_path / "store")])
     await swarm.start_ready(first, timeout=START_TIMEOUT_S)
     await swarm.start_ready(second, [first.seed], timeout=START_TIMEOUT_S)
+    await swarm.make_eligible(first, [second], timeout=START_TIMEOUT_S)
 
     def second_votes(views: dict[str, Any]) -> bool:
         view = views.get(first.name) or {}

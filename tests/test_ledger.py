@@ -29,6 +29,7 @@ from consensus.ledger import (
     Admit,
     Assign,
     Command,
+    Eligible,
     Found,
     LedgerError,
     MarkAdmissionFailed,
@@ -428,6 +429,7 @@ def test_to_json_shape() -> None:
         "ledger_rejected": {},
         "policy_settings": {},
         "swarm": None,
+        "eligible_voters": [],
     }
 
 
@@ -454,14 +456,15 @@ def test_snapshot_restore_round_trip_and_same_future() -> None:
     assert restored.snapshot() == ledger.snapshot()
 
 
-def test_version_1_and_2_snapshots_still_restore_with_defaults() -> None:
+def test_older_snapshot_versions_still_restore_with_defaults() -> None:
     ledger = PlacementLedger()
     run(ledger, assign(N1, "m", 1, "operator"), RecordDemand("m", 2, 1.0))
     # Version 1 (before policy settings): the same six items, no seventh;
-    # version 2 (before the swarm): seven, no founding and no admissions.
+    # version 2 (before the swarm): seven, no founding and no admissions;
+    # version 3 (before eligibility): nine.
     old = cbor2.loads(ledger.snapshot())
-    assert old[0] == 3 and old[6] == [] and old[7] is None and old[8] == []
-    for version, items in ((1, old[1:6]), (2, old[1:7])):
+    assert old[0] == 4 and old[6] == [] and old[7] is None and old[8] == [] and old[9] == []
+    for version, items in ((1, old[1:6]), (2, old[1:7]), (3, old[1:9])):
         restored = PlacementLedger.restore(cbor2.dumps([version, *items], canonical=True))
         assert restored == ledger and restored.policy() == PlacementSettings()
         assert restored.swarm is None and restored.admitted() == {}
@@ -516,6 +519,7 @@ commands = st.one_of(
     st.builds(MarkAdmissionFailed, nodes, models, epochs, times),
     st.builds(Found, nodes, st.sampled_from(["open", "private"]), times),
     st.builds(Admit, nodes, st.booleans(), st.just(b"\x11" * 32), times),
+    st.builds(Eligible, nodes, times),
     st.builds(
         lambda knobs, at: SetPolicy(tuple(sorted(knobs.items())), at),
         st.dictionaries(
@@ -634,3 +638,30 @@ def test_a_private_swarm_admits_each_member_once_and_an_open_one_none() -> None:
     assert refused.reason == "not_private"
     unfounded = PlacementLedger().apply(1, encode_command(Admit(newcomer, False, INVITATION, 1.0)))
     assert unfounded.reason == "not_private"
+
+
+def test_the_founder_and_the_nodes_made_eligible_may_vote_and_no_one_else() -> None:
+    ledger = PlacementLedger()
+    operator_pick, stranger = b"\x03" * 32, b"\x00" * 32
+    assert ledger.eligible_voters() == frozenset()  # not founded yet
+    assert ledger.apply(1, encode_command(Found(FOUNDER, "open", 1.0))).accepted
+    assert ledger.eligible_voters() == {FOUNDER}
+    assert ledger.apply(2, encode_command(Eligible(operator_pick, 2.0))).accepted
+    again = ledger.apply(3, encode_command(Eligible(operator_pick, 3.0)))
+    founder = ledger.apply(4, encode_command(Eligible(FOUNDER, 4.0)))
+    assert again.reason == founder.reason == "already_eligible"
+    assert ledger.eligible_voters() == {FOUNDER, operator_pick}
+    assert stranger not in ledger.eligible_voters()
+    assert ledger.to_json()["eligible_voters"] == sorted(n.hex() for n in (FOUNDER, operator_pick))
+    restored = PlacementLedger.restore(ledger.snapshot())
+    assert restored == ledger and restored.eligible_voters() == ledger.eligible_voters()
+
+
+def test_a_private_swarm_member_invited_as_a_voter_is_eligible() -> None:
+    ledger = _private_ledger()
+    voter, member = b"\x02" * 32, b"\x04" * 32
+    assert ledger.apply(2, encode_command(Admit(voter, True, INVITATION, 2.0))).accepted
+    assert ledger.apply(3, encode_command(Admit(member, False, INVITATION, 3.0))).accepted
+    assert ledger.eligible_voters() == {FOUNDER, voter}
+    made = ledger.apply(4, encode_command(Eligible(voter, 4.0)))
+    assert made.reason == "already_eligible"

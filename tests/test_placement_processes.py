@@ -117,6 +117,7 @@ async def test_demand_places_a_model_on_spare_capacity_and_never_touches_pinned(
     b = swarm.new_node("b", args=["--models", str(store_b)])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
     await swarm.start_ready(b, [a.seed], timeout=START_TIMEOUT_S)
+    await swarm.make_eligible(a, [b], timeout=START_TIMEOUT_S)
     await set_short_idle_release(swarm, via=b, nodes=[a, b])
     await wait_for(swarm, [a], knows_store(a, b, "y"), PLACE_TIMEOUT_S, "B's store known to A")
 
@@ -239,6 +240,7 @@ async def test_bootstrap_assignment_by_operator_and_by_auto_join(
     c = swarm.new_node("c", args=["--models", str(store_c), "--auto-join"])
     await swarm.start_ready(a, timeout=START_TIMEOUT_S)
     await swarm.start_many([b, c], [a.seed], timeout=START_TIMEOUT_S)
+    await swarm.make_eligible(a, [b, c], timeout=START_TIMEOUT_S)
 
     async with httpx.AsyncClient(timeout=60) as client:
         # The suggestion for a joining node with y in its store.
@@ -359,6 +361,7 @@ async def test_a_dead_serving_node_is_replaced_from_spare_capacity_only(
     spare = swarm.new_node("spare", args=["--models", str(store)])
     await swarm.start_ready(entry, timeout=START_TIMEOUT_S)
     await swarm.start_many([pinned, spare], [entry.seed], timeout=START_TIMEOUT_S)
+    await swarm.make_eligible(entry, [pinned, spare], timeout=START_TIMEOUT_S)
 
     def served_by(node: LocalNode) -> Callable[[Views], bool]:
         def check(views: Views) -> bool:

@@ -5,7 +5,9 @@ duplicates, partitions that heal, crashes and restarts from the persisted
 state, pauses (a node that stops running but keeps its memory, like a
 stopped process or a long GC, then resumes with stale beliefs), single-server
 configuration changes (learners added and promoted, voters and learners
-removed, the leader included), compaction, and proposals throughout. After every step it checks the
+removed, the leader included), compaction, proposals throughout, and a
+stranger (a key that never joined) forging every kind of message at any
+term; no node may ever take its term, follow it or count it. After every step it checks the
 Raft safety properties (paper figure 3): election safety, log matching,
 leader completeness, state-machine safety (applied sequences are prefixes of
 one another) and that no entry reported committed is ever lost. A failing
@@ -19,8 +21,18 @@ import random
 
 import pytest
 
-from consensus.log import Entry, EntryKind
-from consensus.raft import RaftConfig
+from consensus.log import Entry, EntryKind, Snapshot
+from consensus.raft import (
+    AppendEntries,
+    AppendResponse,
+    InstallSnapshot,
+    Message,
+    RaftConfig,
+    RequestVote,
+    TimeoutNow,
+    VoteResponse,
+    encode_config,
+)
 from tests.test_raft_scenarios import Network
 
 SEEDS = int(os.environ.get("RAFT_SEEDS", "2000"))  # the issue asks for >= 2,000 schedules
@@ -93,6 +105,29 @@ class Checker:
 
 SPARES = 2
 """Nodes that start outside the configuration, for changes to add."""
+STRANGER = b"x"
+"""A key that never joined: it forges every kind of message, at any term."""
+FORGED_TERM = 10**15
+"""Far above any term a schedule reaches: a node that took one would show it."""
+
+
+def forge(rng: random.Random, to: bytes) -> Message:
+    """One message from STRANGER, each kind a way to take over or disrupt."""
+    term = rng.choice((1, 2, FORGED_TERM))
+    takeover = Entry(term, 1, EntryKind.CONFIG, encode_config(frozenset({STRANGER}), frozenset()))
+    choices: list[Message] = [
+        RequestVote(to=to, term=term, candidate=STRANGER, last_index=10**9, last_term=term),
+        RequestVote(to=to, term=term, candidate=STRANGER, last_index=10**9, last_term=term,
+                    pre_vote=True, transfer=True),
+        AppendEntries(to=to, term=term, leader=STRANGER, prev_index=0, prev_term=0,
+                      entries=(takeover,), commit=1),
+        InstallSnapshot(to=to, term=term, leader=STRANGER,
+                        snapshot=Snapshot(10**6, term, frozenset({STRANGER}), frozenset(), b"")),
+        TimeoutNow(to=to, term=term, leader=STRANGER),
+        VoteResponse(to=to, term=term, voter=STRANGER, granted=True),
+        AppendResponse(to=to, term=term, follower=STRANGER, success=True, match_index=10**9),
+    ]  # fmt: skip
+    return rng.choice(choices)
 
 
 def change_configuration(net: Network, rng: random.Random, leader: bytes) -> None:
@@ -124,6 +159,11 @@ def run_schedule(seed: int) -> None:
         max_entries_per_append=rng.choice((1, 4, 64)),
     )
     net = Network(ids, config=config, seed=seed)
+    # Every node the schedule may promote is eligible, as the ledger would
+    # say; the stranger is not, and speaks throughout (`forge`).
+    net.eligible = frozenset(ids + spares)
+    for nid in ids:
+        net.nodes[nid].eligible = net.eligible
     for nid in spares:
         net.add_node(nid, voters=frozenset())
     everyone = ids + spares
@@ -173,6 +213,12 @@ def run_schedule(seed: int) -> None:
                 paused.add(rng.choice(running))
             elif paused:
                 paused.discard(rng.choice(sorted(paused)))
+        elif action < 0.935:
+            target = rng.choice(everyone)
+            if target not in net.down:
+                net.nodes[target].step(forge(rng, target))
+                net.process(target)
+                net.queue = [m for m in net.queue if m.to != STRANGER]  # its answers
         elif action < 0.95:
             cut = set(rng.sample(everyone, rng.randrange(1, len(everyone))))
             net.blocked = {(a, b) for a in everyone for b in everyone if (a in cut) != (b in cut)}
@@ -184,6 +230,10 @@ def run_schedule(seed: int) -> None:
                 net.compact(rng.choice(live))
         net.flush()
         checker.check(full=step % LOG_CHECK_EVERY == 0)
+        for node in net.nodes.values():
+            assert node.term < FORGED_TERM, f"{node.node_id!r} took a stranger's term"
+            assert STRANGER not in node.voters | node.learners
+            assert node.leader != STRANGER
 
     # Heal everything: the cluster must recover and keep every committed entry.
     paused.clear()

@@ -72,6 +72,8 @@ class Network:
         self.down: set[bytes] = set()
         self.restarts = 0
         self.on_commit: Callable[[bytes, Entry], None] | None = None
+        self.eligible: frozenset[bytes] = frozenset()
+        """What every node's driver would take from the ledger (RaftNode.eligible)."""
         for nid in ids:
             self.add_node(nid, voters=self.bootstrap_voters, learners=learners)
 
@@ -87,6 +89,7 @@ class Network:
         self.nodes[nid] = RaftNode(
             nid, self.config, self._rng(nid), voters=voters, learners=learners
         )
+        self.nodes[nid].eligible = self.eligible
         return self.nodes[nid]
 
     def _rng(self, nid: bytes) -> random.Random:
@@ -114,6 +117,7 @@ class Network:
             learners=learners,
             applied=self.applied_index[nid],
         )
+        self.nodes[nid].eligible = self.eligible
         self.down.discard(nid)
         return self.nodes[nid]
 

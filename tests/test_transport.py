@@ -17,6 +17,7 @@ import trio
 import zmq
 
 from mesh.identity import Identity, PlaneKeys
+from mesh.newcomers import R_ADDRESS, R_PREFIX, NewcomerLimit
 from mesh.transport import (
     CONTROL_MAX_MESSAGE_BYTES,
     DATA_MAX_MESSAGE_BYTES,
@@ -26,6 +27,7 @@ from mesh.transport import (
     open_plane,
     open_planes,
 )
+from mesh.zap import HandshakeGate
 
 LOCAL = "tcp://127.0.0.1:0"
 # A node nobody runs: what a send to an address with no node behind it names.
@@ -76,22 +78,28 @@ def raw_socket(
     *,
     encrypted: bool = True,
     claim: bytes | None = None,
+    keys: PlaneKeys | None = None,
+    source: str | None = None,
 ) -> Iterator[zmq.Socket]:
     """A plain pyzmq socket connected to ``server``, for sending junk: a
-    CURVE client with a key of its own that names itself (or ``claim``) in
-    its handshake, or (``encrypted=False``) a plaintext one."""
+    CURVE client with a key of its own (or ``keys``) that names itself (or
+    ``claim``) in its handshake, or (``encrypted=False``) a plaintext one;
+    from the loopback address ``source`` if given (any of 127.0.0.0/8)."""
     sock = zmq.Context.instance().socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if routing_id is not None:
         sock.setsockopt(zmq.CONNECT_ROUTING_ID, routing_id)
     if encrypted:
-        keys = new_keys()
+        keys = keys or new_keys()
         sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.curve_public)
         sock.setsockopt(zmq.CURVE_SECRETKEY, keys.curve_secret)
         sock.setsockopt(zmq.CURVE_SERVERKEY, server.keys.curve_public)
         named = (claim or keys.node_id).hex()
         sock.setsockopt(zmq.METADATA, f"{NODE_ID_PROPERTY}:{named}".encode())
-    sock.connect(server.address)
+    if source is None:
+        sock.connect(server.address)
+    else:
+        sock.connect(f"tcp://{source}:0;{server.address.removeprefix('tcp://')}")
     try:
         yield sock
     finally:
@@ -477,3 +485,126 @@ async def test_a_policy_that_raises_refuses_and_the_handler_keeps_answering() ->
         a.send(b.address, [b"still answered"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
             assert (await b.receive()).frames == [b"still answered"]
+
+
+# --- the Sybil bound at the handshake ---------------------------------------------
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _received(plane: Plane) -> bytes:
+    with trio.fail_after(WAIT_S):
+        return (await plane.receive()).frames[0]
+
+
+async def _counted(drops: collections.Counter[str], reason: str, at_least: int = 1) -> None:
+    with trio.fail_after(WAIT_S):
+        while drops[f"control.{reason}"] < at_least:
+            await trio.sleep(0.02)
+
+
+async def test_new_keys_are_bounded_per_source_address_and_prefix_at_the_handshake() -> None:
+    """Real handshakes from real loopback sources: one new key per address
+    and two per /24 here. Keys over the bound are refused and counted by
+    reason; a key already admitted connects again freely; a refused one
+    gets in on a later connection once the bucket has refilled."""
+    drops: collections.Counter[str] = collections.Counter()
+    clock = FakeClock()
+    gate = HandshakeGate(NewcomerLimit(1, 2), clock=clock)
+    first, second, third, fourth = (new_keys() for _ in range(4))
+    async with planes(1, drops, config=PlaneConfig(unreachable_after_s=0.5)) as (b,):
+        b.limit_newcomers(gate)
+        with raw_socket(zmq.DEALER, b, keys=first, source="127.0.0.1") as one:
+            one.send(b"first")
+            assert await _received(b) == b"first"
+            with raw_socket(zmq.DEALER, b, keys=second, source="127.0.0.1") as same_host:
+                same_host.send(b"second")  # queued in its pipe while refused
+                await _counted(drops, R_ADDRESS)
+                with raw_socket(zmq.DEALER, b, keys=third, source="127.0.0.2") as neighbour:
+                    neighbour.send(b"third")
+                    assert await _received(b) == b"third"
+                with raw_socket(zmq.DEALER, b, keys=fourth, source="127.0.0.3") as third_host:
+                    third_host.send(b"fourth")
+                    await _counted(drops, R_PREFIX)
+                # An admitted key is known: a new connection of its own is
+                # not charged, though its address has no budget left.
+                with raw_socket(zmq.DEALER, b, keys=first, source="127.0.0.1") as again:
+                    again.send(b"first again")
+                    assert await _received(b) == b"first again"
+                assert b.received_messages == 3
+        # A minute on, the bucket has refilled: the refused key's next
+        # connection (a plane makes one on a later send, having given up on
+        # the refused one like on any failing peer) gets in.
+        clock.now += 60.0
+        with raw_socket(zmq.DEALER, b, keys=second, source="127.0.0.1") as same_host:
+            same_host.send(b"second, a minute on")
+            assert await _received(b) == b"second, a minute on"
+
+
+async def test_a_key_membership_vouched_for_is_let_in_without_budget() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    gate = HandshakeGate(NewcomerLimit(1, 1), clock=FakeClock())
+    member = new_keys()
+    gate.vouch(member.curve_public)
+    async with planes(1, drops, config=PlaneConfig(unreachable_after_s=0.5)) as (b,):
+        b.limit_newcomers(gate)
+        with raw_socket(zmq.DEALER, b) as newcomer:
+            newcomer.send(b"newcomer")
+            assert await _received(b) == b"newcomer"
+        with raw_socket(zmq.DEALER, b, keys=member) as known:
+            known.send(b"member")
+            assert await _received(b) == b"member"
+        with raw_socket(zmq.DEALER, b) as late:
+            late.send(b"late")
+            await _counted(drops, R_ADDRESS)
+    assert b.received_messages == 2
+
+
+async def test_the_key_policy_refuses_first_and_a_refused_key_is_not_charged() -> None:
+    """A private swarm's policy refusing a key is `handshake_refused` and
+    takes nothing from the source's newcomer budget."""
+    drops: collections.Counter[str] = collections.Counter()
+    gate = HandshakeGate(NewcomerLimit(1, 1), clock=FakeClock())
+    invited = new_keys()
+    async with planes(1, drops, config=PlaneConfig(unreachable_after_s=0.5)) as (b,):
+        b.admit(lambda key: key == invited.curve_public)
+        b.limit_newcomers(gate)
+        with raw_socket(zmq.DEALER, b) as uninvited:
+            uninvited.send(b"uninvited")
+            await _counted(drops, "handshake_refused")
+        with raw_socket(zmq.DEALER, b, keys=invited) as guest:
+            guest.send(b"invited")
+            assert await _received(b) == b"invited"
+    assert drops[f"control.{R_ADDRESS}"] == 0
+
+
+def test_the_gate_is_safe_to_share_between_threads() -> None:
+    """The ZAP thread admits while the node's thread vouches: under
+    contention exactly the budget of new keys gets in."""
+    import threading
+
+    gate = HandshakeGate(NewcomerLimit(50, 50), clock=FakeClock())
+    admitted: list[bytes] = []
+    lock = threading.Lock()
+
+    def hammer(worker: int) -> None:
+        for i in range(500):
+            key = worker.to_bytes(2, "big") + i.to_bytes(30, "big")
+            if gate.admit(key, "192.0.2.1") is None:
+                with lock:
+                    admitted.append(key)
+            gate.vouch(b"v" * 31 + bytes([i % 256]))
+
+    threads = [threading.Thread(target=hammer, args=(w,)) for w in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(admitted) == 50
+    assert all(gate.admit(key, "192.0.2.1") is None for key in admitted)  # known now

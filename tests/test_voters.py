@@ -43,6 +43,8 @@ class Swarm:
     learners: set[bytes] = field(default_factory=set)
     members: dict[bytes, MemberInfo] = field(default_factory=dict)
     log: list[ConfigChange] = field(default_factory=list)
+    ineligible: set[bytes] = field(default_factory=set)
+    """Members the ledger does not let vote; every other member may."""
 
     def __post_init__(self) -> None:
         self.join(LEADER, at=0.0)
@@ -71,6 +73,7 @@ class Swarm:
             learners=frozenset(self.learners),
             leader=LEADER,
             members=self.members,
+            eligible=frozenset(self.members) - self.ineligible,
             now=now,
             policy=policy,
         )
@@ -239,6 +242,7 @@ def test_a_learner_out_of_contact_is_not_promoted() -> None:
         learners=frozenset(swarm.learners),
         leader=LEADER,
         members=swarm.members,
+        eligible=frozenset(swarm.members),
         now=10.0,  # 300 ms since the leader heard from it: over the 200 ms threshold
     )
     assert change is None
@@ -251,6 +255,7 @@ def test_a_voter_missing_from_the_view_is_not_removed() -> None:
         learners=frozenset(),
         leader=LEADER,
         members={},
+        eligible=frozenset({LEADER, nid(2), nid(3)}),
         now=1000.0,
     )
     assert change is None
@@ -260,17 +265,43 @@ def test_ties_break_by_node_id_not_by_mapping_order() -> None:
     members = {
         nid(i): MemberInfo("alive", alive_since=0.0, last_contact=10.0) for i in (9, 4, 7, 2)
     }
-    args = {"voters": frozenset({LEADER}), "leader": LEADER, "now": 10.0}
+    args = {
+        "voters": frozenset({LEADER}),
+        "leader": LEADER,
+        "now": 10.0,
+        "eligible": frozenset(members),
+    }
     first = next_change(learners=frozenset(), members=members, **args)  # type: ignore[arg-type]
     assert first == ConfigChange("add_learner", nid(2), "new_member")
     promoted = next_change(learners=frozenset(members), members=members, **args)  # type: ignore[arg-type]
     assert promoted == ConfigChange("promote", nid(2), "stable_learner")
 
 
+def test_a_member_the_ledger_does_not_let_vote_stays_a_learner() -> None:
+    # A key made to sort first (the attack in issue 14: an id starting 00
+    # takes a few hundred tries) joins, stays alive and is heard from; only
+    # the eligible member behind it is promoted, and no one else after it.
+    low, trusted = bytes(32), nid(5)
+    swarm = Swarm(ineligible={low})
+    swarm.join(low, at=0.0)
+    swarm.join(trusted, at=0.0)
+    swarm.settle(now=0.0)
+    assert swarm.learners == {low, trusted}
+    assert swarm.settle(now=60.0) == [("promote", 5, "stable_learner")]
+    assert swarm.voters == {LEADER, trusted}
+    assert swarm.settle(now=600.0) == []
+    assert low in swarm.learners
+
+
 def test_a_leader_outside_the_configuration_changes_nothing() -> None:
     assert (
         next_change(
-            voters=frozenset({nid(2)}), learners=frozenset(), leader=LEADER, members={}, now=0.0
+            voters=frozenset({nid(2)}),
+            learners=frozenset(),
+            leader=LEADER,
+            members={},
+            eligible=frozenset({nid(2)}),
+            now=0.0,
         )
         is None
     )
@@ -315,6 +346,8 @@ def _check(swarm: Swarm, change: ConfigChange | None, policy: VoterPolicy) -> No
     if change is not None and change.kind == "promote":
         info = swarm.members[change.node]
         assert info.state == "alive"
+        assert change.node not in swarm.ineligible
+    assert not (swarm.voters - {LEADER}) & swarm.ineligible
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -322,11 +355,15 @@ def _check(swarm: Swarm, change: ConfigChange | None, policy: VoterPolicy) -> No
     st.integers(0, len(NODES)),
     events,
     st.sampled_from([POLICY, VoterPolicy(max_voters=7, small_swarm_voters=3)]),
+    st.sets(st.sampled_from(NODES)),
 )
 def test_the_policy_is_safe_and_converges_on_any_membership_history(
-    founders: int, history: list[tuple[float, bytes, MemberState, int]], policy: VoterPolicy
+    founders: int,
+    history: list[tuple[float, bytes, MemberState, int]],
+    policy: VoterPolicy,
+    ineligible: set[bytes],
 ) -> None:
-    swarm = Swarm()
+    swarm = Swarm(ineligible=ineligible)
     for node in NODES[:founders]:  # a swarm that already exists when the history starts
         swarm.join(node, at=0.0)
     now = 0.0
@@ -360,10 +397,11 @@ def test_the_policy_is_safe_and_converges_on_any_membership_history(
     assert swarm.voters <= alive | {LEADER} | {
         n for n, info in swarm.members.items() if info.state == "suspect"
     }  # failed voters are gone (suspects keep their vote; the leader stays)
-    stable = alive | {LEADER}  # the leader counts itself, whatever membership says
+    stable = (alive - swarm.ineligible) | {LEADER}  # the leader counts itself, whatever
     target = policy.max_voters if len(stable) >= policy.max_voters else policy.small_swarm_voters
     if len(swarm.voters) < target:
-        assert not swarm.learners & alive  # no stable learner left unpromoted
+        # no stable eligible learner left unpromoted
+        assert not (swarm.learners & alive) - swarm.ineligible
 
 
 # --- end to end: the policy drives a real Raft core over the codec ---------------
@@ -432,7 +470,7 @@ def test_the_policy_grows_a_raft_cluster_whose_every_message_crosses_the_codec()
             if t <= now
         }
         change = next_change(voters=leader.voters, learners=leader.learners, leader=LEADER,
-                             members=members, now=now)  # fmt: skip
+                             members=members, eligible=frozenset(ids), now=now)  # fmt: skip
         if change is not None:
             kind = {"add_learner": "add_learner", "promote": "add_voter", "remove": "remove"}
             leader.propose_config(**{kind[change.kind]: change.node})

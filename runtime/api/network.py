@@ -14,6 +14,11 @@
   (they verify every file against the digest);
 * with `--fault-injection`, `POST /v1/debug/faults` cuts the node off the
   control plane (tests);
+* `GET /v1/network/voters` (who votes, who may) and `POST /v1/network/voters`
+  (an operator makes a node eligible to vote, committed in the ledger;
+  forwarded to the leader like policy);
+* `POST /v1/network/refound` (this node's operator only, never forwarded):
+  make this node the only voter when the voters are gone for good;
 * `POST /v1/network/invitations` (a voter's operator: an invitation to a
   private swarm) and `POST /v1/network/join` (a newcomer redeems one; the
   body is signed by the newcomer's key, so it needs no credential, and is
@@ -41,7 +46,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from consensus.ledger import MAX_TEXT, Admit, Command, RecordDemand, SetPolicy
+from consensus.ledger import MAX_TEXT, Admit, Command, Eligible, RecordDemand, SetPolicy
 from consensus.settings import PlacementSettings, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, Signer, node_id_from_text, node_id_text
 from mesh.member_table import LIVE_STATES
@@ -53,7 +58,7 @@ from runtime.model.store import ModelStore
 from runtime.node.access import AccessError, SwarmAccess
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import AlreadyAssigned, Placement
-from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
+from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver, RefoundRefused
 from runtime.node.signed_http import SIGNED_HEADERS, ReplayGuard, sign_request
 
 log = logging.getLogger("shardmesh.api")
@@ -283,6 +288,33 @@ def network_routes(node: NetworkNode) -> list[Route]:
         command = _policy_command(await json_object(request), ledger.policy())
         return await commit(request, command, signer)
 
+    async def network_voters(request: Request) -> JSONResponse:
+        """Who votes and who may; a POST makes one more node eligible."""
+        if request.method == "GET":
+            return JSONResponse(node.raft.voters_view())
+        signer = await caller(request)
+        voter_only(signer)
+        body = await json_object(request)
+        try:
+            eligible = node_id_from_text(str(body.get("node_id")))
+        except ValueError as exc:
+            raise BadRequest(f"node_id: {exc}", "node_id") from None
+        return await commit(request, Eligible(eligible, time.time()), signer)
+
+    async def network_refound(request: Request) -> JSONResponse:
+        """Make this node the only voter (`RaftDriver.refound`); its own
+        operator's call only, since it can lose committed entries."""
+        if await caller(request) is not None:
+            raise forbidden("a refound is for this node's operator only")
+        await json_object(request)  # JSON only, like every POST; no fields
+        try:
+            index = await node.raft.refound()
+        except RefoundRefused as exc:
+            return error_response(409, str(exc), code="cannot_refound")
+        return JSONResponse(
+            {"index": index, "term": node.raft.raft.term, **node.raft.voters_view()}
+        )
+
     async def debug_faults(request: Request) -> JSONResponse:
         if await caller(request) is not None:
             raise forbidden("fault injection is for this node's operator only")
@@ -373,6 +405,8 @@ def network_routes(node: NetworkNode) -> list[Route]:
         Route("/v1/network/assign", network_assign, methods=["POST"]),
         Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),
         Route("/v1/debug/faults", debug_faults, methods=["POST"]),
+        Route("/v1/network/voters", network_voters, methods=["GET", "POST"]),
+        Route("/v1/network/refound", network_refound, methods=["POST"]),
         Route("/v1/network/invitations", network_invitations, methods=["POST"]),
         Route("/v1/network/join", network_join, methods=["POST"]),
     ]

@@ -26,6 +26,7 @@ import httpx
 import trio
 
 from mesh.identity import KEY_FILE, Identity
+from runtime.cli.policy_client import VOTERS_PATH
 from runtime.cli.status_view import STATUS_PATH
 from runtime.node.signed_http import sign_request
 from runtime.node.state_dir import read_operator_token, read_ready
@@ -270,6 +271,32 @@ class LocalSwarm:
         deadline = trio.current_time() + timeout
         for node in nodes:
             await self.wait_ready(node, max(0.1, deadline - trio.current_time()))
+
+    async def make_eligible(
+        self, via: LocalNode, nodes: Iterable[LocalNode], timeout: float = 30.0
+    ) -> None:
+        """Commit, through `via` with its operator token, that each of
+        `nodes` may become a Raft voter: one operator runs this whole
+        swarm, so it trusts all of them. Asks again while there is no
+        leader yet (503); SwarmError if a node is not eligible by `timeout`."""
+        assert self._client is not None, "use LocalSwarm as an async context manager"
+        headers = {**via.admin_headers(), "content-type": "application/json"}
+        with trio.move_on_after(timeout):
+            for node in nodes:
+                while True:
+                    try:
+                        response = await self._client.post(
+                            via.api + VOTERS_PATH, json={"node_id": node.node_id}, headers=headers
+                        )
+                    except httpx.HTTPError:
+                        response = None
+                    if response is not None and response.status_code == 200:
+                        reason = response.json().get("reason")
+                        if reason in (None, "already_eligible"):
+                            break
+                    await trio.sleep(POLL_S)
+            return
+        raise SwarmError(f"could not make the nodes eligible to vote within {timeout}s")
 
     # --- watching ------------------------------------------------------------
 

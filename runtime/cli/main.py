@@ -4,7 +4,8 @@ Commands: `node` (run a node), `status` (a node's view of the swarm),
 `chat` (stream an answer), `demo` (a local swarm on loopback), `simulate`
 (a scenario in the deterministic simulator), `tiny-model` (a tiny random
 model for tests and demos), `manifest build` (a model's identity and golden
-activations), `policy` (show or change the swarm's placement knobs) and
+activations), `policy` (show or change the swarm's placement knobs),
+`voters` (who votes, and making a node eligible to), `invite` and
 `doctor` (check that this machine computes a shard correctly). Each command's
 code lives beside this module in runtime/cli/ or is imported when it runs, so
 `shardmesh --help` stays fast.
@@ -100,6 +101,15 @@ def _seconds(text: str) -> float:
     if not 0 <= value < float("inf"):
         raise argparse.ArgumentTypeError(f"{text} is not a number of seconds >= 0")
     return value
+
+
+def _node_id(text: str) -> str:
+    from mesh.identity import node_id_from_text, node_id_text
+
+    try:
+        return node_id_text(node_id_from_text(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a node id: {exc}") from None
 
 
 def _setting(text: str) -> tuple[str, int | float]:
@@ -542,6 +552,58 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds to wait for an answer, and for a leader while one is elected (default 10)",
     )
 
+    voters = commands.add_parser(
+        "voters",
+        help="show who votes in the swarm's Raft, or make a node eligible to",
+        description=(
+            "Only eligible nodes ever become Raft voters: the founder, and the nodes an "
+            "operator makes eligible here (or invites with `shardmesh invite --voter`). "
+            "A voter can change what the whole swarm decides, so make eligible only nodes "
+            "you trust; a swarm needs 3 eligible nodes to keep a leader when one fails."
+        ),
+    )
+    voters_commands = voters.add_subparsers(
+        dest="voters_command", title="voters commands", required=True
+    )
+    voters_list = voters_commands.add_parser(
+        "list", help="who votes, who learns, who may vote", description="Show the voters."
+    )
+    voters_add = voters_commands.add_parser(
+        "add",
+        help="make NODE_ID eligible to vote (committed in the ledger)",
+        description=(
+            "Commit that NODE_ID may become a voter; the leader promotes it once it is "
+            "stable. Needs the asked node's operator token (--token-file, --state-dir or "
+            "SHARDMESH_TOKEN)."
+        ),
+    )
+    voters_add.add_argument("node_id", type=_node_id, metavar="NODE_ID", help="the node's id")
+    _token_arguments(voters_add)
+    voters_refound = voters_commands.add_parser(
+        "refound",
+        help="make the node at --api the only voter (the voters are gone for good)",
+        description=(
+            "When the voters are gone for good (a founder that died before anyone was "
+            "promoted, or voters lost past recovery) the swarm has no leader, ever. This "
+            "makes the node at --api the only voter and its leader; the voter policy then "
+            "promotes eligible nodes again. Entries that only the lost voters held are "
+            "lost, so run it on the surviving eligible node with the longest log "
+            "(`shardmesh status` shows raft.last_index). The node refuses until it has had "
+            "no leader for the profile's dead-voter grace. Needs that node's own operator "
+            "token (--token-file, --state-dir or SHARDMESH_TOKEN)."
+        ),
+    )
+    _token_arguments(voters_refound)
+    for sub in (voters_list, voters_add, voters_refound):
+        sub.add_argument("--api", required=True, type=_url, metavar="URL", help="any node's API")
+        sub.add_argument("--json", action="store_true", help="print the raw JSON answer")
+        sub.add_argument(
+            "--timeout",
+            type=_seconds,
+            default=10.0,
+            help="seconds to wait for an answer, and for a leader while one is elected",
+        )
+
     invite = commands.add_parser(
         "invite",
         help="invite a node to a private swarm (prints a token for its --invite)",
@@ -785,6 +847,44 @@ def _run_policy(args: argparse.Namespace) -> int:
     return 0
 
 
+def _run_voters(args: argparse.Namespace) -> int:
+    import json
+
+    from runtime.cli.operator_token import TokenError, find_token
+    from runtime.cli.policy_client import PolicyError, add_voter, fetch_voters, refound
+
+    try:
+        if args.voters_command == "add":
+            token = find_token(args.token_file, args.state_dir)
+            answer = add_voter(args.api, args.node_id, token=token, timeout=args.timeout)
+        elif args.voters_command == "refound":
+            token = find_token(args.token_file, args.state_dir)
+            answer = refound(args.api, token=token, timeout=args.timeout)
+        else:
+            answer = fetch_voters(args.api, timeout=args.timeout)
+    except (PolicyError, TokenError) as exc:
+        print(f"{PROG} voters: error: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(answer, indent=2, sort_keys=True))
+    elif args.voters_command == "add":
+        print(
+            f"{args.node_id[:12]} may become a voter: committed at index {answer['index']} "
+            f"by leader {answer['leader'][:12]}"
+        )
+    elif args.voters_command == "refound":
+        print(
+            f"refounded: {answer['voters'][0][:12]} is the only voter (entry {answer['index']}, "
+            f"term {answer['term']}); the voter policy promotes eligible nodes from here"
+        )
+    else:
+        for role in ("voters", "learners", "eligible"):
+            print(f"{role:<9} {' '.join(n[:12] for n in answer[role]) or '-'}")
+        if answer.get("eligibility_warning"):
+            print(f"warning: {answer['eligibility_warning']}", file=sys.stderr)
+    return 0
+
+
 def _run_invite(args: argparse.Namespace) -> int:
     from runtime.cli.operator_token import TokenError, find_token
     from runtime.cli.policy_client import PolicyError, request_invitation
@@ -958,6 +1058,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _run_policy(args)
     if args.command == "invite":
         return _run_invite(args)
+    if args.command == "voters":
+        return _run_voters(args)
     if args.command == "tiny-model":
         return _run_tiny_model(args)
     if args.command == "manifest":

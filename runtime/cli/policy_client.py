@@ -1,7 +1,8 @@
-"""`shardmesh policy` and `shardmesh invite`: the admin calls about the swarm.
+"""`shardmesh policy`, `voters` and `invite`: the admin calls about the swarm.
 
-`policy` shows the swarm's placement policy, or changes it; `invite` asks
-a voter for an invitation to a private swarm.
+`policy` shows the swarm's placement policy, or changes it; `voters` shows
+who votes and who may, or makes a node eligible to vote; `invite` asks a
+voter for an invitation to a private swarm.
 
 The policy's knobs (`consensus.settings`) are one set for the whole swarm,
 committed in the placement ledger, so any node can be asked: it shows its
@@ -25,6 +26,8 @@ from runtime.cli.operator_token import OperatorToken
 
 POLICY_PATH: Final = "/v1/network/policy"
 INVITE_PATH: Final = "/v1/network/invitations"
+VOTERS_PATH: Final = "/v1/network/voters"
+REFOUND_PATH: Final = "/v1/network/refound"
 INVITE_TIMEOUT_S: Final = 10.0
 RETRY_S: Final = 0.5
 """Pause between asks while the swarm has no leader (an election takes
@@ -59,11 +62,36 @@ def set_policy(
     api: str, settings: Mapping[str, int | float], *, token: OperatorToken, timeout: float
 ) -> dict[str, Any]:
     """Commit `settings` swarm-wide with the operator's `token`; the
-    leader's answer (with "policy", the whole policy now in force). Asks
-    again while there is no leader."""
+    leader's answer (with "policy", the whole policy now in force)."""
+    return _commit(api, POLICY_PATH, dict(settings), token, timeout)
+
+
+def fetch_voters(api: str, *, timeout: float) -> dict[str, Any]:
+    """{"voters", "learners", "eligible", "eligibility_warning"} as the node sees them."""
+    return _answer(_request("GET", api, None, timeout, path=VOTERS_PATH))
+
+
+def add_voter(api: str, node_id: str, *, token: OperatorToken, timeout: float) -> dict[str, Any]:
+    """Commit that `node_id` may become a voter; the leader's answer."""
+    return _commit(api, VOTERS_PATH, {"node_id": node_id}, token, timeout)
+
+
+def refound(api: str, *, token: OperatorToken, timeout: float) -> dict[str, Any]:
+    """Make the node at `api` the only voter; its answer (the new voters)."""
+    response = _request("POST", api, {}, timeout, token.headers(), REFOUND_PATH)
+    if response.status_code == 401:
+        raise PolicyError(token.refused())
+    return _answer(response)
+
+
+def _commit(
+    api: str, path: str, body: dict[str, Any], token: OperatorToken, timeout: float
+) -> dict[str, Any]:
+    """POST a change the leader commits; ask again while there is no leader
+    (503) until `timeout`; PolicyError unless the ledger accepted it."""
     deadline = time.monotonic() + timeout
     while True:
-        response = _request("POST", api, dict(settings), timeout, token.headers())
+        response = _request("POST", api, body, timeout, token.headers(), path)
         if response.status_code != 503 or time.monotonic() + RETRY_S > deadline:
             break
         time.sleep(RETRY_S)

@@ -37,6 +37,7 @@ from consensus.invitations import (
 from consensus.ledger import Admit, ApplyResult, Found
 from mesh.identity import Identity, curve_public_key, verify
 from mesh.transport import Plane
+from mesh.zap import HandshakeGate
 from runtime.node.hostport import EndpointError, Seed, parse_seed
 from runtime.node.raft_driver import RaftDriver
 
@@ -110,11 +111,15 @@ class SwarmAccess:
         self._proposing = False
         raft.on_apply.append(self._on_apply)
 
-    def attach(self, *planes: Plane) -> None:
+    def attach(self, *planes: Plane, newcomers: HandshakeGate | None = None) -> None:
+        """Put the handshake policy on `planes`, and the Sybil bound
+        `newcomers` (one gate for all of them: `MembershipDriver.newcomers`,
+        so a newcomer is charged once, by the profile's limits)."""
         self._planes = list(planes)
         self._refresh()
         for plane in planes:
             plane.admit(self._admits)
+            plane.limit_newcomers(newcomers)
 
     def _admits(self, key: bytes) -> bool:
         """The planes' policy (called on libzmq's ZAP thread: it reads one

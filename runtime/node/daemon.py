@@ -154,7 +154,7 @@ class Node:
         self.access = SwarmAccess(
             self.identity, self.raft, founding=None if options.joins else options.swarm
         )
-        self.access.attach(control, data)
+        self.access.attach(control, data, newcomers=self.membership.newcomers)
         self.chat = ChatService(
             swarm=self.swarm,
             placement=self.placement,

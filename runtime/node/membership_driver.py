@@ -31,12 +31,14 @@ import trio
 
 from mesh import records
 from mesh.config import MembershipConfig
-from mesh.identity import Identity, node_id_text, verify
+from mesh.identity import Identity, curve_public_key, node_id_text, verify
 from mesh.member_table import MemberStateName, state_name
 from mesh.membership import Membership, MemberView
 from mesh.messages import Consensus, Envelope, consensus_signing_bytes
+from mesh.newcomers import NewcomerLimit
 from mesh.transport import Plane
 from mesh.wire import DecodeError, EncodeError, decode_envelope, encode_envelope
+from mesh.zap import HandshakeGate
 from runtime.node.state_dir import StateDir
 
 log = logging.getLogger("shardmesh.node")
@@ -104,6 +106,13 @@ class MembershipDriver:
         (`Membership.twin_addr`); the daemon decides whether to stop."""
         self._join_logged = 0
         self._wake = _Wake()
+        self.newcomers = HandshakeGate(
+            NewcomerLimit(config.newcomers_per_address, config.newcomers_per_prefix)
+        )
+        """The planes' Sybil bound (`SwarmAccess.attach` puts it on both):
+        new keys per source address and prefix, as the profile says. Every
+        member the core learns is vouched for here, so members reconnecting
+        (after our restart, or an idle disconnect) are never charged."""
         self.core = Membership(
             signer=identity,
             verifier=verify,
@@ -227,6 +236,10 @@ class MembershipDriver:
         for event in events:
             if event.kind == "record" and event.node == self.node_id:
                 self._state.store_record_seq(event.incarnation)
+            elif event.kind == "joined":
+                member_key = curve_public_key(event.node)
+                if member_key is not None:
+                    self.newcomers.vouch(member_key)
         self._state.store_incarnation(self.core.incarnation)
         encoded: dict[int, bytes] = {}
         for send in self.core.take_sends():

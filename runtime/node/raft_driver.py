@@ -43,10 +43,10 @@ from consensus.codec import RaftDecodeError, RaftEncodeError, decode_raft, encod
 from consensus.config import ConsensusConfig
 from consensus.ledger import ApplyResult, Command, LedgerError, PlacementLedger, encode_command
 from consensus.log import Entry, EntryKind
-from consensus.raft import Message, RaftNode, Ready, Role
+from consensus.raft import InstallSnapshot, Message, RaftNode, Ready, Role
 from consensus.storage import RaftStorage, StorageError
 from consensus.voters import MemberInfo, next_change
-from mesh.identity import node_id_text
+from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.member_table import MemberStateName
 
 log = logging.getLogger("shardmesh.raft")
@@ -55,6 +55,10 @@ INBOX_CAPACITY: Final = 4096
 """Messages and proposals waiting for the core. Raft tolerates loss, so a
 full inbox drops (counted) rather than blocking the control-plane reader,
 which also carries membership probes that must never wait behind Raft."""
+
+FAILOVER_ELIGIBLE: Final = 3
+"""Eligible nodes a swarm needs before losing a voter costs no leader: a
+quorum of 3 voters survives one failure, and only eligible nodes vote."""
 
 RECENT_DECISIONS: Final = 32
 """Voter changes the status API shows, newest last."""
@@ -74,6 +78,10 @@ class NotLeader(Exception):
         super().__init__(f"this node is not the leader; {where}")
 
 
+class RefoundRefused(Exception):
+    """The node may not refound the cluster now; the message says why."""
+
+
 class ProposalFailed(Exception):
     """A proposal that is not known to be committed: its entry was replaced by
     another leader's (certainly lost), or the wait timed out (it may yet
@@ -89,6 +97,15 @@ class Committed:
     accepted: bool
     reason: str = ""
     detail: str = ""
+
+
+@dataclass(eq=False)
+class _Refound:
+    """The operator's refound, carried to the task that owns the core."""
+
+    done: trio.Event = field(default_factory=trio.Event)
+    index: int = 0
+    error: Exception | None = None
 
 
 @dataclass(eq=False)
@@ -125,7 +142,11 @@ class RaftDriver:
         store holds no configuration yet it founds a one-voter cluster (and
         writes that configuration into the log as soon as it leads, so a
         restart finds it). A joining node starts with no configuration and
-        waits for a leader to add it as a learner.
+        waits for a leader to add it as a learner. A store whose log lost
+        acknowledged entries (`LoadedState.damaged_until`, logged by the
+        storage) starts the core in repair (`RaftNode(repair_until=...)`):
+        it follows and is caught up by the leader but neither votes nor
+        campaigns until then, and never founds a new cluster.
         """
         self.node_id = node_id
         self.config = config
@@ -136,7 +157,9 @@ class RaftDriver:
         has_config = loaded.snapshot is not None or any(
             e.kind == EntryKind.CONFIG for e in loaded.entries
         )
-        self._write_bootstrap_config = bootstrap and not has_config
+        # A damaged store that lost its configuration is not a first start:
+        # founding a one-voter cluster would make it a leader of its own.
+        self._write_bootstrap_config = bootstrap and not has_config and loaded.damaged_until is None
         try:
             self.ledger = (
                 PlacementLedger.restore(loaded.snapshot.data)
@@ -154,16 +177,19 @@ class RaftDriver:
             snapshot=loaded.snapshot,
             voters=frozenset({node_id}) if self._write_bootstrap_config else frozenset(),
             applied=loaded.snapshot.index if loaded.snapshot else 0,
+            repair_until=loaded.damaged_until,
         )
+        self.raft.eligible = self.ledger.eligible_voters()
         self.drops: Counter[str] = Counter()
         self.decisions: collections.deque[dict[str, Any]] = collections.deque(
             maxlen=RECENT_DECISIONS
         )
         self._last_contact: dict[bytes, float] = {}
         self._waiting: dict[int, _Proposal] = {}
-        self._inbox_send, self._inbox = trio.open_memory_channel[Message | _Proposal](
+        self._inbox_send, self._inbox = trio.open_memory_channel[Message | _Proposal | _Refound](
             INBOX_CAPACITY
         )
+        self._leaderless_since: float | None = None
         self._ticks = 0
         self.on_apply: list[Callable[[ApplyResult], None]] = []
         """Called with every applied command's result, in log order (the
@@ -219,6 +245,54 @@ class RaftDriver:
         assert proposal.result is not None
         return proposal.result
 
+    def leaderless_s(self) -> float:
+        """Seconds this node has known no leader (0 while it knows one)."""
+        since = self._leaderless_since
+        return 0.0 if since is None else max(0.0, trio.current_time() - since)
+
+    def refound_refusal(self) -> str | None:
+        """Why this node may not refound the cluster now, or None.
+
+        Only after a leader has been missing as long as a dead voter's grace
+        (`VoterPolicy.dead_grace_s`: the time the voter policy itself waits
+        before it gives a voter up), and only on an eligible node: refounding
+        makes this node the swarm's one voter."""
+        grace = self.config.voters.dead_grace_s
+        if self.raft.leader is not None:
+            return f"the swarm has a leader ({node_id_text(self.raft.leader)[:12]}): nothing to do"
+        if self.leaderless_s() < grace:
+            return (
+                f"no leader for {self.leaderless_s():.0f} s; a refound is for voters gone for "
+                f"good, so it waits {grace:g} s (an election may still succeed)"
+            )
+        swarm = self.ledger.swarm
+        eligible = self.ledger.eligible_voters() if swarm is not None else self.raft.voters
+        if self.node_id not in eligible:
+            return "this node is not eligible to vote: refound from an eligible node"
+        return None
+
+    async def refound(self) -> int:
+        """Make this node the only voter and the leader (`RaftNode.refound`):
+        the operator's explicit way out of a quorum lost for good. Returns
+        the new configuration's log index; `RefoundRefused` says why not."""
+        refusal = self.refound_refusal()
+        if refusal is not None:
+            raise RefoundRefused(refusal)
+        request = _Refound()
+        try:
+            self._inbox_send.send_nowait(request)
+        except trio.WouldBlock:
+            raise RefoundRefused("the consensus inbox is full; retry shortly") from None
+        await request.done.wait()
+        if request.error is not None:
+            raise request.error
+        log.warning(
+            "refounded the Raft configuration: this node is its only voter (entry %d, term %d)",
+            request.index,
+            self.raft.term,
+        )
+        return request.index
+
     # --- the loop ---------------------------------------------------------------------
 
     async def run(self) -> None:
@@ -247,7 +321,14 @@ class RaftDriver:
                 next_tick = max(next_tick + tick_s, now + tick_s / 2)
             await self._carry_out_readies()
 
-    def _handle(self, item: Message | _Proposal) -> None:
+    def _handle(self, item: Message | _Proposal | _Refound) -> None:
+        if isinstance(item, _Refound):
+            try:
+                item.index = self.raft.refound()
+            except ValueError as exc:
+                item.error = RefoundRefused(str(exc))
+            item.done.set()
+            return
         if isinstance(item, _Proposal):
             index = self.raft.propose(item.data)
             if index is None:
@@ -256,12 +337,36 @@ class RaftDriver:
             item.index, item.term = index, self.raft.term
             self._waiting[index] = item
             return
+        refusal = self.raft.refusal(item) or self._snapshot_refusal(item)
+        if refusal is not None:
+            self.drops[refusal] += 1
+            return
         self._last_contact[item.sender] = trio.current_time()
         self.raft.step(item)
+
+    def _snapshot_refusal(self, message: Message) -> str | None:
+        """A snapshot is checked whole before the core may take it: the core
+        hands it out to be persisted, and a ledger that cannot be restored
+        would then stop this node at every start."""
+        if not isinstance(message, InstallSnapshot):
+            return None
+        snapshot = message.snapshot
+        if any(len(n) != NODE_ID_BYTES for n in snapshot.voters | snapshot.learners):
+            return "bad_snapshot_configuration"
+        try:
+            PlacementLedger.restore(snapshot.data)
+        except LedgerError as exc:
+            log.warning("refused a snapshot from %s: %s", node_id_text(message.sender)[:12], exc)
+            return "bad_snapshot_ledger"
+        return None
 
     def _tick(self, now: float) -> None:
         self.raft.tick()
         self._ticks += 1
+        if self.raft.leader is not None:
+            self._leaderless_since = None
+        elif self._leaderless_since is None:
+            self._leaderless_since = now
         if not self.raft.is_leader:
             return
         if self._write_bootstrap_config:
@@ -287,6 +392,7 @@ class RaftDriver:
             learners=self.raft.learners,
             leader=self.node_id,
             members=members,
+            eligible=self.ledger.eligible_voters(),
             now=now,
             policy=self.config.voters,
         )
@@ -325,6 +431,7 @@ class RaftDriver:
                 self.ledger = PlacementLedger.restore(rd.snapshot.data)
             for entry in rd.committed:
                 self._apply(entry)
+            self.raft.eligible = self.ledger.eligible_voters()
             self.raft.advance(rd)
             await self._maybe_compact()
 
@@ -378,9 +485,39 @@ class RaftDriver:
         """The leader this node follows (itself when leading), or None."""
         return self.raft.leader
 
+    def voters_view(self) -> dict[str, Any]:
+        """Who votes, who may (`GET /v1/network/voters`, status "raft"), a
+        warning while too few may for the swarm to survive a lost voter, and
+        what to run once a leader has been missing long enough that the
+        voters may be gone for good."""
+        eligible = self.ledger.eligible_voters()
+        refound_hint = None
+        if self.refound_refusal() is None:
+            refound_hint = (
+                f"no leader for {self.leaderless_s():.0f} s: if the voters are gone for good, "
+                "run `shardmesh voters refound --api URL` on the surviving eligible node with "
+                "the longest log (raft.last_index); entries only the lost voters held are lost"
+            )
+        warning = None
+        if len(eligible) < FAILOVER_ELIGIBLE:
+            warning = (
+                f"only {len(eligible)} node(s) may vote, so losing one leaves the swarm "
+                f"without a leader (no failover); {FAILOVER_ELIGIBLE} are needed: make "
+                "trusted nodes eligible with `shardmesh voters add NODE_ID --api URL`"
+            )
+        return {
+            "voters": sorted(node_id_text(v) for v in self.raft.voters),
+            "learners": sorted(node_id_text(n) for n in self.raft.learners),
+            "eligible": sorted(node_id_text(n) for n in eligible),
+            "eligibility_warning": warning,
+            "leaderless_s": round(self.leaderless_s(), 1),
+            "refound_hint": refound_hint,
+        }
+
     def status(self) -> dict[str, Any]:
         """The consensus fields of `/v1/network/status`."""
         leader = self.raft.leader
+        repair = self.raft.repairing_until
         return {
             "leader": node_id_text(leader) if leader else None,
             "term": self.raft.term,
@@ -391,8 +528,10 @@ class RaftDriver:
                 "applied_index": self.raft.applied_index,
                 "first_index": self.raft.first_index,
                 "last_index": self.raft.last_index,
-                "voters": sorted(node_id_text(v) for v in self.raft.voters),
-                "learners": sorted(node_id_text(n) for n in self.raft.learners),
+                # Index a damaged log must be repaired to before this node
+                # votes or campaigns again (consensus.raft, "Repair"); None: intact.
+                "repairing_until": None if repair is None else repair.index,
+                **self.voters_view(),
                 "voter_decisions": list(self.decisions),
                 "profile": self.config.name,
             },
