@@ -60,3 +60,23 @@ def test_manifest_build_says_what_it_is_doing(tmp_path: Path) -> None:
     assert lines[0].startswith("shardmesh manifest build: hashing tensors (")
     assert lines[1] == "shardmesh manifest build: golden activations, layer by layer (2)"
     assert lines[2].startswith("shardmesh manifest build: done in ")
+
+
+def test_the_doctor_says_which_check_it_is_on(tmp_path: Path) -> None:
+    model = make_tiny_model(tmp_path / "m", layers=2)
+    result = subprocess.run(
+        [sys.executable, "-m", "runtime.cli", "doctor", "--model", str(model), "--layers", "0:2",
+         "--recipe", "fp32", "--backend", "torch", "--no-measure"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("shardmesh doctor")]
+    phases = [line.removeprefix("shardmesh doctor: ") for line in lines]
+    assert phases[:4] == ["backend", "manifest", "span", "recipe"]
+    assert phases[4] == "memory"
+    assert phases[5].startswith("checking tensor digests (")
+    assert phases[6:8] == ["loading the shard", "probe forward pass"]
+    assert phases[8].startswith("done in ") and len(phases) == 9

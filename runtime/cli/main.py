@@ -1015,11 +1015,19 @@ def _run_manifest_build(args: argparse.Namespace) -> int:
 
 def _run_doctor(args: argparse.Namespace) -> int:
     from runtime.model.doctor import render_text, run_doctor
+    from runtime.model.progress import Progress
 
     start, end = args.layers
-    report = run_doctor(
-        args.model, start, end, args.recipe, args.backend, measure=not args.no_measure
-    )
+    with Progress(f"{PROG} doctor") as progress:
+        report = run_doctor(
+            args.model,
+            start,
+            end,
+            args.recipe,
+            args.backend,
+            measure=not args.no_measure,
+            progress=progress,
+        )
     print(report.to_json() if args.json else render_text(report))
     if not report.admitted:
         print(f"{PROG} doctor: refused: {report.reason}: {report.message}", file=sys.stderr)

@@ -76,6 +76,7 @@ from runtime.model.manifest import (
     load_manifest,
     manifest_digest,
 )
+from runtime.model.progress import Progress
 from runtime.model.recipes import Recipe, check_recipe, relative_error
 from runtime.model.weights import (
     SafetensorsReader,
@@ -199,6 +200,8 @@ class _Run:
     recipe: Recipe | None = None
     shard: ShardBackend | None = None
     throughput: Throughput | None = None
+    progress: Progress | None = None
+    """Hears of each check as it starts (and of each tensor hashed)."""
 
 
 def run_doctor(
@@ -209,11 +212,14 @@ def run_doctor(
     backend: str | None = None,
     *,
     measure: bool = True,
+    progress: Progress | None = None,
 ) -> DoctorReport:
     """Check that this machine computes layers [start, end) of the model in
     `model_dir` correctly in `recipe` on `backend` (default: the platform's
-    default backend). Never raises for a refusal; see the module docstring."""
+    default backend). Never raises for a refusal; see the module docstring.
+    `progress` hears of each check as it starts."""
     run = _Run(Path(model_dir), start, end, recipe, backend or default_backend())
+    run.progress = progress
     return _execute(run, _full_steps(measure), mode="full")
 
 
@@ -246,12 +252,18 @@ def _full_steps(measure: bool) -> list[tuple[str, Any]]:
 
 
 def admit(
-    model_dir: Path, start: int, end: int, recipe: str, backend: str | None = None
+    model_dir: Path,
+    start: int,
+    end: int,
+    recipe: str,
+    backend: str | None = None,
+    progress: Progress | None = None,
 ) -> tuple[DoctorReport, ShardBackend | None]:
     """The full doctor, and the shard it checked when it admits it: a node
     serves the very object that passed the probe, not a second load that
     could differ (and would cost a second read of the weights)."""
     run = _Run(Path(model_dir), start, end, recipe, backend or default_backend())
+    run.progress = progress
     report = _execute(run, _full_steps(measure=True), mode="full")
     return report, run.shard if report.admitted else None
 
@@ -406,6 +418,8 @@ def _execute(run: _Run, steps: list[tuple[str, Any]], mode: str) -> DoctorReport
     failed: Check | None = None
     for name, step in steps:
         step_began = time.perf_counter()
+        if run.progress is not None and name not in _OWN_PHASE:
+            run.progress.phase(_PHASES.get(name, name))
         try:
             details = step(run)
         except _Refused as refusal:
@@ -438,6 +452,17 @@ def _execute(run: _Run, steps: list[tuple[str, Any]], mode: str) -> DoctorReport
 
 
 # --- the checks: each returns its details or raises _Refused ---------------------
+
+
+_PHASES = {
+    "tensors": "checking tensor digests",
+    "load": "loading the shard",
+    "probe": "probe forward pass",
+    "throughput": "measuring throughput",
+}
+"""How the long checks read in progress lines; the others go by their name."""
+_OWN_PHASE = frozenset({"tensors"})
+"""Checks that open their phase themselves, once they know how many steps."""
 
 
 def _check_backend_installed(run: _Run) -> dict[str, Any]:
@@ -649,7 +674,11 @@ def _check_tensors(run: _Run) -> dict[str, Any]:
                 f"tensor {name} has shape {shape}, the manifest says {listed[name]['shape']}",
                 tensor=name,
             )
+    if run.progress is not None:
+        run.progress.phase(_PHASES["tensors"], len(names))
     for name in names:  # one tensor in memory at a time
+        if run.progress is not None:
+            run.progress.advance()
         try:
             raw = reader.read([name])[name]
         except ShardLoadError as exc:

@@ -44,6 +44,7 @@ from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS, HopServer
 from runtime.model.backends import backend_available, default_backend
 from runtime.model.backends.base import ShardBackend
 from runtime.model.doctor import DoctorReport, admit, default_device, free_memory_bytes, recheck
+from runtime.model.progress import Progress
 
 log = logging.getLogger("shardmesh.admission")
 
@@ -141,9 +142,11 @@ class Admission:
         """Admit, serve and refresh until cancelled."""
         o = self.options
         log.info("doctor: checking %s layers %d:%d (%s)", o.model_dir, *o.layers, o.recipe)
+        progress = Progress("doctor", emit=log.info)  # a log line per phase
         report, shard = await trio.to_thread.run_sync(
-            admit, o.model_dir, o.layers[0], o.layers[1], o.recipe, o.backend
+            admit, o.model_dir, o.layers[0], o.layers[1], o.recipe, o.backend, progress
         )
+        progress.close()
         if shard is None:
             self._record(report)
             log.error("doctor refused the shard: %s (%s)", report.reason, report.message)
