@@ -24,8 +24,11 @@ Rules, in priority order (the first that applies is the change)::
        last voter)
     3  voters < target and an eligible stable learner    promote       stable_learner
        exists
-    4  an alive member is neither voter nor learner      add_learner   new_member
+    4  a learner is not eligible                         remove        not_eligible
     5  a learner has failed                              remove        failed_learner
+    6  an alive eligible member is neither voter nor     add_learner   new_member
+       learner, and learners < max_learners (a failed
+       learner gives its place up first: rule 5)
 
     eligible   the ledger says the node may vote
                (`PlacementLedger.eligible_voters`: the founder and the nodes
@@ -76,6 +79,7 @@ REASON_FAILED_VOTER: Final = "failed_voter"
 REASON_STABLE_LEARNER: Final = "stable_learner"
 REASON_NEW_MEMBER: Final = "new_member"
 REASON_FAILED_LEARNER: Final = "failed_learner"
+REASON_NOT_ELIGIBLE: Final = "not_eligible"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,13 @@ class VoterPolicy:
     """Consul's recommendation: 5 voters survive 2 failures; 7 would add a
     round trip's worth of quorum latency for a third failure that a swarm of
     volunteers rarely has at once, since dead voters are replaced anyway."""
+    max_learners: int = 4
+    """Learners at most: only eligible nodes waiting to be promoted are
+    learners (every other member follows the ledger by the leader's notice,
+    `runtime.node.ledger_follower`). The leader sends a learner what it
+    sends a voter, so 4 learners beside 4 followers keep its Raft traffic
+    within twice a 5-voter cluster's, and the configuration entry small,
+    however many members the swarm has."""
     small_swarm_voters: int = 3
     """Voters while fewer than `max_voters` stable members exist: 3 survive
     one failure, and an odd count never wastes a voter (4 tolerate 1 too)."""
@@ -125,6 +136,8 @@ class VoterPolicy:
     def __post_init__(self) -> None:
         if not 1 <= self.small_swarm_voters <= self.max_voters:
             raise ValueError("need 1 <= small_swarm_voters <= max_voters")
+        if self.max_learners < 0:
+            raise ValueError("max_learners must be >= 0")
         if min(self.stabilization_s, self.last_contact_threshold_s, self.dead_grace_s) < 0:
             raise ValueError("durations must be >= 0")
 
@@ -202,16 +215,19 @@ def next_change(
             return ConfigChange("remove", failed_voters[0], REASON_FAILED_VOTER)
     if len(voters) < target and candidates:
         return ConfigChange("promote", candidates[0], REASON_STABLE_LEARNER)
-    newcomers = sorted(
-        n
-        for n, info in members.items()
-        if info.state == MemberState.ALIVE and n not in voters | learners
-    )
-    if newcomers:
-        return ConfigChange("add_learner", newcomers[0], REASON_NEW_MEMBER)
+    ineligible = sorted(learners - eligible)
+    if ineligible:
+        return ConfigChange("remove", ineligible[0], REASON_NOT_ELIGIBLE)
     failed_learners = sorted(n for n in learners if failed(n))
     if failed_learners:
         return ConfigChange("remove", failed_learners[0], REASON_FAILED_LEARNER)
+    newcomers = sorted(
+        n
+        for n, info in members.items()
+        if info.state == MemberState.ALIVE and n in eligible and n not in voters | learners
+    )
+    if newcomers and len(learners) < policy.max_learners:
+        return ConfigChange("add_learner", newcomers[0], REASON_NEW_MEMBER)
     return None
 
 
@@ -226,8 +242,9 @@ def describe_rules(policy: VoterPolicy | None = None) -> str:
             f" < target and voters < {p.max_voters}",
             "  2. remove a failed voter (never the leader, never the last voter)",
             "  3. promote a stable learner while voters < target",
-            "  4. add every alive member that is not in the configuration as a learner",
+            "  4. remove learners that are not eligible",
             "  5. remove failed learners",
+            f"  6. add alive eligible members as learners, at most {p.max_learners} at a time",
             f"  stable: alive for >= {p.stabilization_s:g} s and heard from by the leader"
             f" within {p.last_contact_threshold_s * 1000:g} ms; never a suspect",
             f"  failed: left, or dead for >= {p.dead_grace_s:g} s",

@@ -226,12 +226,15 @@ class MembershipConfig:
             reconnect_timeout=3600.0,
             packet_budget=64 * 1024,
             join_retry_interval=0.3,
-            # Loopback: every node of a local swarm is 127.0.0.1 and tests
-            # and the demo start dozens within seconds; only our own
-            # processes can reach it. A thousand a minute is far above any
-            # of them, and still a bound on a runaway test.
-            newcomers_per_address=1000,
-            newcomers_per_prefix=1000,
+            # Loopback: every node of a local swarm is 127.0.0.1, and tests
+            # and the demo start up to a dozen real nodes within seconds
+            # (simulated nodes have addresses of their own). lan's 64 a
+            # minute is far above that, and keeps a flood of keys from one
+            # process as slow here as on a LAN: a thousand new members at
+            # once stall every node's event loop for about a second, long
+            # enough for a needless election at this profile's timeouts.
+            newcomers_per_address=64,
+            newcomers_per_prefix=256,
         )
 
     @classmethod

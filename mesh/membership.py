@@ -737,6 +737,12 @@ class Membership:
             return
         member = self._table.get(alive.node)
         if member is None:
+            # Over budget, refuse before verifying: a flood of new keys
+            # then costs a lookup each, not a signature check each.
+            refused = None if vouched else self._newcomers.refusal(alive.addr, now)
+            if refused is not None:
+                self.drops[refused] += 1
+                return
             if not self._authentic(alive):
                 return
             if not vouched:

@@ -122,16 +122,25 @@ class NewcomerLimit:
         self._addresses = _Buckets(per_address, window, max_tracked)
         self._prefixes = _Buckets(per_prefix, window, max_tracked)
 
-    def admit(self, addr: str, now: float) -> str | None:
-        """Take one newcomer from `addr` (an endpoint or a bare IP) at `now`:
-        None if admitted, else the drop reason (`R_ADDRESS`, `R_PREFIX`).
-        A refusal takes nothing, so a refused newcomer that comes back
-        later is not charged twice."""
+    def refusal(self, addr: str, now: float) -> str | None:
+        """The drop reason a newcomer from `addr` would get at `now`, taking
+        nothing: a caller can refuse a flood before paying to verify it."""
         address, prefix = neighbourhood(addr)
         if self._addresses.level(address, now) < 1.0:
             return R_ADDRESS
         if self._prefixes.level(prefix, now) < 1.0:
             return R_PREFIX
+        return None
+
+    def admit(self, addr: str, now: float) -> str | None:
+        """Take one newcomer from `addr` (an endpoint or a bare IP) at `now`:
+        None if admitted, else the drop reason (`R_ADDRESS`, `R_PREFIX`).
+        A refusal takes nothing, so a refused newcomer that comes back
+        later is not charged twice."""
+        refused = self.refusal(addr, now)
+        if refused is not None:
+            return refused
+        address, prefix = neighbourhood(addr)
         self._addresses.take(address, now)
         self._prefixes.take(prefix, now)
         return None

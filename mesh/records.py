@@ -221,6 +221,29 @@ class Assignment:
 
 
 @dataclass(frozen=True, slots=True)
+class LedgerNotice:
+    """The Raft leader's word on the placement ledger it has applied.
+
+    Only a few trusted nodes replicate the ledger by Raft; every other
+    member follows it from this notice, gossiped in the leader's record
+    (which the leader signs like any record): when its copy is older, it
+    pulls the ledger whose digest this names from a voter
+    (`runtime.node.ledger_follower`). Who may be believed is the follower's
+    business: a notice is only a claim by the record's subject."""
+
+    term: int
+    index: int
+    digest: str
+    """sha256 of the ledger's snapshot at `index`, hex."""
+
+    @_as_record_error
+    def __post_init__(self) -> None:
+        uint(self.term, "ledger.term")
+        uint(self.index, "ledger.index")
+        hex_text(self.digest, "ledger.digest", min_chars=64, max_chars=64)
+
+
+@dataclass(frozen=True, slots=True)
 class CapabilityReport:
     """The outcome of this node's `doctor` for one shard and recipe.
 
@@ -293,9 +316,13 @@ class NodeRecord:
     models: tuple[str, ...] = ()
     spare: bool = False
     demand: Mapping[str, int] = field(default_factory=dict, hash=False)
+    ledger: LedgerNotice | None = None
+    """Only on the Raft leader's record (see `LedgerNotice`)."""
 
     @_as_record_error
     def __post_init__(self) -> None:
+        if self.ledger is not None and not isinstance(self.ledger, LedgerNotice):
+            raise _bad("ledger must be a LedgerNotice or None")
         if not isinstance(self.addresses, Addresses):
             raise _bad("addresses must be an Addresses")
         object.__setattr__(self, "started_at", number(self.started_at, "started_at"))
@@ -381,6 +408,13 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
         "spare": record.spare,
         "demand": dict(record.demand),
         "started_at": record.started_at,
+        "ledger": None
+        if record.ledger is None
+        else {
+            "term": record.ledger.term,
+            "index": record.ledger.index,
+            "digest": record.ledger.digest,
+        },
     }
 
 
@@ -508,6 +542,17 @@ def _decode_capability(value: Any) -> CapabilityReport | None:
     )
 
 
+def _decode_ledger(value: Any) -> LedgerNotice | None:
+    if value is None:
+        return None
+    obj = _submap(value, "ledger")
+    return LedgerNotice(
+        term=_field(obj, "term", "ledger."),
+        index=_field(obj, "index", "ledger."),
+        digest=_field(obj, "digest", "ledger."),
+    )
+
+
 def decode_record_body(body: bytes) -> NodeRecord:
     """Parse and check a record body from any peer; raises `RecordError`.
 
@@ -530,6 +575,7 @@ def decode_record_body(body: bytes) -> NodeRecord:
         models=models,
         spare=obj.get("spare", False),
         demand=demand,
+        ledger=_decode_ledger(obj.get("ledger")),
     )
 
 

@@ -382,7 +382,7 @@ def test_every_profile_bounds_newcomers_and_local_stays_permissive(profile: str)
     config = MembershipConfig.profile(profile)
     assert 1 <= config.newcomers_per_address <= config.newcomers_per_prefix
     if profile == "local":  # every node of a loopback swarm is 127.0.0.1
-        assert config.newcomers_per_address >= 500
+        assert config.newcomers_per_address >= 40  # more real nodes than any test starts
     with pytest.raises(ValueError, match="newcomers"):
         config.with_overrides(newcomers_per_address=0)
 

@@ -73,11 +73,15 @@ async def test_status_document_and_errors(swarm: LocalSwarm) -> None:
         assert_openai_error(await client.post("/"), 405)
         assert_openai_error(await client.post("/v1/network/status"), 405)
 
-        # The dashboard is one page that reads the status document.
+        # The web page: static files whose script reads the status document.
         page = await client.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-        assert 'fetch("/v1/network/status"' in page.text
-        assert "innerHTML" not in page.text  # peers' strings are only ever set as text
+        assert "script-src 'self'" in page.headers["content-security-policy"]
+        script = await client.get("/web/page.js")
+        assert script.status_code == 200 and "javascript" in script.headers["content-type"]
+        assert 'fetch("/v1/network/status"' in script.text
+        for html_sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write"):
+            assert html_sink not in script.text  # peers' strings are only ever set as text
 
         # Prometheus metrics: the same figures as the status, in its format.
         scraped = await client.get("/metrics")

@@ -143,11 +143,27 @@ def test_growth_to_five_voters_then_stop() -> None:
     swarm = Swarm()
     for i in range(2, 9):
         swarm.join(nid(i), at=0.0)
-    swarm.settle(now=0.0)
-    assert swarm.settle(now=10.0) == [("promote", i, "stable_learner") for i in (2, 3, 4, 5)]
+    assert swarm.settle(now=0.0) == [("add_learner", i, "new_member") for i in (2, 3, 4, 5)]
+    changes = swarm.settle(now=10.0)  # each promotion frees a learner's place
+    assert [c for c in changes if c[0] == "promote"] == [
+        ("promote", i, "stable_learner") for i in (2, 3, 4, 5)
+    ]
+    assert [c for c in changes if c[0] != "promote"] == [
+        ("add_learner", i, "new_member") for i in (6, 7, 8)
+    ]
     assert len(swarm.voters) == POLICY.max_voters
     assert swarm.learners == {nid(6), nid(7), nid(8)}
     assert swarm.settle(now=1000.0) == []
+
+
+def test_learners_are_bounded_however_many_eligible_members_join() -> None:
+    swarm = Swarm()
+    for i in range(2, 40):
+        swarm.join(nid(i), at=0.0)
+    for now in (0.0, 10.0, 1000.0):
+        swarm.settle(now=now)
+        assert len(swarm.learners) == POLICY.max_learners
+    assert len(swarm.voters) == POLICY.max_voters
 
 
 def test_a_dead_voter_is_replaced_by_a_stable_learner_first() -> None:
@@ -286,11 +302,14 @@ def test_a_member_the_ledger_does_not_let_vote_stays_a_learner() -> None:
     swarm.join(low, at=0.0)
     swarm.join(trusted, at=0.0)
     swarm.settle(now=0.0)
-    assert swarm.learners == {low, trusted}
+    assert swarm.learners == {trusted}  # not even a learner: it follows the ledger's notice
     assert swarm.settle(now=60.0) == [("promote", 5, "stable_learner")]
     assert swarm.voters == {LEADER, trusted}
     assert swarm.settle(now=600.0) == []
-    assert low in swarm.learners
+    assert low not in swarm.voters | swarm.learners
+    # A learner left from before eligibility counted is removed.
+    swarm.learners.add(low)
+    assert swarm.settle(now=601.0) == [("remove", 0, "not_eligible")]
 
 
 def test_a_leader_outside_the_configuration_changes_nothing() -> None:
@@ -393,7 +412,10 @@ def test_the_policy_is_safe_and_converges_on_any_membership_history(
     for kind, reason in sorted({(c.kind, c.reason) for c in swarm.log}):
         event(f"{kind}/{reason}")  # --hypothesis-show-statistics: every rule is exercised
     alive = {n for n, info in swarm.members.items() if info.state == "alive"}
-    assert alive <= swarm.voters | swarm.learners  # every alive member joined
+    assert len(swarm.learners) <= policy.max_learners
+    assert not swarm.learners & swarm.ineligible
+    if len(swarm.learners) < policy.max_learners:  # every alive eligible member joined
+        assert alive - swarm.ineligible <= swarm.voters | swarm.learners
     assert swarm.voters <= alive | {LEADER} | {
         n for n, info in swarm.members.items() if info.state == "suspect"
     }  # failed voters are gone (suspects keep their vote; the leader stays)

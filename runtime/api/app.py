@@ -3,13 +3,15 @@
 Every node answers the same API: a client can point at any node. The
 routes live by audience: `runtime.api.openai` (chat, for OpenAI clients),
 `runtime.api.network` (the swarm's status, placement and files), and here
-`GET /metrics` (Prometheus text, `runtime.api.metrics`) and `GET /` (a
-dashboard page that polls the status), both views of the status document.
+`GET /metrics` (Prometheus text, `runtime.api.metrics`) and `GET /` (the
+web page: a chat box and a view of the swarm, `runtime/api/web/`), both
+views of the status document.
 Errors of every kind use OpenAI's shape (`runtime.api.http`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final, Protocol
 
@@ -27,8 +29,28 @@ from runtime.api.openai import openai_routes
 from runtime.api.quota import MAX_CONCURRENT_PER_CLIENT, ChatQuota
 from runtime.inference.chat import ChatError, ChatService
 
-DASHBOARD: Final = Path(__file__).with_name("dashboard.html")
-"""The page `GET /` serves: static, it reads `/v1/network/status` itself."""
+WEB: Final = Path(__file__).with_name("web")
+"""The web page `GET /` serves: static files, no build step. Its script reads
+`/v1/models` and `/v1/network/status` and chats through
+`/v1/chat/completions`; it loads nothing from anywhere else."""
+WEB_FILES: Final = {
+    "/": ("index.html", "text/html; charset=utf-8"),
+    "/web/page.js": ("page.js", "text/javascript; charset=utf-8"),
+    "/web/page.css": ("page.css", "text/css; charset=utf-8"),
+    "/web/icon.svg": ("icon.svg", "image/svg+xml"),
+}
+WEB_HEADERS: Final = {
+    # The page shows strings from other nodes' records; it only ever sets
+    # them as text, and this policy would refuse any script or request
+    # beyond this node's own files if one slipped through.
+    "Content-Security-Policy": (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
+        "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
 
 
 class NodeAPI(NetworkNode, Protocol):
@@ -43,15 +65,15 @@ def create_app(node: NodeAPI, *, chats_per_client: int | None = None) -> Starlet
     async def metrics(request: Request) -> Response:
         return Response(prometheus_text(node.status()), media_type=METRICS_CONTENT_TYPE)
 
-    async def dashboard(request: Request) -> Response:
-        return FileResponse(DASHBOARD, media_type="text/html; charset=utf-8")
-
     return Starlette(
         routes=[
             *openai_routes(node.chat, ChatQuota(chats_per_client or MAX_CONCURRENT_PER_CLIENT)),
             *network_routes(node),
             Route("/metrics", metrics, methods=["GET"]),
-            Route("/", dashboard, methods=["GET"]),
+            *(
+                Route(path, _web_file(*served), methods=["GET"])
+                for path, served in WEB_FILES.items()
+            ),
         ],
         exception_handlers={
             BadRequest: bad_request,
@@ -60,3 +82,12 @@ def create_app(node: NodeAPI, *, chats_per_client: int | None = None) -> Starlet
             Exception: server_error,
         },
     )
+
+
+def _web_file(name: str, media_type: str) -> Callable[[Request], Awaitable[Response]]:
+    """The route serving one of the page's files."""
+
+    async def serve(request: Request) -> Response:
+        return FileResponse(WEB / name, media_type=media_type, headers=WEB_HEADERS)
+
+    return serve

@@ -14,6 +14,8 @@
   (they verify every file against the digest);
 * with `--fault-injection`, `POST /v1/debug/faults` cuts the node off the
   control plane (tests);
+* `GET /v1/network/ledger`: this node's copy of the placement ledger and a
+  claim about it that it signs, for members outside Raft;
 * `GET /v1/network/voters` (who votes, who may) and `POST /v1/network/voters`
   (an operator makes a node eligible to vote, committed in the ledger;
   forwarded to the leader like policy);
@@ -56,6 +58,13 @@ from runtime.api.http import BadRequest, error_response, json_object
 from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files
 from runtime.model.store import ModelStore
 from runtime.node.access import AccessError, SwarmAccess
+from runtime.node.ledger_follower import (
+    LEDGER_PATH,
+    LedgerClaim,
+    LedgerFollower,
+    ledger_digest,
+    signed_headers,
+)
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import AlreadyAssigned, Placement
 from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver, RefoundRefused
@@ -84,6 +93,7 @@ class NetworkNode(Protocol):
     membership: MembershipDriver
     placement: Placement
     store: ModelStore
+    ledger_follower: LedgerFollower
 
     @property
     def identity(self) -> Signer:
@@ -288,6 +298,25 @@ def network_routes(node: NetworkNode) -> list[Route]:
         command = _policy_command(await json_object(request), ledger.policy())
         return await commit(request, command, signer)
 
+    async def network_ledger(request: Request) -> Response:
+        """This node's copy of the ledger, with a claim it signs: how
+        members outside Raft follow it (`runtime.node.ledger_follower`)."""
+        raft = node.raft
+        voters = (
+            tuple(sorted(raft.raft.voters))
+            if raft.in_configuration()
+            else node.ledger_follower.voters
+        )
+        snapshot = raft.ledger.snapshot()
+        claim = LedgerClaim(
+            raft.raft.term, raft.ledger.applied_index, ledger_digest(snapshot), voters
+        )
+        return Response(
+            snapshot,
+            media_type="application/cbor",
+            headers=signed_headers(node.identity, claim),
+        )
+
     async def network_voters(request: Request) -> JSONResponse:
         """Who votes and who may; a POST makes one more node eligible."""
         if request.method == "GET":
@@ -405,6 +434,7 @@ def network_routes(node: NetworkNode) -> list[Route]:
         Route("/v1/network/assign", network_assign, methods=["POST"]),
         Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),
         Route("/v1/debug/faults", debug_faults, methods=["POST"]),
+        Route(LEDGER_PATH, network_ledger, methods=["GET"]),
         Route("/v1/network/voters", network_voters, methods=["GET", "POST"]),
         Route("/v1/network/refound", network_refound, methods=["POST"]),
         Route("/v1/network/invitations", network_invitations, methods=["POST"]),

@@ -110,6 +110,7 @@ class SwarmAccess:
         self._allowed: frozenset[bytes] | None = None  # None: every key
         self._proposing = False
         raft.on_apply.append(self._on_apply)
+        raft.on_replace.append(self._refresh)
 
     def attach(self, *planes: Plane, newcomers: HandshakeGate | None = None) -> None:
         """Put the handshake policy on `planes`, and the Sybil bound

@@ -46,6 +46,7 @@ from runtime.node.access import AccessError, SwarmAccess, redeem_invitation
 from runtime.node.admission import ShardSlot
 from runtime.node.drain import drain, others_hold
 from runtime.node.hostport import HostPort, parse_hostport
+from runtime.node.ledger_follower import LedgerFollower
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.options import NodeOptions, NodeStartupError, open_node_planes
 from runtime.node.placement_driver import Placement
@@ -57,6 +58,10 @@ from runtime.node.swarm_view import SwarmView
 log = logging.getLogger("shardmesh.node")
 
 RAFT_STORE: Final = "raft.sqlite3"
+NOTICE_INTERVAL_S: Final = 0.5
+"""The leader republishes its ledger notice at most this often: a commit
+reaches members within a gossip spread plus this, and a burst of commits
+is one record."""
 TWIN_STARTUP_WINDOW_S: Final = {"lan": 30.0, "wan": 120.0, "local": 10.0}
 """Both processes holding one key learn of each other (each sees the other
 sign an incarnation it never signed). One that learns it this soon after
@@ -100,6 +105,7 @@ class Node:
         )
         self._http_shutdown = trio.Event()
         self._draining = False
+        self._notice: records.LedgerNotice | None = None  # in our record: we lead
         self.ready_mono: float | None = None
         """When the node was up (trio's clock); None while it starts."""
         # Wired in run() once the planes are bound; nothing reads them before.
@@ -138,6 +144,16 @@ class Node:
             rng=random.Random(int.from_bytes(os.urandom(16), "big")),
         )
         self.swarm = SwarmView(self.membership, lambda: self.raft.ledger)
+        self.ledger_follower = LedgerFollower(
+            node_id=self.node_id,
+            seeds=[seed.node for seed in options.joins],
+            in_configuration=self.raft.in_configuration,
+            record=self.swarm.record,
+            api_of=self.swarm.member_api,
+            install=lambda ledger, _claim: self.raft.follow(ledger),
+            held=lambda: self.raft.ledger.applied_index,
+        )
+        self.raft.followed_leader = self.ledger_follower.leader
         self.engine = Engine(data, drops=self.local_drops, reply_address=data_addr)
         self.slot = ShardSlot(
             engine=self.engine, plane=data, drops=self.local_drops, publish=self.republish
@@ -188,6 +204,8 @@ class Node:
                         self.membership.join([(seed.node, seed.at.zmq()) for seed in options.joins])
                     nursery.start_soon(self.membership.run)
                     nursery.start_soon(self.raft.run)
+                    nursery.start_soon(self.ledger_follower.run)
+                    nursery.start_soon(self._publish_notices)
                     nursery.start_soon(self.access.run)
                     nursery.start_soon(self._stop_if_identity_taken)
                     await nursery.start(self.engine.run)
@@ -322,8 +340,20 @@ class Node:
             # One assignment per node until multi-shard slots exist
             # (ADR-0026): a node pinned by its operator has no spare slot.
             spare=self.options.serve is None,
+            ledger=self._notice,
         )
         self.membership.publish_record(records.encode_record_body(record))
+
+    async def _publish_notices(self) -> None:
+        """Put the leader's ledger notice in its record whenever it changes
+        (and take it out when this node stops leading), at most once per
+        `NOTICE_INTERVAL_S`: members outside Raft follow the ledger by it."""
+        while True:
+            await trio.sleep(NOTICE_INTERVAL_S)
+            notice = self.raft.notice()
+            if notice != self._notice:
+                self._notice = notice
+                self.republish()
 
     # --- what the HTTP API reads ---------------------------------------------------
 
@@ -356,7 +386,9 @@ class Node:
             chat=self.chat,
             drops=dict(sorted(drops.items())),
         )
-        return status_document(sources, trio.current_time())
+        document = status_document(sources, trio.current_time())
+        document["ledger_follower"] = self.ledger_follower.status()
+        return document
 
 
 async def serve_node(options: NodeOptions) -> None:

@@ -29,6 +29,7 @@ the `at` that commands carry (they are compared across machines).
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import random
 import time
@@ -48,6 +49,7 @@ from consensus.storage import RaftStorage, StorageError
 from consensus.voters import MemberInfo, next_change
 from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.member_table import MemberStateName
+from mesh.records import LedgerNotice
 
 log = logging.getLogger("shardmesh.raft")
 
@@ -191,6 +193,13 @@ class RaftDriver:
         )
         self._leaderless_since: float | None = None
         self._ticks = 0
+        self._digest: tuple[PlacementLedger, int, str] | None = None
+        self.followed_leader: Callable[[], bytes | None] = lambda: None
+        """Who leads, as a member outside the configuration hears it (its
+        ledger follower reads the leader's notice); Raft says it otherwise."""
+        self.on_replace: list[Callable[[], None]] = []
+        """Called when the ledger is replaced whole (a snapshot from the
+        leader, or a copy followed from a voter), which no `on_apply` sees."""
         self.on_apply: list[Callable[[ApplyResult], None]] = []
         """Called with every applied command's result, in log order (the
         placement history and the node's managed-assignment watcher)."""
@@ -226,7 +235,7 @@ class RaftDriver:
         `ProposalFailed` if the entry was superseded or did not commit within
         `timeout` (default: the profile's `proposal_timeout_s`)."""
         if self.raft.role != Role.LEADER:
-            raise NotLeader(self.raft.leader)
+            raise NotLeader(self.leader())
         proposal = _Proposal(encode_command(command))
         try:
             self._inbox_send.send_nowait(proposal)
@@ -332,7 +341,7 @@ class RaftDriver:
         if isinstance(item, _Proposal):
             index = self.raft.propose(item.data)
             if index is None:
-                item.finish(error=NotLeader(self.raft.leader))
+                item.finish(error=NotLeader(self.leader()))
                 return
             item.index, item.term = index, self.raft.term
             self._waiting[index] = item
@@ -428,7 +437,7 @@ class RaftDriver:
                 )
             self._send_all(rd)
             if rd.snapshot is not None:
-                self.ledger = PlacementLedger.restore(rd.snapshot.data)
+                self._replace_ledger(PlacementLedger.restore(rd.snapshot.data))
             for entry in rd.committed:
                 self._apply(entry)
             self.raft.eligible = self.ledger.eligible_voters()
@@ -475,6 +484,40 @@ class RaftDriver:
         snapshot = self.raft.compact(applied, self.ledger.snapshot())
         await trio.to_thread.run_sync(self._storage.save, None, (), snapshot)
 
+    # --- the ledger for members outside the configuration -----------------------------
+
+    def in_configuration(self) -> bool:
+        """Raft brings this node the ledger (it is a voter or a learner)."""
+        return self.node_id in self.raft.voters or self.node_id in self.raft.learners
+
+    def follow(self, ledger: PlacementLedger) -> None:
+        """Install a copy pulled from a voter (`runtime.node.ledger_follower`),
+        unless Raft now brings this node the ledger itself."""
+        if self.in_configuration() or ledger.applied_index < self.ledger.applied_index:
+            return
+        self._replace_ledger(ledger)
+
+    def _replace_ledger(self, ledger: PlacementLedger) -> None:
+        self.ledger = ledger
+        self.raft.eligible = ledger.eligible_voters()
+        for callback in self.on_replace:
+            callback()
+
+    def ledger_digest(self) -> str:
+        """sha256 of the ledger's snapshot, computed once per applied index."""
+        cached = self._digest
+        if cached is None or cached[0] is not self.ledger or cached[1] != self.ledger.applied_index:
+            snapshot = self.ledger.snapshot()
+            cached = (self.ledger, self.ledger.applied_index, hashlib.sha256(snapshot).hexdigest())
+            self._digest = cached
+        return cached[2]
+
+    def notice(self) -> LedgerNotice | None:
+        """The leader's notice for its record (None on any other node)."""
+        if not self.raft.is_leader:
+            return None
+        return LedgerNotice(self.raft.term, self.ledger.applied_index, self.ledger_digest())
+
     # --- views ------------------------------------------------------------------------
 
     @property
@@ -482,8 +525,11 @@ class RaftDriver:
         return self.raft.is_leader
 
     def leader(self) -> bytes | None:
-        """The leader this node follows (itself when leading), or None."""
-        return self.raft.leader
+        """The leader this node follows (itself when leading), or None. A
+        member outside the configuration knows it by its notice."""
+        if self.raft.leader is not None or self.in_configuration():
+            return self.raft.leader
+        return self.followed_leader()
 
     def voters_view(self) -> dict[str, Any]:
         """Who votes, who may (`GET /v1/network/voters`, status "raft"), a
@@ -516,7 +562,7 @@ class RaftDriver:
 
     def status(self) -> dict[str, Any]:
         """The consensus fields of `/v1/network/status`."""
-        leader = self.raft.leader
+        leader = self.leader()
         repair = self.raft.repairing_until
         return {
             "leader": node_id_text(leader) if leader else None,

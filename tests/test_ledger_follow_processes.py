@@ -1,0 +1,69 @@
+"""Members outside Raft follow the ledger, in real node processes on loopback.
+
+Nobody but the founder is eligible, so Raft is the founder alone (no
+learners: the configuration stays one entry however many join), and the two
+other members learn every commit from the leader's notice in its record,
+pulling the ledger from it.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import httpx
+
+from runtime.cli.localswarm import LocalSwarm, Views
+from tests.swarm_helpers import start_swarm, wait_for
+
+FOLLOW_TIMEOUT_S = 20.0
+"""A gossip spread, the notice interval and a pull, on a loaded machine."""
+
+
+def ledger_nodes(view: dict[str, Any] | None) -> set[str]:
+    return {entry["node_id"] for entry in (view or {}).get("ledger", [])}
+
+
+async def test_members_outside_raft_follow_the_ledger_by_the_leaders_notice(
+    swarm: LocalSwarm,
+) -> None:
+    founder, *members = await start_swarm(swarm, 3, eligible=False)
+    nodes = [founder, *members]
+    view = await swarm.status(founder)
+    assert view is not None
+    assert view["raft"]["voters"] == [founder.node_id] and view["raft"]["learners"] == []
+
+    assigned = os.urandom(32).hex()  # a bootstrap assignment: one ledger entry
+    async with httpx.AsyncClient(timeout=15) as client:
+        answer = await client.post(
+            founder.api + "/v1/nodes/assign",
+            json={"node_id": assigned, "model": "m", "layers": [0, 1], "recipe": "fp32"},
+            headers={**founder.admin_headers(), "content-type": "application/json"},
+        )
+    assert answer.status_code == 200 and answer.json()["accepted"], answer.text
+    index = answer.json()["index"]
+
+    def followed(views: Views) -> bool:
+        return all(
+            (v := views.get(m.name)) is not None
+            and assigned in ledger_nodes(v)
+            and v["ledger_applied_index"] >= index
+            for m in members
+        )
+
+    await wait_for(swarm, nodes, followed, FOLLOW_TIMEOUT_S, "the commit followed by members")
+    views = await swarm.views(nodes)
+    for member in members:
+        view = views[member.name]
+        assert view is not None
+        follower = view["ledger_follower"]
+        assert follower["following"] and follower["pulls"] >= 1, follower
+        assert follower["trusted"] == [founder.node_id]  # the voters its pull named
+        assert view["raft"]["voters"] == [] and view["raft"]["learners"] == []  # not in Raft
+        assert view["swarm"]["id"] == founder.node_id  # the founding, followed too
+        assert view["leader"] == founder.node_id  # known by its notice
+    assert views[founder.name]["ledger_follower"]["following"] is False
+    leader_record = next(
+        m for m in views[members[0].name]["members"] if m["node_id"] == founder.node_id
+    )
+    assert leader_record["record"]["ledger"]["index"] >= index  # the notice, gossiped
