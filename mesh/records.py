@@ -55,6 +55,11 @@ the swarm: at 1,000 members a full state is at most 16 MB even if every node
 were at the cap. The per-field limits below bound each field on its own; they
 cannot all be at their maximum at once, and this cap bounds the sum."""
 
+MAX_NOTICE_CHANGES = 16
+"""Assignment changes a ledger notice names: a placement round changes a
+handful, so 16 covers the last rounds between two gossip spreads, at
+~80 bytes each in the leader's record."""
+
 MAX_CBOR_DEPTH = 8
 """The schema nests three deep (record -> capability -> layers); eight leaves
 room for fields added later while stopping pathological nesting early."""
@@ -235,12 +240,26 @@ class LedgerNotice:
     index: int
     digest: str
     """sha256 of the ledger's snapshot at `index`, hex."""
+    changed: tuple[tuple[str, int], ...] = ()
+    """The nodes whose assignment the latest commits changed, each with the
+    index of that commit (at most `MAX_NOTICE_CHANGES`, newest last): a
+    member pulls at once when its own id is here, and otherwise lazily,
+    so a swarm of thousands does not pull the ledger on every commit."""
 
     @_as_record_error
     def __post_init__(self) -> None:
         uint(self.term, "ledger.term")
         uint(self.index, "ledger.index")
         hex_text(self.digest, "ledger.digest", min_chars=64, max_chars=64)
+        if not isinstance(self.changed, (list, tuple)) or len(self.changed) > MAX_NOTICE_CHANGES:
+            raise _bad(f"ledger.changed must be a list of at most {MAX_NOTICE_CHANGES} entries")
+        pairs = []
+        for pair in self.changed:
+            if not isinstance(pair, (list, tuple)) or len(pair) != 2:
+                raise _bad("ledger.changed entries are [node_id, index]")
+            node = hex_text(pair[0], "ledger.changed node", min_chars=64, max_chars=64)
+            pairs.append((node, uint(pair[1], "ledger.changed index")))
+        object.__setattr__(self, "changed", tuple(pairs))
 
 
 @dataclass(frozen=True, slots=True)
@@ -414,6 +433,7 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
             "term": record.ledger.term,
             "index": record.ledger.index,
             "digest": record.ledger.digest,
+            "changed": [list(pair) for pair in record.ledger.changed],
         },
     }
 
@@ -550,6 +570,7 @@ def _decode_ledger(value: Any) -> LedgerNotice | None:
         term=_field(obj, "term", "ledger."),
         index=_field(obj, "index", "ledger."),
         digest=_field(obj, "digest", "ledger."),
+        changed=obj.get("changed", ()),
     )
 
 

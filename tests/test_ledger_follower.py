@@ -10,6 +10,8 @@ from consensus.ledger import Found, PlacementLedger, encode_command
 from mesh.identity import Identity
 from mesh.records import Addresses, LedgerNotice, NodeRecord
 from runtime.node.ledger_follower import (
+    LAZY_PULL_S,
+    REFRESH_S,
     ClaimRefused,
     LedgerClaim,
     LedgerFollower,
@@ -102,4 +104,13 @@ def test_only_a_trusted_voters_newer_notice_makes_a_member_pull() -> None:
     assert member.newest_notice() is None  # not newer than the copy held
     records[VOTER.node_id] = record_with(LedgerNotice(3, 5, digest))
     assert member.newest_notice() == (VOTER.node_id, LedgerNotice(3, 5, digest))
-    assert member.source(now=0.0) == VOTER.node_id
+    assert member.source(now=0.0) == VOTER.node_id  # never pulled: pull now
+    member.note_pull(100.0)
+    assert member.source(now=101.0) is None  # a commit about others: lazily
+    assert member.source(now=100.0 + LAZY_PULL_S) == VOTER.node_id
+    mine = (member.node_id.hex(), 5)
+    records[VOTER.node_id] = record_with(LedgerNotice(3, 5, digest, (mine,)))
+    assert member.source(now=101.0) == VOTER.node_id  # its own assignment changed: at once
+    records[VOTER.node_id] = record_with(LedgerNotice(3, 4, digest))
+    assert member.source(now=101.0) is None  # up to date, voters heard from recently
+    assert member.source(now=100.0 + REFRESH_S) == VOTER.node_id  # refresh the voters

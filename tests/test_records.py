@@ -24,6 +24,7 @@ from mesh.records import (
     Assignment,
     BackendInfo,
     CapabilityReport,
+    LedgerNotice,
     NodeRecord,
     RecordError,
     check_record,
@@ -107,6 +108,14 @@ node_records = st.builds(
     models=st.lists(model_names, max_size=5, unique=True).map(tuple),
     spare=st.booleans(),
     demand=st.dictionaries(model_names, counters, max_size=5),
+    ledger=st.none()
+    | st.builds(
+        LedgerNotice,
+        term=counters,
+        index=counters,
+        digest=st.just(DIGEST),
+        changed=st.lists(st.tuples(st.just("cd" * 32), counters), max_size=16).map(tuple),
+    ),
 )
 
 
@@ -468,3 +477,19 @@ def test_injected_verifier_is_used() -> None:
     assert check_record(signed, lambda node, data, sig: False) == "bad_signature"
     forged = dataclasses.replace(signed, signature=b"\x00" * 64)
     assert check_record(forged, lambda node, data, sig: True) is None
+
+
+@pytest.mark.parametrize(
+    "ledger",
+    [
+        {"term": 1, "index": 2, "digest": "AB" * 32},  # not lowercase hex
+        {"term": 1, "index": 2, "digest": "ab" * 31},
+        {"term": -1, "index": 2, "digest": DIGEST},
+        {"term": 1, "index": 2, "digest": DIGEST, "changed": [["cd" * 32, 1]] * 17},
+        {"term": 1, "index": 2, "digest": DIGEST, "changed": [["cd" * 32]]},
+        {"term": 1, "index": 2, "digest": DIGEST, "changed": [["zz" * 32, 1]]},
+    ],
+)
+def test_a_bad_ledger_notice_is_a_bad_record(ledger: dict[str, Any]) -> None:
+    body = {**raw_map(), "ledger": ledger}
+    assert reason_of(body) == "record_bad_field"

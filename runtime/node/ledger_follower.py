@@ -7,11 +7,16 @@ to every member would send 10,000 appends per heartbeat in a swarm of
 frame. Every other member follows the ledger instead:
 
 1. the leader publishes a `mesh.records.LedgerNotice` (term, applied index,
-   digest) in its own record, which it signs like any record and gossip
-   spreads to every member within the gossip target;
+   digest, and the nodes whose assignment the latest commits changed) in
+   its own record, which it signs like any record and gossip spreads to
+   every member within the gossip target;
 2. a member whose copy is older than the newest notice from a voter it
    trusts pulls the ledger (`GET /v1/network/ledger`) from that voter: the
-   snapshot, with a claim (term, index, digest, voters) the voter signs;
+   snapshot, with a claim (term, index, digest, voters) the voter signs. It
+   pulls at once when the notice names it (a placement reached it), and
+   otherwise at most every `LAZY_PULL_S`: every commit (demand reports make
+   one every few seconds) pulled by every member of a large swarm would be
+   a flood of full ledgers;
 3. it installs the copy only if the signer is a voter it trusts, the claim
    verifies, the snapshot's digest is the claimed one, and the claim is not
    older than what it holds. The claim's voters become whom it trusts next.
@@ -61,6 +66,11 @@ Gossip takes seconds to spread a notice anyway; half a second adds little."""
 MIN_PULL_INTERVAL_S: Final = 1.0
 """At most one pull per this long: a leader that commits every few
 milliseconds does not turn into a pull per commit on every member."""
+LAZY_PULL_S: Final = 10.0
+"""A newer notice that does not name this node (its assignment did not
+change) is pulled at most this often: members keep a fresh enough view
+(policy, eligibility, others' shards) without a swarm of thousands pulling
+the ledger on every commit, which demand reports make every few seconds."""
 REFRESH_S: Final = 30.0
 """Pull from a trusted voter at least this often even with no newer notice:
 the answer's claim names the current voters, so a member learns of a new
@@ -215,12 +225,19 @@ class LedgerFollower:
         return best
 
     def source(self, now: float) -> bytes | None:
-        """Whom to pull from at `now`, or None: nothing newer is known, and
-        the voters were heard from recently."""
+        """Whom to pull from at `now`, or None. At once when the newest
+        notice names this node (its assignment changed); for any other newer
+        notice after `LAZY_PULL_S`; with none after `REFRESH_S`."""
+        since = None if self._last_pull_at is None else now - self._last_pull_at
         newest = self.newest_notice()
         if newest is not None:
-            return newest[0]
-        if self._last_pull_at is not None and now - self._last_pull_at < REFRESH_S:
+            mine = node_id_text(self.node_id)
+            held = self._held()
+            urgent = any(node == mine and index > held for node, index in newest[1].changed)
+            if urgent or since is None or since >= LAZY_PULL_S:
+                return newest[0]
+            return None
+        if since is not None and since < REFRESH_S:
             return None
         return next((n for n in self.trusted if self._api_of(n)), None)
 
@@ -233,13 +250,17 @@ class LedgerFollower:
             source = self.source(trio.current_time())
             if source is None:
                 continue
-            self._last_pull_at = trio.current_time()
+            self.note_pull(trio.current_time())
             if await self.pull(source):
                 self._backoff = MIN_PULL_INTERVAL_S
                 await trio.sleep(MIN_PULL_INTERVAL_S)
             else:
                 await trio.sleep(self._backoff)
                 self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
+
+    def note_pull(self, now: float) -> None:
+        """A pull starts at `now` (the lazy and refresh periods count from it)."""
+        self._last_pull_at = now
 
     async def pull(self, source: bytes) -> bool:
         """Fetch, check and install `source`'s ledger; False if refused or failed."""

@@ -42,14 +42,23 @@ import trio
 
 from consensus.codec import RaftDecodeError, RaftEncodeError, decode_raft, encode_raft
 from consensus.config import ConsensusConfig
-from consensus.ledger import ApplyResult, Command, LedgerError, PlacementLedger, encode_command
+from consensus.ledger import (
+    ApplyResult,
+    Assign,
+    Command,
+    LedgerError,
+    MarkAdmissionFailed,
+    PlacementLedger,
+    Release,
+    encode_command,
+)
 from consensus.log import Entry, EntryKind
 from consensus.raft import InstallSnapshot, Message, RaftNode, Ready, Role
 from consensus.storage import RaftStorage, StorageError
 from consensus.voters import MemberInfo, next_change
 from mesh.identity import NODE_ID_BYTES, node_id_text
 from mesh.member_table import MemberStateName
-from mesh.records import LedgerNotice
+from mesh.records import MAX_NOTICE_CHANGES, LedgerNotice
 
 log = logging.getLogger("shardmesh.raft")
 
@@ -57,6 +66,10 @@ INBOX_CAPACITY: Final = 4096
 """Messages and proposals waiting for the core. Raft tolerates loss, so a
 full inbox drops (counted) rather than blocking the control-plane reader,
 which also carries membership probes that must never wait behind Raft."""
+
+ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
+"""Commands that change a node's assignment: the leader's notice names
+their nodes, so each learns of its own change within a gossip spread."""
 
 FAILOVER_ELIGIBLE: Final = 3
 """Eligible nodes a swarm needs before losing a voter costs no leader: a
@@ -194,6 +207,9 @@ class RaftDriver:
         self._leaderless_since: float | None = None
         self._ticks = 0
         self._digest: tuple[PlacementLedger, int, str] | None = None
+        self._changed: collections.deque[tuple[str, int]] = collections.deque(
+            maxlen=MAX_NOTICE_CHANGES
+        )  # (node, index) of the latest assignment changes: the notice's `changed`
         self.followed_leader: Callable[[], bytes | None] = lambda: None
         """Who leads, as a member outside the configuration hears it (its
         ledger follower reads the leader's notice); Raft says it otherwise."""
@@ -459,6 +475,8 @@ class RaftDriver:
             self.ledger.apply(entry.index, entry.data) if entry.kind == EntryKind.COMMAND else None
         )
         if result is not None:
+            if result.accepted and isinstance(result.command, ASSIGNMENT_COMMANDS):
+                self._changed.append((node_id_text(result.command.node), entry.index))
             for callback in self.on_apply:
                 callback(result)
         proposal = self._waiting.pop(entry.index, None)
@@ -516,7 +534,9 @@ class RaftDriver:
         """The leader's notice for its record (None on any other node)."""
         if not self.raft.is_leader:
             return None
-        return LedgerNotice(self.raft.term, self.ledger.applied_index, self.ledger_digest())
+        return LedgerNotice(
+            self.raft.term, self.ledger.applied_index, self.ledger_digest(), tuple(self._changed)
+        )
 
     # --- views ------------------------------------------------------------------------
 
