@@ -53,7 +53,7 @@ from consensus.ledger import (
     encode_command,
 )
 from consensus.log import Entry, EntryKind
-from consensus.raft import InstallSnapshot, Message, RaftNode, Ready, Role
+from consensus.raft import AppendEntries, InstallSnapshot, Message, RaftNode, Ready, Role
 from consensus.storage import RaftStorage, StorageError
 from consensus.voters import MemberInfo, next_change
 from mesh.identity import NODE_ID_BYTES, node_id_text
@@ -66,6 +66,9 @@ INBOX_CAPACITY: Final = 4096
 """Messages and proposals waiting for the core. Raft tolerates loss, so a
 full inbox drops (counted) rather than blocking the control-plane reader,
 which also carries membership probes that must never wait behind Raft."""
+
+TRUST_REFUSALS: Final = ("not_in_configuration", "leader_message_from_non_voter")
+"""`RaftNode.refusal`'s reasons: who sent it, not what it says."""
 
 ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
 """Commands that change a node's assignment: the leader's notice names
@@ -205,6 +208,7 @@ class RaftDriver:
             INBOX_CAPACITY
         )
         self._leaderless_since: float | None = None
+        self._unrepairable_warned: set[bytes] = set()
         self._ticks = 0
         self._digest: tuple[PlacementLedger, int, str] | None = None
         self._changed: collections.deque[tuple[str, int]] = collections.deque(
@@ -365,9 +369,30 @@ class RaftDriver:
         refusal = self.raft.refusal(item) or self._snapshot_refusal(item)
         if refusal is not None:
             self.drops[refusal] += 1
+            self._warn_if_unrepairable(item, refusal)
             return
         self._last_contact[item.sender] = trio.current_time()
         self.raft.step(item)
+
+    def _warn_if_unrepairable(self, message: Message, refusal: str) -> None:
+        """A log being repaired can only be repaired by a leader it trusts;
+        what is left of it may not know a voter promoted later. Say once per
+        sender what the operator can do, rather than wait silently."""
+        if self.raft.repairing_until is None or refusal not in TRUST_REFUSALS:
+            return
+        if not isinstance(message, AppendEntries | InstallSnapshot):
+            return
+        if message.sender in self._unrepairable_warned:
+            return
+        self._unrepairable_warned.add(message.sender)
+        log.warning(
+            "this node is repairing its Raft log but refuses %s as its leader: what is left of "
+            "the log does not name it as a voter or an eligible node. If it does lead this "
+            "swarm, stop this node, remove %s (and its -wal, -shm and .marker files) and start "
+            "it again: it rejoins and catches up from the leader",
+            node_id_text(message.sender)[:12],
+            self._storage.path,
+        )
 
     def _snapshot_refusal(self, message: Message) -> str | None:
         """A snapshot is checked whole before the core may take it: the core
