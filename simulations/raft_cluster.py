@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 
 from consensus.log import Entry, HardState, LogPosition, Snapshot
@@ -112,6 +112,14 @@ class _SimRaft:
 class RaftCluster:
     """`voters` Raft nodes, all voters from the start, on a simulated LAN.
 
+    `learners` more nodes start as learners of that configuration, and
+    `joiners` more start with none at all, as a node joining a running swarm
+    does (it learns its configuration from the leader once one adds it:
+    `propose_config`). `node_ids` names the nodes in that order (default
+    `n0`, `n1`, ...; the ledger wants 32-byte ids). `on_message(dst,
+    message)` sees each message as it is delivered, before the core does
+    (`network.sent_messages` and `received_messages` count them per node).
+
     Each node ticks every `tick_s` of virtual time (its phase drawn per
     node, as independent processes would be), so with the defaults the
     election timeout is 10-20 ticks = 150-300 ms, the thesis's setup.
@@ -125,6 +133,9 @@ class RaftCluster:
         voters: int,
         seed: int,
         *,
+        learners: int = 0,
+        joiners: int = 0,
+        node_ids: Sequence[bytes] | None = None,
         tick_s: float = 0.015,
         election_ticks: int = 10,
         network: NetworkConfig | None = None,
@@ -134,6 +145,12 @@ class RaftCluster:
     ) -> None:
         if voters < 1:
             raise ValueError("a cluster needs at least one voter")
+        if learners < 0 or joiners < 0:
+            raise ValueError("learners and joiners must be non-negative")
+        total = voters + learners + joiners
+        ids = [f"n{i}".encode() for i in range(total)] if node_ids is None else list(node_ids)
+        if len(ids) != total or len(set(ids)) != total:
+            raise ValueError(f"need {total} distinct node ids, got {len(ids)}")
         if tick_s <= 0 or fsync_s < 0:
             raise ValueError("tick_s must be positive and fsync_s non-negative")
         self.seed = seed
@@ -146,11 +163,15 @@ class RaftCluster:
             network or NetworkConfig.lan(),
             component_rng(seed, "network"),
             self._deliver,
-            n=voters,
+            n=total,
         )
-        self.nodes = [_SimRaft(i, f"n{i}".encode()) for i in range(voters)]
+        self.nodes = [_SimRaft(i, node_id) for i, node_id in enumerate(ids)]
         self._index_of = {s.node_id: s.index for s in self.nodes}
-        self._voter_ids = frozenset(self._index_of)
+        self._voter_ids = frozenset(ids[:voters])
+        self._learner_ids = frozenset(ids[voters : voters + learners])
+        self._bootstrapped = voters + learners
+        """Nodes below this index start with the configuration; the rest join."""
+        self.on_message: Callable[[int, Message], None] | None = None
         self.leader_of_term: dict[int, int] = {}
         """Every (term -> leader) ever observed: the election-safety record."""
         self.elected_at: dict[int, float] = {}
@@ -249,6 +270,31 @@ class RaftCluster:
         proposal = Proposal(i, s.raft.term, index, self.loop.now)
         self.proposals.append(proposal)
         self._record(f"propose {i} {proposal.term} {index}")
+        self._after_input(s)
+        return proposal
+
+    def propose_config(
+        self,
+        on: int | None = None,
+        *,
+        add_voter: bytes | None = None,
+        add_learner: bytes | None = None,
+        remove: bytes | None = None,
+    ) -> Proposal | None:
+        """Propose one configuration change (`RaftNode.propose_config`) on the
+        current leader, or on node `on`; None if there is no such leader or
+        it refuses (an earlier change is still uncommitted)."""
+        i = self.leader() if on is None else on
+        if i is None:
+            return None
+        s = self.nodes[i]
+        if s.raft is None or not s.raft.is_leader:
+            return None
+        index = s.raft.propose_config(add_voter=add_voter, add_learner=add_learner, remove=remove)
+        if index is None:
+            return None
+        proposal = Proposal(i, s.raft.term, index, self.loop.now)
+        self._record(f"propose_config {i} {proposal.term} {index}")
         self._after_input(s)
         return proposal
 
@@ -360,6 +406,7 @@ class RaftCluster:
     def _start(self, s: _SimRaft) -> None:
         s.life += 1
         d = s.durable
+        joiner = s.index >= self._bootstrapped
         s.raft = RaftNode(
             s.node_id,
             self.config,
@@ -367,7 +414,8 @@ class RaftCluster:
             hard_state=d.hard_state,
             entries=tuple(d.entries),
             snapshot=d.snapshot,
-            voters=self._voter_ids,
+            voters=frozenset() if joiner else self._voter_ids,
+            learners=frozenset() if joiner else self._learner_ids,
             applied=d.applied,
             repair_until=d.repair,
         )
@@ -387,6 +435,8 @@ class RaftCluster:
         s = self.nodes[dst]
         if s.raft is None:
             return
+        if self.on_message is not None:
+            self.on_message(dst, message)
         s.raft.step(message)
         self._after_input(s)
 
