@@ -18,6 +18,7 @@ import trio
 
 from runtime.cli.localswarm import LocalNode, LocalSwarm
 from runtime.model.tiny import make_tiny_model
+from runtime.node.ledger_follower import LAZY_PULL_S
 from tests.swarm_helpers import START_TIMEOUT_S, wait_for
 
 DEMAND = "/v1/network/demand"
@@ -76,7 +77,10 @@ async def test_demand_for_a_model_no_member_can_serve_is_not_committed(
                 (view or {}).get("ledger_applied_index", 0) >= index for view in views.values()
             )
 
-        await wait_for(swarm, [leader, follower], applied, 10.0, "the demand applied")
+        # The follower is not eligible, so it follows the ledger outside
+        # Raft: a commit that names no assignment of its own reaches it by
+        # a lazy pull (`LAZY_PULL_S`), after the leader's notice spreads.
+        await wait_for(swarm, [leader, follower], applied, LAZY_PULL_S + 20.0, "the demand applied")
         views = await swarm.views([leader, follower])
     for view in views.values():
         assert view is not None and set(view["demand"]) == {KNOWN}

@@ -310,7 +310,9 @@ def test_cli_tiny_model_manifest_and_doctor(tmp_path: Path, flipped: Path) -> No
     assert refused.returncode == 1
     assert "✓ manifest" in refused.stdout and "✗ tensors" in refused.stdout
     assert VICTIM in refused.stdout
-    assert refused.stderr.strip().startswith("shardmesh doctor: refused: digest_mismatch")
+    # Progress lines (one per check) come first; the verdict is the last line.
+    verdict = refused.stderr.strip().splitlines()[-1]
+    assert verdict.startswith("shardmesh doctor: refused: digest_mismatch")
 
 
 @pytest.mark.parametrize(
