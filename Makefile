@@ -31,7 +31,7 @@ chromium:
 		echo "installing chromium for the browser test (apt-get)"; \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
-		|| echo "could not install chromium: tests/test_web_page.py will skip"; \
+		|| echo "could not install chromium: tests/test_web_page.py will fail"; \
 	fi
 
 lint: $(STAMP)

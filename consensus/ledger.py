@@ -56,6 +56,7 @@ trailing byte and smuggled tag in one check.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any, Final, NoReturn
@@ -317,6 +318,19 @@ _TYPE_IDS: Final[Mapping[type, int]] = {
     Eligible: 8,
 }
 _TYPES_BY_ID: Final = {v: k for k, v in _TYPE_IDS.items()}
+
+ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
+"""Commands that change a node's assignment: the leader's ledger notice
+names their nodes, so each learns of its own change within a gossip spread."""
+ELIGIBILITY_COMMANDS: Final = (Found, Admit, Eligible)
+"""Commands that can change `PlacementLedger.eligible_voters`."""
+
+
+def snapshot_digest(snapshot: bytes) -> str:
+    """sha256 of `PlacementLedger.snapshot()` bytes, hex: one ledger state,
+    one digest (the snapshot is canonical). What a leader's notice names and
+    what a member checks a pulled copy against."""
+    return hashlib.sha256(snapshot).hexdigest()
 
 
 def encode_command(command: Command) -> bytes:

@@ -90,6 +90,8 @@ from enum import StrEnum
 from consensus.log import Entry, EntryKind, HardState, LogPosition, Snapshot
 
 __all__ = [
+    "REFUSED_LEADER_FROM_NON_VOTER",
+    "REFUSED_NOT_IN_CONFIGURATION",
     "AppendEntries",
     "AppendResponse",
     "InstallSnapshot",
@@ -275,6 +277,10 @@ class Ready:
     committed: tuple[Entry, ...]
     """To apply, in order, after the above."""
 
+
+REFUSED_NOT_IN_CONFIGURATION = "not_in_configuration"
+REFUSED_LEADER_FROM_NON_VOTER = "leader_message_from_non_voter"
+"""`RaftNode.refusal`'s reasons (counted by drivers under these names)."""
 
 _LEADER_MESSAGES = (AppendEntries, InstallSnapshot, TimeoutNow)
 """What only a leader sends: taken only from a voter (module doc)."""
@@ -811,15 +817,15 @@ class RaftNode:
         """Why `m`'s sender may not say this to us, or None (module doc).
         `step` drops such a message; a driver may ask first, to spare work
         (decoding a snapshot) on a message that would be dropped anyway."""
-        members = self._voters | self._learners
-        if not members and not self.eligible:
+        sender = m.sender
+        if not (self._voters or self._learners or self.eligible):
             return None
-        if m.sender not in members and m.sender not in self.eligible:
-            return "not_in_configuration"
+        if not (sender in self._voters or sender in self._learners or sender in self.eligible):
+            return REFUSED_NOT_IN_CONFIGURATION
         if isinstance(m, _LEADER_MESSAGES) and not (
             m.sender in self._voters or m.sender in self.eligible
         ):
-            return "leader_message_from_non_voter"
+            return REFUSED_LEADER_FROM_NON_VOTER
         return None
 
     def _valid(self, m: object) -> bool:

@@ -35,7 +35,6 @@ of the Raft run is node 0 (the founder) of the gossip run.
 
 from __future__ import annotations
 
-import hashlib
 import math
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -44,14 +43,15 @@ from typing import Final
 
 from consensus.config import ConsensusConfig
 from consensus.ledger import (
+    ASSIGNMENT_COMMANDS,
+    ELIGIBILITY_COMMANDS,
     Assign,
     Eligible,
     Found,
-    MarkAdmissionFailed,
     PlacementLedger,
     RecordDemand,
-    Release,
     encode_command,
+    snapshot_digest,
 )
 from consensus.log import Entry, EntryKind
 from consensus.raft import Message
@@ -99,12 +99,6 @@ WORKLOAD_INTERVAL_S: Final = 0.25
 GIVE_UP_S: Final = 60.0
 
 MODEL: Final = "org/model-7b"
-
-ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
-"""Commands whose node the leader's notice names (`changed`), as
-`runtime.node.raft_driver.ASSIGNMENT_COMMANDS` (simulations never import
-runtime)."""
-
 
 # --- the Raft side -------------------------------------------------------------------
 
@@ -187,12 +181,17 @@ class PolicySwarm:
 
     def _apply(self, node: int, entry: Entry) -> None:
         ledger = self.ledgers[node]
-        if entry.kind == EntryKind.COMMAND:
-            result = ledger.apply(entry.index, entry.data)
-            if result.accepted and isinstance(result.command, ASSIGNMENT_COMMANDS):
-                self._changed[node].append((node_id_text(result.command.node), entry.index))
+        if entry.kind != EntryKind.COMMAND:
+            return
+        result = ledger.apply(entry.index, entry.data)
+        if result.accepted and isinstance(result.command, ASSIGNMENT_COMMANDS):
+            self._changed[node].append((node_id_text(result.command.node), entry.index))
         core = self.raft.node(node)
-        if core is not None:
+        if (
+            core is not None
+            and result.accepted
+            and isinstance(result.command, ELIGIBILITY_COMMANDS)
+        ):
             core.eligible = ledger.eligible_voters()
 
     def _check(self) -> None:
@@ -303,7 +302,7 @@ class PolicySwarm:
         """The leader's notice, as `RaftDriver.notice` makes it."""
         leader = self.leader_index()
         ledger = self.ledgers[leader]
-        digest = hashlib.sha256(ledger.snapshot()).hexdigest()
+        digest = snapshot_digest(ledger.snapshot())
         changed = tuple(self._changed[leader])
         return LedgerNotice(self.raft.term(leader), ledger.applied_index, digest, changed)
 

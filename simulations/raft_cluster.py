@@ -253,17 +253,24 @@ class RaftCluster:
 
     # --- actions ----------------------------------------------------------------
 
+    def _leading(self, on: int | None) -> int | None:
+        """The current leader, or node `on` if it believes it leads; None otherwise."""
+        i = self.leader() if on is None else on
+        if i is None:
+            return None
+        raft = self.nodes[i].raft
+        return i if raft is not None and raft.is_leader else None
+
     def propose(self, data: bytes, on: int | None = None) -> Proposal | None:
         """Propose `data` on the current leader, or on node `on` if it
         believes it leads (a deposed leader that has not noticed yet
         accepts proposals that will never commit); None if there is no such
         leader (or it refuses, e.g. during a leadership transfer)."""
-        i = self.leader() if on is None else on
+        i = self._leading(on)
         if i is None:
             return None
         s = self.nodes[i]
-        if s.raft is None or not s.raft.is_leader:
-            return None
+        assert s.raft is not None
         index = s.raft.propose(data)
         if index is None:
             return None
@@ -284,12 +291,11 @@ class RaftCluster:
         """Propose one configuration change (`RaftNode.propose_config`) on the
         current leader, or on node `on`; None if there is no such leader or
         it refuses (an earlier change is still uncommitted)."""
-        i = self.leader() if on is None else on
+        i = self._leading(on)
         if i is None:
             return None
         s = self.nodes[i]
-        if s.raft is None or not s.raft.is_leader:
-            return None
+        assert s.raft is not None
         index = s.raft.propose_config(add_voter=add_voter, add_learner=add_learner, remove=remove)
         if index is None:
             return None

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from consensus.ledger import Found, PlacementLedger, encode_command
+from consensus.ledger import Found, PlacementLedger, encode_command, snapshot_digest
 from mesh.identity import Identity
 from mesh.records import Addresses, LedgerNotice, NodeRecord
 from runtime.node.ledger_follower import (
@@ -15,7 +15,6 @@ from runtime.node.ledger_follower import (
     ClaimRefused,
     LedgerClaim,
     LedgerFollower,
-    ledger_digest,
     signed_headers,
     verify_pull,
 )
@@ -31,7 +30,7 @@ def ledger_at(index: int) -> PlacementLedger:
 
 def answer(signer: Identity, ledger: PlacementLedger, voters: tuple[bytes, ...] = ()) -> tuple:
     body = ledger.snapshot()
-    claim = LedgerClaim(3, ledger.applied_index, ledger_digest(body), voters)
+    claim = LedgerClaim(3, ledger.applied_index, snapshot_digest(body), voters)
     return signed_headers(signer, claim), body
 
 
@@ -84,7 +83,7 @@ def follower(records: dict[bytes, NodeRecord], held: int = 0) -> LedgerFollower:
         in_configuration=lambda: False,
         record=records.get,
         api_of=lambda node: "http://127.0.0.1:3" if node in records else None,
-        install=lambda ledger, claim: None,
+        install=lambda ledger: None,
         held=lambda: held,
     )
 

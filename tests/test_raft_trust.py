@@ -8,8 +8,16 @@ a cluster whose voters are gone for good.
 
 from __future__ import annotations
 
-import pytest
+import os
+import random
+from pathlib import Path
 
+import pytest
+import trio
+
+from consensus.codec import encode_raft
+from consensus.config import ConsensusConfig
+from consensus.ledger import Found, PlacementLedger, encode_command
 from consensus.log import Entry, EntryKind, Snapshot
 from consensus.raft import (
     AppendEntries,
@@ -18,6 +26,8 @@ from consensus.raft import (
     TimeoutNow,
     encode_config,
 )
+from consensus.storage import RaftStorage
+from runtime.node.raft_driver import RaftDriver
 from tests.test_raft_scenarios import Network, commands
 
 A, B, C, L, X = b"a", b"b", b"c", b"l", b"x"
@@ -144,3 +154,45 @@ def test_refound_makes_the_survivor_the_only_voter_and_the_others_follow() -> No
     net.tick(2)
     assert net.nodes[B].voters == {A} and net.nodes[B].learners == {B}
     assert commands(net, B) == [b"kept", b"alone"]
+
+
+# --- the driver: a snapshot is checked whole before anything of it is kept ----------
+
+
+async def test_a_snapshot_whose_ledger_cannot_be_restored_is_never_persisted(
+    tmp_path: Path,
+) -> None:
+    """A joining node (no configuration, nobody eligible yet) takes the first
+    leader; even then a snapshot it cannot restore is refused before the core
+    could hand it out to be persisted, where it would stop the node at every
+    start. The same leader's good snapshot is taken."""
+    leader, me = bytes([1]) * 32, bytes([2]) * 32
+    good = PlacementLedger()
+    good.apply(1, encode_command(Found(leader, "open", 1.0)))
+
+    def install(data: bytes) -> bytes:
+        snapshot = Snapshot(5, 2, frozenset({leader}), frozenset({me}), data)
+        return encode_raft(InstallSnapshot(to=me, term=2, leader=leader, snapshot=snapshot))
+
+    with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
+        driver = RaftDriver(
+            node_id=me,
+            storage=store,
+            config=ConsensusConfig.local(),
+            bootstrap=False,
+            send=lambda to, payload: None,
+            members=lambda: (),
+            rng=random.Random(0),
+        )
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(driver.run)
+            driver.deliver(leader, install(os.urandom(64)))
+            await trio.sleep(0.2)
+            assert driver.drops["bad_snapshot_ledger"] == 1
+            assert store.load().snapshot is None and driver.raft.term == 0
+            driver.deliver(leader, install(good.snapshot()))
+            await trio.sleep(0.2)
+            nursery.cancel_scope.cancel()
+        assert store.load().snapshot is not None
+        assert driver.ledger.swarm == Found(leader, "open", 1.0)
+        assert driver.raft.term == 2 and driver.raft.learners == {me}

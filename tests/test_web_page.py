@@ -96,7 +96,9 @@ def find_chromium() -> str | None:
 def chromium() -> str:
     path = find_chromium()
     if path is None:
-        pytest.skip(
+        # Not a skip: the page's acceptance is this test, and `make test`
+        # installs chromium, so a missing browser is a broken setup.
+        pytest.fail(
             "no chromium found (/usr/bin/chromium, or $CHROMIUM): `make test` installs "
             "Debian's with apt-get where it can; install it to run the browser test"
         )

@@ -62,7 +62,6 @@ from runtime.node.ledger_follower import (
     LEDGER_PATH,
     LedgerClaim,
     LedgerFollower,
-    ledger_digest,
     signed_headers,
 )
 from runtime.node.membership_driver import MembershipDriver
@@ -307,10 +306,8 @@ def network_routes(node: NetworkNode) -> list[Route]:
             if raft.in_configuration()
             else node.ledger_follower.voters
         )
-        snapshot = raft.ledger.snapshot()
-        claim = LedgerClaim(
-            raft.raft.term, raft.ledger.applied_index, ledger_digest(snapshot), voters
-        )
+        snapshot, digest = raft.ledger_snapshot()
+        claim = LedgerClaim(raft.raft.term, raft.ledger.applied_index, digest, voters)
         return Response(
             snapshot,
             media_type="application/cbor",

@@ -150,7 +150,7 @@ class Node:
             in_configuration=self.raft.in_configuration,
             record=self.swarm.record,
             api_of=self.swarm.member_api,
-            install=lambda ledger, _claim: self.raft.follow(ledger),
+            install=self.raft.follow,
             held=lambda: self.raft.ledger.applied_index,
         )
         self.raft.followed_leader = self.ledger_follower.leader

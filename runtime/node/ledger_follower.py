@@ -39,7 +39,6 @@ at most one pull per `MIN_PULL_INTERVAL_S`.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
@@ -49,7 +48,7 @@ from typing import Any, Final
 import httpx
 import trio
 
-from consensus.ledger import LedgerError, PlacementLedger
+from consensus.ledger import LedgerError, PlacementLedger, snapshot_digest
 from mesh.identity import SIGNATURE_BYTES, Signer, node_id_from_text, node_id_text, verify
 from mesh.records import LedgerNotice, NodeRecord
 
@@ -121,10 +120,6 @@ class LedgerClaim:
         return cls(term, index, digest, ids)
 
 
-def ledger_digest(snapshot: bytes) -> str:
-    return hashlib.sha256(snapshot).hexdigest()
-
-
 def _signing_bytes(claim_text: str) -> bytes:
     return _DOMAIN + claim_text.encode()
 
@@ -157,7 +152,7 @@ def verify_pull(
         claim = LedgerClaim.from_json(json.loads(text))
     except ValueError as exc:
         raise ClaimRefused(f"the claim is not JSON: {exc}") from None
-    if ledger_digest(body) != claim.digest:
+    if snapshot_digest(body) != claim.digest:
         raise ClaimRefused("the ledger is not the one the claim names (digest)")
     return claim
 
@@ -173,7 +168,7 @@ class LedgerFollower:
         in_configuration: Callable[[], bool],
         record: Callable[[bytes], NodeRecord | None],
         api_of: Callable[[bytes], str | None],
-        install: Callable[[PlacementLedger, LedgerClaim], None],
+        install: Callable[[PlacementLedger], None],
         held: Callable[[], int],
     ) -> None:
         """`held()` is the applied index of the copy this node holds (the
@@ -285,7 +280,7 @@ class LedgerFollower:
                 raise ClaimRefused("the ledger's index is not the claimed one")
         except (ClaimRefused, LedgerError) as exc:
             return self._refuse("refused", f"{node_id_text(source)[:12]}: {exc}")
-        self._install(ledger, claim)
+        self._install(ledger)
         if claim.voters:
             self.voters = claim.voters
         self.last_error = None

@@ -29,7 +29,6 @@ the `at` that commands carry (they are compared across machines).
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import random
 import time
@@ -43,17 +42,26 @@ import trio
 from consensus.codec import RaftDecodeError, RaftEncodeError, decode_raft, encode_raft
 from consensus.config import ConsensusConfig
 from consensus.ledger import (
+    ASSIGNMENT_COMMANDS,
+    ELIGIBILITY_COMMANDS,
     ApplyResult,
-    Assign,
     Command,
     LedgerError,
-    MarkAdmissionFailed,
     PlacementLedger,
-    Release,
     encode_command,
+    snapshot_digest,
 )
 from consensus.log import Entry, EntryKind
-from consensus.raft import AppendEntries, InstallSnapshot, Message, RaftNode, Ready, Role
+from consensus.raft import (
+    REFUSED_LEADER_FROM_NON_VOTER,
+    REFUSED_NOT_IN_CONFIGURATION,
+    AppendEntries,
+    InstallSnapshot,
+    Message,
+    RaftNode,
+    Ready,
+    Role,
+)
 from consensus.storage import RaftStorage, StorageError
 from consensus.voters import MemberInfo, next_change
 from mesh.identity import NODE_ID_BYTES, node_id_text
@@ -67,12 +75,9 @@ INBOX_CAPACITY: Final = 4096
 full inbox drops (counted) rather than blocking the control-plane reader,
 which also carries membership probes that must never wait behind Raft."""
 
-TRUST_REFUSALS: Final = ("not_in_configuration", "leader_message_from_non_voter")
+TRUST_REFUSALS: Final = (REFUSED_NOT_IN_CONFIGURATION, REFUSED_LEADER_FROM_NON_VOTER)
 """`RaftNode.refusal`'s reasons: who sent it, not what it says."""
 
-ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
-"""Commands that change a node's assignment: the leader's notice names
-their nodes, so each learns of its own change within a gossip spread."""
 
 FAILOVER_ELIGIBLE: Final = 3
 """Eligible nodes a swarm needs before losing a voter costs no leader: a
@@ -210,7 +215,7 @@ class RaftDriver:
         self._leaderless_since: float | None = None
         self._unrepairable_warned: set[bytes] = set()
         self._ticks = 0
-        self._digest: tuple[PlacementLedger, int, str] | None = None
+        self._snapshot: tuple[PlacementLedger, int, bytes, str] | None = None
         self._changed: collections.deque[tuple[str, int]] = collections.deque(
             maxlen=MAX_NOTICE_CHANGES
         )  # (node, index) of the latest assignment changes: the notice's `changed`
@@ -481,7 +486,6 @@ class RaftDriver:
                 self._replace_ledger(PlacementLedger.restore(rd.snapshot.data))
             for entry in rd.committed:
                 self._apply(entry)
-            self.raft.eligible = self.ledger.eligible_voters()
             self.raft.advance(rd)
             await self._maybe_compact()
 
@@ -502,6 +506,8 @@ class RaftDriver:
         if result is not None:
             if result.accepted and isinstance(result.command, ASSIGNMENT_COMMANDS):
                 self._changed.append((node_id_text(result.command.node), entry.index))
+            if result.accepted and isinstance(result.command, ELIGIBILITY_COMMANDS):
+                self.raft.eligible = self.ledger.eligible_voters()
             for callback in self.on_apply:
                 callback(result)
         proposal = self._waiting.pop(entry.index, None)
@@ -546,21 +552,26 @@ class RaftDriver:
         for callback in self.on_replace:
             callback()
 
-    def ledger_digest(self) -> str:
-        """sha256 of the ledger's snapshot, computed once per applied index."""
-        cached = self._digest
+    def ledger_snapshot(self) -> tuple[bytes, str]:
+        """The ledger's snapshot and its digest, made once per applied index:
+        the leader's notice and every member's pull of the same state share
+        one serialization."""
+        cached = self._snapshot
         if cached is None or cached[0] is not self.ledger or cached[1] != self.ledger.applied_index:
             snapshot = self.ledger.snapshot()
-            cached = (self.ledger, self.ledger.applied_index, hashlib.sha256(snapshot).hexdigest())
-            self._digest = cached
-        return cached[2]
+            cached = (self.ledger, self.ledger.applied_index, snapshot, snapshot_digest(snapshot))
+            self._snapshot = cached
+        return cached[2], cached[3]
 
     def notice(self) -> LedgerNotice | None:
         """The leader's notice for its record (None on any other node)."""
         if not self.raft.is_leader:
             return None
         return LedgerNotice(
-            self.raft.term, self.ledger.applied_index, self.ledger_digest(), tuple(self._changed)
+            self.raft.term,
+            self.ledger.applied_index,
+            self.ledger_snapshot()[1],
+            tuple(self._changed),
         )
 
     # --- views ------------------------------------------------------------------------
