@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -68,3 +69,13 @@ async def start_tiny_model_node(swarm: LocalSwarm, folder: Path, model: str) -> 
 
     await wait_for(swarm, [node], admitted, ADMIT_TIMEOUT_S, "the model admitted")
     return node
+
+
+FAULT_HOOKS = Path(__file__).parent / "fault_hooks"
+
+
+def fault_env(module: str, argument: str = "") -> dict[str, str]:
+    """The environment that plants fault `module` (a file in
+    tests/fault_hooks) in one node's process; see its sitecustomize."""
+    path = os.pathsep.join(filter(None, [str(FAULT_HOOKS), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "SHARDMESH_TEST_FAULT": f"{module}:{argument}"}

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,10 +57,12 @@ class LocalNode:
         log_path: Path,
         args: Sequence[str] = (),
         cpus: frozenset[int] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> None:
         self.name = name
         self.args = list(args)  # this node's own flags (e.g. --model), kept across restarts
         self.cpus = cpus  # the cores it may run on (None: any), kept across restarts
+        self.env = dict(env or {})  # this node's own environment additions, kept too
         self.state_dir = state_dir
         self.log_path = log_path
         self.process: trio.Process | None = None
@@ -184,16 +186,17 @@ class LocalSwarm:
         name: str | None = None,
         args: Sequence[str] = (),
         cpus: Iterable[int] | None = None,
+        env: Mapping[str, str] | None = None,
     ) -> LocalNode:
         """A node slot with its own state dir (not started yet); `args` are
-        extra flags for this node only. `cpus` pins its process (every
+        extra flags for this node only, `env` extra environment variables. `cpus` pins its process (every
         thread: compute, ZeroMQ, the event loop) to those cores, so nodes
         sharing a machine stop sharing caches and cores (Linux only)."""
         if cpus is not None and not hasattr(os, "sched_setaffinity"):
             raise SwarmError("pinning nodes to cores needs Linux (os.sched_setaffinity)")
         name = name or f"node{len(self.nodes)}"
         pinned = None if cpus is None else frozenset(cpus)
-        node = LocalNode(name, self.root / name, self.root / f"{name}.log", args, pinned)
+        node = LocalNode(name, self.root / name, self.root / f"{name}.log", args, pinned, env)
         self.nodes.append(node)
         return node
 
@@ -225,6 +228,7 @@ class LocalSwarm:
         self._logs.append(handle)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **SHARED_MACHINE_ENV)
         env.update(self.extra_env)
+        env.update(node.env)
         node.process = await trio.lowlevel.open_process(
             self.command(node, joins),
             stdin=subprocess.DEVNULL,
