@@ -28,6 +28,13 @@ It records, per ADR-0026, who serves what and why:
   eligible (`Eligible`) and, in a private swarm, nodes admitted with a voter
   invitation. Raft's autopilot promotes no one else (DESIGN.md, "Trust":
   voters are the members the swarm trusts to follow the protocol);
+* **quarantines** (DESIGN.md, "Trust": proven liars are quarantined through
+  the ledger): the leader judges a report that a hop's output diverged by
+  recomputing it and commits a `Verdict`. A guilty one benches the accused,
+  a refuted one counts against the reporter; each node's offences and false
+  reports are kept after its quarantine ends, so repeat offences bench it
+  longer. The digests of recently judged evidence are kept too, so the same
+  evidence is never judged twice;
 * counts of rejected commands per reason, so a bad proposer is visible.
 
 Rules enforced at apply time (the policy on the leader should never propose
@@ -41,7 +48,12 @@ does):
   pinned node is rejected because managed placements only go to spare
   capacity (until multi-shard slots exist, a pinned node has none);
 * Release and MarkAdmissionFailed must name the live assignment's epoch and
-  model.
+  model;
+* a managed Assign onto a node quarantined at the command's `at` is
+  rejected: placement never gives a quarantined node work (pinned tiers are
+  still recorded: they record what an operator started, and coverage keeps
+  a quarantined node out of every route whatever it holds);
+* a Verdict about evidence already judged is rejected.
 
 `apply` never raises on a bad command. A committed entry is committed on
 every replica; if applying it raised, every replica would crash on the same
@@ -59,7 +71,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
-from typing import Any, Final, NoReturn
+from typing import Any, Final, Literal, NoReturn
 
 import cbor2
 
@@ -93,10 +105,10 @@ MAX_TEXT: Final = 256
 """Model names, reasons: long enough for a manifest name, short enough to log."""
 MAX_INT: Final = MAX_UINT
 """Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
-SNAPSHOT_VERSION: Final = 4
+SNAPSHOT_VERSION: Final = 5
 """Version 2 added the policy settings, version 3 the swarm and its admitted
-members, version 4 the nodes made eligible to vote; older snapshots are
-still read.
+members, version 4 the nodes made eligible to vote, version 5 the quarantine
+table and the judged evidence; older snapshots are still read.
 Bounding the demand table changed what apply does, not the encoding: a
 snapshot holds the rows left, in the same format."""
 MAX_DEMAND_MODELS: Final = 256
@@ -118,6 +130,39 @@ longer moves the horizon with them (`PlacementLedger.demand_horizon`)."""
 DEMAND_DECAY_WINDOWS: Final = 20
 """The horizon is at least this many `demand_window_s`: by then a rate has
 decayed to e**-20 (2e-9) of its value, nothing the policy can tell from 0."""
+EVIDENCE_BYTES: Final = 32
+"""A verdict names its evidence by a sha256 digest of the evidence document."""
+QUARANTINE_BASE_S: Final = 3600.0
+"""A first proven wrong output benches a node for an hour: far longer than
+it takes every entry to stop routing to it and placement to replace its
+managed shard (seconds), short enough that a one-off fault (a flipped bit,
+an overheated card) costs an honest volunteer little. Each further offence
+doubles it: a node that keeps lying is benched for longer each time."""
+QUARANTINE_MAX_S: Final = 30 * 24 * 3600.0
+"""No quarantine is longer than 30 days (the doubling reaches it at the 11th
+offence: the 10th is 2**9 hours, 21 days). By then a node is in effect
+banned, and a longer bench protects nothing more; a volunteer who replaced
+the faulty card or build can still come back one day."""
+FALSE_REPORT_LIMIT: Final = 3
+"""Every third report the leader's recomputation refutes counts as an
+offence of its reporter, quarantining it like a liar. One or two refuted
+reports can be honest (a replica's numerics near the tolerance); each costs
+the leader a recomputation, so a reporter that keeps making them, by fault
+or to wear the leader down or to smear honest nodes, is benched."""
+MAX_JUDGED_EVIDENCE: Final = 4096
+"""The most recent judged evidence digests kept, oldest dropped first. A
+report is judged within seconds of the replay that found it, and the ones
+to refuse are repeats: a reporter resending it, a leader retrying a
+proposal whose answer it lost. 4096 verdicts outlast any such retry by
+hours even at a verdict a second, and cost 128 KiB in every snapshot."""
+MAX_QUARANTINE_RECORDS: Final = 65536
+"""Most nodes the quarantine table keeps records for. Every verdict may add
+one (a new accused or reporter), and each takes a recomputation by the
+leader, so the table grows slowly, but it must not grow without end in
+every replica. 65536 is six times a 10,000-node swarm at ~100 bytes a
+record (6 MiB); when it is full the record of the node whose quarantine
+ended longest ago (never-quarantined reporters first) gives way: forgetting
+it only makes that node's next offence count as an early one."""
 
 
 class LedgerError(Exception):
@@ -302,8 +347,41 @@ class Eligible:
         object.__setattr__(self, "at", number(self.at, "at"))
 
 
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The leader's judgement, by recomputation, of `reporter`'s signed
+    evidence that `accused` returned a wrong output: `guilty` when the
+    accused's output was wrong, else the report was false. `evidence` is the
+    evidence document's digest; `at` is when the leader judged (its wall
+    clock, Unix seconds), from which a quarantine runs."""
+
+    accused: bytes
+    reporter: bytes
+    evidence: bytes
+    guilty: bool
+    at: float
+
+    @_as_ledger_error
+    def __post_init__(self) -> None:
+        fixed_bytes(self.accused, "accused", size=NODE_ID_BYTES)
+        fixed_bytes(self.reporter, "reporter", size=NODE_ID_BYTES)
+        if self.accused == self.reporter:
+            _fail("accused and reporter are the same node: a node cannot report itself")
+        fixed_bytes(self.evidence, "evidence", size=EVIDENCE_BYTES)
+        boolean(self.guilty, "guilty")
+        object.__setattr__(self, "at", number(self.at, "at", non_negative=True))
+
+
 Command = (
-    Assign | Release | RecordDemand | MarkAdmissionFailed | SetPolicy | Found | Admit | Eligible
+    Assign
+    | Release
+    | RecordDemand
+    | MarkAdmissionFailed
+    | SetPolicy
+    | Found
+    | Admit
+    | Eligible
+    | Verdict
 )
 
 # Append-only: never renumber or reuse an id; 0 is reserved.
@@ -316,12 +394,12 @@ _TYPE_IDS: Final[Mapping[type, int]] = {
     Found: 6,
     Admit: 7,
     Eligible: 8,
+    Verdict: 9,
 }
 _TYPES_BY_ID: Final = {v: k for k, v in _TYPE_IDS.items()}
 
 ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
-"""Commands that change a node's assignment: the leader's ledger notice
-names their nodes, so each learns of its own change within a gossip spread."""
+"""Commands that change a node's assignment."""
 ELIGIBILITY_COMMANDS: Final = (Found, Admit, Eligible)
 """Commands that can change `PlacementLedger.eligible_voters`."""
 
@@ -423,6 +501,48 @@ class Admission:
     at: float
 
 
+QuarantineReason = Literal["wrong_output", "false_reports"]
+QUARANTINE_REASONS: Final[tuple[QuarantineReason, ...]] = ("wrong_output", "false_reports")
+"""Why a node is quarantined: a guilty verdict against it (`wrong_output`),
+or another `FALSE_REPORT_LIMIT` of its reports refuted (`false_reports`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quarantine:
+    """A node's standing under verdicts: its offences and false reports,
+    and its latest quarantine, which may have ended. Kept after a quarantine
+    ends, so a repeat offence benches the node longer.
+
+    `until`, `reason` and `evidence` (the verdict that last quarantined it)
+    are None for a node never quarantined: a reporter with fewer refuted
+    reports than the limit. Every quarantine is an offence, so a node has
+    been quarantined exactly when `offences` > 0."""
+
+    node: bytes
+    until: float | None
+    reason: QuarantineReason | None
+    evidence: bytes | None
+    offences: int
+    false_reports: int
+
+    @_as_ledger_error
+    def __post_init__(self) -> None:
+        _node(self.node)
+        uint(self.offences, "offences")
+        uint(self.false_reports, "false_reports")
+        if self.offences == 0:
+            if (self.until, self.reason, self.evidence) != (None, None, None):
+                _fail("a node never quarantined has no until, reason or evidence")
+            return
+        object.__setattr__(self, "until", number(self.until, "until", non_negative=True))
+        one_of(self.reason, "reason", QUARANTINE_REASONS)
+        fixed_bytes(self.evidence, "evidence", size=EVIDENCE_BYTES)
+
+    def in_force(self, now: float) -> bool:
+        """The node is quarantined at `now` (serves nothing, is assigned nothing)."""
+        return self.until is not None and self.until > now
+
+
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
     """What one committed entry did: `accepted`, or rejected with a `reason` code and `detail`."""
@@ -432,6 +552,23 @@ class ApplyResult:
     accepted: bool
     reason: str = ""
     detail: str = ""
+
+
+def changed_node(result: ApplyResult) -> bytes | None:
+    """The node whose standing an applied entry changed: the one an accepted
+    assignment command is about, or the one an accepted verdict counts
+    against (the accused when guilty, else the reporter). The leader's
+    ledger notice names it (`mesh.records.LedgerNotice.changed`), so that
+    node learns of its new assignment or quarantine within a gossip spread.
+    None: a rejected entry, or a command about no one node."""
+    if not result.accepted:
+        return None
+    command = result.command
+    if isinstance(command, ASSIGNMENT_COMMANDS):
+        return command.node
+    if isinstance(command, Verdict):
+        return command.accused if command.guilty else command.reporter
+    return None
 
 
 # Rejection reason codes (stable: counted in the state and shown in status).
@@ -447,6 +584,28 @@ REASON_ALREADY_FOUNDED: Final = "already_founded"
 REASON_NOT_PRIVATE: Final = "not_private"
 REASON_ALREADY_ADMITTED: Final = "already_admitted"
 REASON_ALREADY_ELIGIBLE: Final = "already_eligible"
+REASON_QUARANTINED: Final = "quarantined"
+REASON_ALREADY_JUDGED: Final = "already_judged"
+
+
+def _benched(record: Quarantine, reason: QuarantineReason, cmd: Verdict) -> Quarantine:
+    """`record` after one more offence, judged at `cmd.at`: quarantined for
+    `QUARANTINE_BASE_S` doubled per earlier offence, at most
+    `QUARANTINE_MAX_S`. Never shortened: a verdict stamped earlier than the
+    one in force (another leader's clock) leaves its end where it was."""
+    offences = min(record.offences + 1, MAX_INT)
+    # 2**62 hours is far past the cap; the exponent bound keeps the float finite.
+    length = min(QUARANTINE_BASE_S * 2.0 ** min(offences - 1, 62), QUARANTINE_MAX_S)
+    until = cmd.at + length
+    if record.until is not None:
+        until = max(until, record.until)
+    return replace(record, until=until, reason=reason, evidence=cmd.evidence, offences=offences)
+
+
+def _ended(record: Quarantine) -> float:
+    """When `record`'s quarantine ends, -1 for one never quarantined (the
+    order in which a full table forgets records)."""
+    return -1.0 if record.until is None else record.until
 
 
 class _Reject(Exception):
@@ -470,6 +629,8 @@ class PlacementLedger:
         self._swarm: Found | None = None
         self._admitted: dict[bytes, Admission] = {}
         self._eligible: dict[bytes, float] = {}  # node -> when it was made eligible
+        self._quarantine: dict[bytes, Quarantine] = {}
+        self._judged: dict[bytes, None] = {}  # evidence digests, oldest first
 
     def __eq__(self, other: object) -> bool:
         """Equal when their snapshots are byte-identical (the determinism contract)."""
@@ -517,6 +678,8 @@ class PlacementLedger:
                     self._admit(command)
                 case Eligible():
                     self._make_eligible(command)
+                case Verdict():
+                    self._judge(command)
         except _Reject as rej:
             return self._rejected_result(index, command, rej.reason, rej.detail)
         return ApplyResult(index, command, True)
@@ -531,6 +694,13 @@ class PlacementLedger:
         last_epoch = self._epochs.get(cmd.node, 0)
         if cmd.epoch <= last_epoch:
             raise _Reject(REASON_STALE_EPOCH, f"epoch {cmd.epoch} <= node's epoch {last_epoch}")
+        benched = self._quarantine.get(cmd.node)
+        if cmd.managed and benched is not None and benched.in_force(cmd.at):
+            raise _Reject(
+                REASON_QUARANTINED,
+                f"node is quarantined until {benched.until} ({benched.reason}); "
+                "managed placements never go to a quarantined node",
+            )
         live = self._assignments.get(cmd.node)
         if live is not None and live.pinned:
             if cmd.model != live.model:
@@ -576,6 +746,35 @@ class PlacementLedger:
         if cmd.node in self.eligible_voters():
             raise _Reject(REASON_ALREADY_ELIGIBLE, "the node may become a voter already")
         self._eligible[cmd.node] = cmd.at
+
+    def _judge(self, cmd: Verdict) -> None:
+        if cmd.evidence in self._judged:
+            raise _Reject(REASON_ALREADY_JUDGED, "this evidence has been judged already")
+        self._judged[cmd.evidence] = None
+        while len(self._judged) > MAX_JUDGED_EVIDENCE:  # one at most, or a restored excess
+            del self._judged[next(iter(self._judged))]
+        if cmd.guilty:
+            self._store_standing(_benched(self._standing(cmd.accused), "wrong_output", cmd))
+            return
+        reporter = self._standing(cmd.reporter)
+        reporter = replace(reporter, false_reports=min(reporter.false_reports + 1, MAX_INT))
+        if reporter.false_reports % FALSE_REPORT_LIMIT == 0:
+            reporter = _benched(reporter, "false_reports", cmd)
+        self._store_standing(reporter)
+
+    def _standing(self, node: bytes) -> Quarantine:
+        """`node`'s record, or the blank one of a node no verdict counted against."""
+        return self._quarantine.get(node) or Quarantine(node, None, None, None, 0, 0)
+
+    def _store_standing(self, record: Quarantine) -> None:
+        self._quarantine[record.node] = record
+        while len(self._quarantine) > MAX_QUARANTINE_RECORDS:  # one at most, or a restored excess
+            # Ties break by node id, so every replica forgets the same record.
+            oldest = min(
+                (n for n in self._quarantine if n != record.node),
+                key=lambda n: (_ended(self._quarantine[n]), n),
+            )
+            del self._quarantine[oldest]
 
     def _live_for(self, node: bytes, model: str, epoch: int) -> LedgerAssignment:
         live = self._assignments.get(node)
@@ -660,6 +859,22 @@ class PlacementLedger:
         admitted = (n for n, a in self._admitted.items() if a.voter)
         return frozenset({self._swarm.swarm, *self._eligible, *admitted})
 
+    def quarantine(self, node: bytes) -> Quarantine | None:
+        """`node`'s standing under verdicts, its quarantine in force or ended
+        (None: no verdict ever counted against it)."""
+        return self._quarantine.get(node)
+
+    def quarantined(self, now: float) -> dict[bytes, Quarantine]:
+        """The nodes quarantined at `now` (the caller's clock: the ledger has
+        none), by node id: they must serve nothing and be assigned nothing."""
+        return {n: q for n, q in sorted(self._quarantine.items()) if q.in_force(now)}
+
+    def judged(self, evidence: bytes) -> bool:
+        """A verdict on this evidence digest is among the recent ones kept
+        (`MAX_JUDGED_EVIDENCE`): the leader need not recompute it, as a
+        second verdict on it would be rejected."""
+        return evidence in self._judged
+
     def policy(self) -> PlacementSettings:
         """The swarm's placement policy: the defaults with its settings applied."""
         return with_settings(PlacementSettings(), self._settings)
@@ -718,6 +933,19 @@ class PlacementLedger:
                 ],
             },
             "eligible_voters": sorted(n.hex() for n in self.eligible_voters()),
+            # Every node a verdict counted against, its quarantine in force or
+            # not (the ledger has no clock: compare `until` with the time).
+            "quarantine": [
+                {
+                    "node_id": q.node.hex(),
+                    "reason": q.reason,
+                    "until": q.until,
+                    "evidence": None if q.evidence is None else q.evidence.hex(),
+                    "offences": q.offences,
+                    "false_reports": q.false_reports,
+                }
+                for _, q in sorted(self._quarantine.items())
+            ],
         }
 
     # -- snapshots -----------------------------------------------------------
@@ -756,6 +984,14 @@ class PlacementLedger:
             state.append([[n, a.voter, a.invitation, a.at] for n, a in self.admitted().items()])
         if version >= 4:
             state.append([[n, self._eligible[n]] for n in sorted(self._eligible)])
+        if version >= 5:
+            state.append(
+                [
+                    [q.node, q.until, q.reason, q.evidence, q.offences, q.false_reports]
+                    for _, q in sorted(self._quarantine.items())
+                ]
+            )
+            state.append(list(self._judged))
         return cbor2.dumps(state, canonical=True)
 
     @classmethod
@@ -764,18 +1000,22 @@ class PlacementLedger:
         """Rebuild a ledger from `snapshot()` bytes; `LedgerError` if they are not exactly that."""
         value = _loads(data, MAX_SNAPSHOT_BYTES)
         # Version 2 appended the policy settings, version 3 the swarm and
-        # its admitted members, version 4 the eligible voters.
-        sizes = {1: 6, 2: 7, 3: 9, SNAPSHOT_VERSION: 10}
+        # its admitted members, version 4 the eligible voters, version 5 the
+        # quarantine table and the judged evidence.
+        sizes = {1: 6, 2: 7, 3: 9, 4: 10, SNAPSHOT_VERSION: 12}
         if type(value) is not list or not value or type(value[0]) is not int:
             _fail("a ledger snapshot is an array that starts with its version")
         if sizes.get(value[0]) != len(value):
             _fail(
                 f"ledger snapshot version {value[0]} with {len(value)} items; this build "
-                f"reads versions 1 (6 items), 2 (7), 3 (9) and {SNAPSHOT_VERSION} (10)"
+                f"reads versions 1 (6 items), 2 (7), 3 (9), 4 (10) and {SNAPSHOT_VERSION} (12)"
             )
         version, applied, assignments, epochs, demand, rejected, *later = value
-        defaults: list[Any] = [[], None, [], []]  # what older versions lack
-        settings, founding, admitted, eligible = [*later, *defaults[len(later) :]]
+        defaults: list[Any] = [[], None, [], [], [], []]  # what older versions lack
+        settings, founding, admitted, eligible, quarantine, judged = [
+            *later,
+            *defaults[len(later) :],
+        ]
         ledger = cls(applied_index=uint(applied, "applied_index"))
         try:
             for node, epoch in epochs:
@@ -807,6 +1047,13 @@ class PlacementLedger:
             for node, at in eligible:
                 made = Eligible(node, at)
                 ledger._eligible[made.node] = made.at
+            for row in quarantine:
+                record = Quarantine(*row)
+                if record.offences == record.false_reports == 0:
+                    _fail("a quarantine record with neither offences nor false reports")
+                ledger._quarantine[record.node] = record
+            for evidence in judged:
+                ledger._judged[fixed_bytes(evidence, "evidence", size=EVIDENCE_BYTES)] = None
         except (TypeError, ValueError) as exc:
             _fail(f"malformed ledger snapshot: {exc}")
         if ledger._snapshot(version) != data:

@@ -26,6 +26,10 @@ Rules (each decision's `code` names the rule)::
     2  managed, node "left", or "dead" for at least   Release    node_left / node_dead: the
        dead_grace_s (SWIM's verdict plus time for a              grace lets a crash-restart
        crash-restart to come back)                               keep its loaded weights
+   2b  managed, node quarantined at `now` (a guilty   Release    quarantined: it serves
+       Verdict, or too many refuted reports)                     nothing until the quarantine
+                                                                 ends, so its span is a gap
+                                                                 other nodes must fill
     3  managed, admission failed (MarkAdmission-      Release    admission_failed: the node
        Failed committed)                                         is backed off for the model
                                                                  (rule 5) so the next round
@@ -49,10 +53,19 @@ Rules (each decision's `code` names the rule)::
        model gets its 2nd copy before any its 3rd)               at most max_copies; spare
                                                                  nodes only
 
-    spare     alive (not suspect), no live ledger assignment, its record offers
-              capacity (`NodeView.spare`: no pinned assignment), not released
-              within release_cooldown_s, the model in its local store, memory for
-              at least one layer, and not backed off for that model.
+    spare     alive (not suspect), not quarantined, no live ledger assignment,
+              its record offers capacity (`NodeView.spare`: no pinned
+              assignment), not released within release_cooldown_s, the model in
+              its local store, memory for at least one layer, and not backed off
+              for that model.
+    quarantine
+              a quarantined node is assigned nothing and counts as neither
+              admitted nor loading: its layers are gaps. Its managed shard is
+              released (rule 2b); a pinned one (operator or bootstrap) keeps
+              its pin (rule 1: ADR-0026 leaves pinned work to the operator, and
+              a bootstrap shard is operator-equivalent once accepted), so the
+              node serves it again the moment its quarantine ends, and until
+              then coverage (`mesh.coverage`) keeps it out of every route.
     back-off  after the n-th admission failure of a node for a model, that node
               is not offered the model for admission_backoff_s * 2**(n-1),
               capped at max_admission_backoff_s.
@@ -148,6 +161,7 @@ WaitReason = Literal[
 # Decision codes: fixed strings, so the status API and metrics can count them.
 CODE_NODE_LEFT: Final = "node_left"
 CODE_NODE_DEAD: Final = "node_dead"
+CODE_QUARANTINED: Final = "quarantined"
 CODE_ADMISSION_FAILED: Final = "admission_failed"
 CODE_IDLE: Final = "idle"
 CODE_DEMAND_GAP: Final = "demand_gap"
@@ -245,6 +259,9 @@ class PlacementInput:
     failures: Mapping[tuple[bytes, str], AdmissionFailures] = field(default_factory=dict)
     released_at: Mapping[bytes, float] = field(default_factory=dict)
     """When each node's managed assignment was last released (cooldown)."""
+    quarantined: frozenset[bytes] = frozenset()
+    """The nodes the ledger holds quarantined at `now`: they serve nothing
+    and are assigned nothing ("quarantine" in the module doc)."""
 
     @classmethod
     def from_ledger(
@@ -270,6 +287,7 @@ class PlacementInput:
             models=models,
             failures=history.failures if history else {},
             released_at=history.released_at if history else {},
+            quarantined=frozenset(ledger.quarantined(now)),
         )
 
 
@@ -516,7 +534,8 @@ def _coverage(
     failed: set[str] = set()
     for node, assignment in snapshot.assignments.items():
         facts = snapshot.models.get(assignment.model)
-        if facts is None or node in released:
+        # A quarantined node serves nothing, pinned or not: its layers are gaps.
+        if facts is None or node in released or node in snapshot.quarantined:
             if assignment.admission_failed_at is not None:
                 failed.add(assignment.model)
             continue
@@ -564,7 +583,7 @@ def _release_code(
     snapshot: PlacementInput,
     policy: PlacementSettings,
 ) -> str | None:
-    """Rules 2-4 for one managed assignment (None: keep it)."""
+    """Rules 2, 2b, 3 and 4 for one managed assignment (None: keep it)."""
     now = snapshot.now
     if view is not None and view.state == MemberState.LEFT:
         return CODE_NODE_LEFT
@@ -575,6 +594,8 @@ def _release_code(
         and now - view.state_since >= policy.dead_grace_s
     ):
         return CODE_NODE_DEAD
+    if assignment.node in snapshot.quarantined:
+        return CODE_QUARANTINED
     if assignment.admission_failed_at is not None:
         return CODE_ADMISSION_FAILED
     demand = snapshot.demand.get(assignment.model)
@@ -588,6 +609,7 @@ _RELEASE_TEXT: Final[Mapping[str, str]] = MappingProxyType(
     {
         CODE_NODE_LEFT: "the node left the swarm",
         CODE_NODE_DEAD: "the node has been dead past the grace period",
+        CODE_QUARANTINED: "the node is quarantined (proven wrong output or false reports)",
         CODE_ADMISSION_FAILED: "the node failed admission (doctor); backing it off for this model",
         CODE_IDLE: "no demand for the model within the idle-release time",
     }
@@ -674,6 +696,8 @@ class _Placer:
         pools: dict[str, list[tuple[int, bytes]]] = {}
         for node, view in snapshot.nodes.items():
             if view.state != MemberState.ALIVE or not view.spare or node in assigned:
+                continue
+            if node in snapshot.quarantined:
                 continue
             last_release = released_at.get(node)
             if last_release is not None and now - last_release < policy.release_cooldown_s:

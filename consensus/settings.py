@@ -65,7 +65,18 @@ class PlacementSettings:
     released. SWIM already waited out suspicion; this covers a crash and
     restart, which reloads the same shard faster than a new node would."""
 
+    verify_fraction: float = 0.25
+    """The share of finished chat requests an entry spot-checks by replaying
+    them on other nodes (`runtime.node.spot_check`). A liar caught by any
+    checked request is quarantined, so an always-lying hop survives 1/f
+    requests on average (p99: ln(100)/f, 18 at 0.25), and a check costs one
+    prefill of the request's history: a few percent of what its decode
+    steps cost (`python -m benchmarks.verify` measures both). 0 turns
+    checking off; 1 checks everything."""
+
     def __post_init__(self) -> None:
+        if not 0 <= self.verify_fraction <= 1:
+            raise ValueError("verify_fraction must be in [0, 1]")
         if self.min_copies_left < 1 or self.max_copies < 1:
             raise ValueError("min_copies_left and max_copies must be >= 1")
         if self.retarget_demand_ratio < 1 or self.requests_per_copy_per_min <= 0:

@@ -7,7 +7,9 @@ every layer. Route finding reads it to build chains over `[0, L)`; the
 placement policy reads it to find gaps to fill; the HTTP API shows it.
 
 Nodes with an absent, stale or failed capability report are not in it
-(ADR-0026: admission is required for every tier); `CoverageMap.excluded`
+(ADR-0026: admission is required for every tier), nor are nodes the ledger
+holds quarantined (a proven wrong output or too many false reports:
+`consensus.ledger.Verdict`), whatever their report says; `CoverageMap.excluded`
 says why each such node was left out.
 
 Keys. A model name alone is not an identity: two nodes may serve different
@@ -15,12 +17,13 @@ weights under one name. The map is keyed by `(model, manifest_digest,
 recipe_class)`, so reports that disagree on the digest are never merged into
 one chain; `CoverageMap.for_model` lists every variant of a name, best first.
 
-Pure: the caller passes the members, their records and `now`.
+Pure: the caller passes the members, their records, `now` and who is
+quarantined at `now`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -51,7 +54,9 @@ while a report claiming a validation time well ahead of us (a broken clock)
 is excluded as `not_yet_valid`. Expiry gets no allowance: a stale report must
 not keep a node routable."""
 
-ExclusionReason = Literal["no_capability", "failed", "expired", "not_yet_valid", "dead", "mismatch"]
+ExclusionReason = Literal[
+    "no_capability", "failed", "expired", "not_yet_valid", "dead", "mismatch", "quarantined"
+]
 
 
 class CoverageKey(NamedTuple):
@@ -149,10 +154,15 @@ def _exclusion(
     record: NodeRecord | None,
     now: float,
     num_layers: Mapping[str, int] | None,
+    quarantined: bool,
 ) -> ExclusionReason | None:
-    """Why this node does not serve, or None when it does."""
+    """Why this node does not serve, or None when it does. A live node's
+    quarantine comes before anything its report says: it is what the
+    node's operator must hear of, and it holds whatever the report is."""
     if state not in LIVE_STATES:
         return "dead"
+    if quarantined:
+        return "quarantined"
     capability = None if record is None else record.capability
     if record is None or capability is None:
         return "no_capability"
@@ -236,12 +246,17 @@ def build_coverage(
     entries: Iterable[tuple[bytes, str, NodeRecord | None]],
     now: float,
     num_layers: Mapping[str, int] | None = None,
+    *,
+    quarantined: Collection[bytes] = (),
 ) -> CoverageMap:
     """Build the coverage map from `(node_id, member state, record)` entries.
 
-    A node serves a variant when it is alive or suspect and its capability
-    report is admitted, validated no later than `now` plus the skew allowance,
-    unexpired at `now`, and agrees with its assignment and backend.
+    A node serves a variant when it is alive or suspect, not `quarantined`
+    (the nodes the ledger holds quarantined at `now`: a proven liar's report
+    proves nothing, so it is excluded as `quarantined` and no route uses
+    it), and its capability report is admitted, validated no later than
+    `now` plus the skew allowance, unexpired at `now`, and agrees with its
+    assignment and backend.
 
     `num_layers` gives a model's layer count where the caller knows it (from
     its manifest). Otherwise it is the largest `num_layers` any report for that
@@ -280,7 +295,7 @@ def build_coverage(
             length = capability.num_layers or capability.layers[1]
             inferred[identity] = max(inferred.get(identity, 0), length)
             serving.setdefault(key, [])
-        reason = _exclusion(state, record, now, num_layers)
+        reason = _exclusion(state, record, now, num_layers, node_id in quarantined)
         if reason is not None:
             excluded[node_id] = reason
             continue

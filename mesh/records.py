@@ -241,10 +241,11 @@ class LedgerNotice:
     digest: str
     """sha256 of the ledger's snapshot at `index`, hex."""
     changed: tuple[tuple[str, int], ...] = ()
-    """The nodes whose assignment the latest commits changed, each with the
-    index of that commit (at most `MAX_NOTICE_CHANGES`, newest last): a
-    member pulls at once when its own id is here, and otherwise lazily,
-    so a swarm of thousands does not pull the ledger on every commit."""
+    """The nodes whose assignment or quarantine the latest commits changed
+    (`consensus.ledger.changed_node`), each with the index of that commit
+    (at most `MAX_NOTICE_CHANGES`, newest last): a member pulls at once when
+    its own id is here, and otherwise lazily, so a swarm of thousands does
+    not pull the ledger on every commit."""
 
     @_as_record_error
     def __post_init__(self) -> None:

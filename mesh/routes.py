@@ -15,6 +15,19 @@ edge `s -> e` weighted by what that hop adds to one decode step (see
 boundary index, and relaxing boundaries in index order gives Dijkstra's
 result without a heap in O(nodes + L).
 
+What a hop's compute costs is what this entry *observed* it take
+(`mesh.observed_speed`: per-step times the hops report, cross-checked with
+the entry's own clock) whenever it has observed the node, not what the
+node's self-signed capability report claims. The claim prices only a node
+not yet observed, and only up to a ceiling: `CLAIM_CEILING_FACTOR` times the
+fastest rate per layer observed among the credible nodes of the same
+coverage. A node whose claim exceeds its own observed rate by more than
+that factor is caught overclaiming and pays `OVERCLAIM_PENALTY_S` per hop.
+So a node claiming absurd throughput wins only the routes this entry
+starts before its first generation through the node ends (one, when
+requests come one at a time); after that it is a last resort, like a
+suspect.
+
 Among routes of equal cost the one whose node ids, read from the first hop
 to the last, are lexicographically smallest wins, so every entry node with
 the same view picks the same chain (and tests can predict it).
@@ -22,8 +35,9 @@ the same view picks the same chain (and tests can predict it).
 Sans-IO, like every protocol core: the caller passes the coverage (which
 already holds only admitted, unexpired nodes of one recipe class), the
 latency estimates from the membership probes, the load it knows, the nodes
-that answered busy and the nodes in back-off (`Backoff`). No clock, no
-randomness, no I/O.
+that answered busy, the nodes in back-off (`Backoff`) and the step times
+the entry observed (`ObservedSpeeds.step_s`). No clock, no randomness, no
+I/O.
 """
 
 from __future__ import annotations
@@ -56,6 +70,32 @@ dead, and a dead hop costs a failover and a replay of the whole history.
 Half a second per decode step is more than any interactive route costs, so a
 suspect is chosen only when every alternative without it is slower than chat
 can tolerate anyway, or there is no alternative."""
+
+CLAIM_CEILING_FACTOR = 100.0
+"""How far a claimed decode rate may exceed what was observed before it is
+not believed. A doctor measures its span's decode rate alone on the node;
+serving adds queueing among sessions and the share of network time the
+entry cannot explain (`mesh.observed_speed`), which on a WAN chain can make
+a node's observed rate ten times lower than its honest claim, rarely more.
+A hundredfold gap is beyond what those explain, so:
+- an unobserved node's claim is capped at this factor times the fastest
+  rate per layer (layers x steps per second) observed among the credible
+  nodes of its coverage; that still lets a much faster newcomer (a GPU
+  joining CPU nodes) win the route that gets it observed;
+- a node whose claim is above this factor times its own observed rate is
+  caught overclaiming (see `OVERCLAIM_PENALTY_S`). The claim that carried
+  all the traffic in issue 18 was nine orders of magnitude off."""
+
+OVERCLAIM_PENALTY_S = 0.5
+"""Added to each hop through a node caught overclaiming (above). Its claim
+is already ignored for its observation; the penalty is because its other
+self-reports are not to be trusted either: the compute times it reports
+per step decide how a chain's unexplained time is split (an under-reporting
+hop is charged only its share), and a node that signs a rate it cannot come
+near may also sign whatever it likes there. Like `SUSPECT_PENALTY_S`, half a
+second per step makes it a last resort: used only when every alternative is
+slower than chat can tolerate, or there is none. It lasts as long as the
+claim does: a node that republishes an honest report is priced afresh."""
 
 NoRouteReason = Literal["gap", "misaligned", "unavailable"]
 """Why no route exists:
@@ -114,6 +154,9 @@ class RouteInputs:
       1 or more the node would answer busy, so it is excluded.
     - `busy`: nodes that answered busy recently; excluded.
     - `avoid`: nodes in back-off after failing (`Backoff.avoided`); excluded.
+    - `observed_step_s`: node id -> seconds per decode step this entry
+      observed through the node's span (`ObservedSpeeds.step_s`); a node
+      there is priced by it instead of its claim.
     """
 
     entry: bytes
@@ -121,9 +164,14 @@ class RouteInputs:
     load: Mapping[bytes, float] = field(default_factory=dict)
     busy: Collection[bytes] = frozenset()
     avoid: Collection[bytes] = frozenset()
+    observed_step_s: Mapping[bytes, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name, values in (("latency_s", self.latency_s), ("load", self.load)):
+        for name, values in (
+            ("latency_s", self.latency_s),
+            ("load", self.load),
+            ("observed_step_s", self.observed_step_s),
+        ):
             for node_id, value in values.items():
                 if not math.isfinite(value) or value < 0:
                     raise ValueError(f"{name}[{node_id_text(node_id)}]={value!r} is not >= 0")
@@ -133,34 +181,71 @@ class RouteInputs:
         return node_id in self.avoid or node_id in self.busy or self.load.get(node_id, 0.0) >= 1
 
 
-def hop_cost_s(node: ServingNode, num_layers: int, inputs: RouteInputs) -> float:
+def overclaims(node: ServingNode, inputs: RouteInputs) -> bool:
+    """Whether the node claims a decode rate more than `CLAIM_CEILING_FACTOR`
+    times what this entry observed it deliver."""
+    observed = inputs.observed_step_s.get(node.node_id)
+    return observed is not None and node.decode_tokens_per_s * observed > CLAIM_CEILING_FACTOR
+
+
+def claim_ceiling(coverage: ModelCoverage, inputs: RouteInputs) -> float:
+    """The fastest believable claim for `coverage`, in layers per second:
+    `CLAIM_CEILING_FACTOR` times the fastest rate per layer observed among
+    its nodes not caught overclaiming; infinite while none was observed."""
+    fastest = 0.0
+    for node in coverage.nodes:
+        observed = inputs.observed_step_s.get(node.node_id)
+        if observed is None or overclaims(node, inputs):
+            continue
+        layers = node.layers[1] - node.layers[0]
+        fastest = max(fastest, layers / observed if observed > 0 else math.inf)
+    return CLAIM_CEILING_FACTOR * fastest if fastest > 0 else math.inf
+
+
+def hop_cost_s(
+    node: ServingNode, num_layers: int, inputs: RouteInputs, ceiling_layers_per_s: float
+) -> float:
     """What a hop through `node` adds to one decode step, in seconds.
 
-    - Compute: `1 / decode_tokens_per_s`. The doctor measured that
-      throughput for the node's own span, so it already scales with the
-      number of layers and the node's hardware.
+    - Compute: what this entry observed a step through the node take, when
+      it did (`inputs.observed_step_s`). Otherwise `1 / decode_tokens_per_s`,
+      the rate the node's doctor measured for its own span (so it scales
+      with the number of layers and the hardware), capped at
+      `ceiling_layers_per_s` (`claim_ceiling` of the node's coverage)
+      divided by the span's layers.
     - Load: compute is divided by `1 - load`. A node shares its accelerator
       among its sessions; at utilisation rho a queue's expected service time
       grows as 1/(1-rho) (M/M/1), so a half-full node costs double and a
       nearly full one approaches the exclusion at load 1 continuously.
     - Latency: the activation coming in, plus the token going back to the
       entry when the hop ends at the last layer; zero on the entry itself.
-    - `SUSPECT_PENALTY_S` when the node is a suspect member.
+    - `SUSPECT_PENALTY_S` when the node is a suspect member, and
+      `OVERCLAIM_PENALTY_S` when it is caught overclaiming (`overclaims`).
 
     Only defined for nodes `inputs` does not exclude (load below 1).
     """
-    throughput = max(node.decode_tokens_per_s, MIN_DECODE_TOKENS_PER_S)
-    cost = (1.0 / throughput) / (1.0 - inputs.load.get(node.node_id, 0.0))
+    step = inputs.observed_step_s.get(node.node_id)
+    if step is None:
+        believable = ceiling_layers_per_s / (node.layers[1] - node.layers[0])
+        step = 1.0 / max(min(node.decode_tokens_per_s, believable), MIN_DECODE_TOKENS_PER_S)
+    cost = step / (1.0 - inputs.load.get(node.node_id, 0.0))
     if node.node_id != inputs.entry:
         latency = inputs.latency_s.get(node.node_id, DEFAULT_HOP_LATENCY_S)
         cost += latency * (2 if node.layers[1] == num_layers else 1)
     if node.state == MemberState.SUSPECT:
         cost += SUSPECT_PENALTY_S
+    if overclaims(node, inputs):
+        cost += OVERCLAIM_PENALTY_S
     return cost
 
 
 def _cheapest(
-    nodes: Iterable[ServingNode], start: int, end: int, num_layers: int, inputs: RouteInputs
+    nodes: Iterable[ServingNode],
+    start: int,
+    end: int,
+    num_layers: int,
+    inputs: RouteInputs,
+    ceiling: float,
 ) -> tuple[Hop, ...] | None:
     """The cheapest hops tiling `[start, end)`, ties to the smallest node ids."""
     by_start: dict[int, list[ServingNode]] = {}
@@ -175,7 +260,7 @@ def _cheapest(
         cost, ids, hops = best[boundary]
         for node in by_start.get(boundary, ()):
             candidate = (
-                cost + hop_cost_s(node, num_layers, inputs),
+                cost + hop_cost_s(node, num_layers, inputs, ceiling),
                 (*ids, node.node_id),
                 (*hops, Hop(node.node_id, node.layers)),
             )
@@ -200,7 +285,8 @@ def find_route(coverage: ModelCoverage, inputs: RouteInputs) -> Route | NoRoute:
     """The cheapest chain over `[0, L)` through nodes `inputs` does not exclude."""
     length = coverage.num_layers
     allowed = [node for node in coverage.nodes if not inputs.excludes(node.node_id)]
-    hops = _cheapest(allowed, 0, length, length, inputs) if length > 0 else None
+    ceiling = claim_ceiling(coverage, inputs)
+    hops = _cheapest(allowed, 0, length, length, inputs, ceiling) if length > 0 else None
     if hops is not None:
         return Route(hops, _route_cost(coverage, hops, inputs))
     if length <= 0:
@@ -229,13 +315,16 @@ def reroute(
     inputs = replace(inputs, avoid=frozenset(inputs.avoid) | frozenset(failed))
     length = coverage.num_layers
     allowed = {node.node_id: node for node in coverage.nodes if not inputs.excludes(node.node_id)}
+    ceiling = claim_ceiling(coverage, inputs)
     patched: list[Hop] = []
     for hop in route.hops:
         node = allowed.get(hop.node_id)
         if node is not None and node.layers == hop.layers:
             patched.append(hop)
             continue
-        replacement = _cheapest(allowed.values(), hop.layers[0], hop.layers[1], length, inputs)
+        replacement = _cheapest(
+            allowed.values(), hop.layers[0], hop.layers[1], length, inputs, ceiling
+        )
         if replacement is None:
             return find_route(coverage, inputs)
         patched.extend(replacement)
@@ -245,7 +334,8 @@ def reroute(
 
 def _route_cost(coverage: ModelCoverage, hops: tuple[Hop, ...], inputs: RouteInputs) -> float:
     nodes = {node.node_id: node for node in coverage.nodes}
-    return sum(hop_cost_s(nodes[hop.node_id], coverage.num_layers, inputs) for hop in hops)
+    ceiling = claim_ceiling(coverage, inputs)
+    return sum(hop_cost_s(nodes[hop.node_id], coverage.num_layers, inputs, ceiling) for hop in hops)
 
 
 BACKOFF_BASE_S = 5.0

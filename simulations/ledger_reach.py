@@ -43,13 +43,13 @@ from typing import Final
 
 from consensus.config import ConsensusConfig
 from consensus.ledger import (
-    ASSIGNMENT_COMMANDS,
     ELIGIBILITY_COMMANDS,
     Assign,
     Eligible,
     Found,
     PlacementLedger,
     RecordDemand,
+    changed_node,
     encode_command,
     snapshot_digest,
 )
@@ -184,8 +184,9 @@ class PolicySwarm:
         if entry.kind != EntryKind.COMMAND:
             return
         result = ledger.apply(entry.index, entry.data)
-        if result.accepted and isinstance(result.command, ASSIGNMENT_COMMANDS):
-            self._changed[node].append((node_id_text(result.command.node), entry.index))
+        changed = changed_node(result)
+        if changed is not None:
+            self._changed[node].append((node_id_text(changed), entry.index))
         core = self.raft.node(node)
         if (
             core is not None

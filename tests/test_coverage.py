@@ -166,6 +166,29 @@ def test_unroutable_nodes_are_excluded_with_a_reason(
     assert nid(2) not in {node.node_id for node in entry.nodes}
 
 
+def test_a_quarantined_node_serves_nothing_whatever_its_report_says() -> None:
+    """Its admitted, unexpired report is a liar's: no route may use it."""
+    cmap = build_coverage(three_nodes(), NOW, quarantined={nid(2)})
+    assert cmap.excluded == {nid(2): "quarantined"}
+    entry = only(cmap)
+    assert entry.gaps == ((3, 6),) and not entry.complete
+    assert nid(2) not in {node.node_id for node in entry.nodes}
+    assert excluded_to_json(cmap) == {nid(2).hex(): "quarantined"}
+
+
+def test_quarantine_outranks_a_bad_report_but_not_death() -> None:
+    entries = three_nodes()
+    entries[0] = (nid(1), "alive", record((0, 3), result="failed"))
+    entries[2] = (nid(3), "dead", entries[2][2])
+    cmap = build_coverage(entries, NOW, quarantined=[nid(1), nid(3)])
+    assert cmap.excluded == {nid(1): "quarantined", nid(3): "dead"}
+
+
+def test_a_quarantined_node_that_is_not_a_member_changes_nothing() -> None:
+    cmap = build_coverage(three_nodes(), NOW, quarantined={nid(9)})
+    assert cmap.excluded == {} and only(cmap).complete
+
+
 def test_mismatched_recipe_or_model_is_excluded() -> None:
     bad_recipe = record((3, 6), recipe="fp16")
     assert bad_recipe.capability is not None

@@ -147,12 +147,14 @@ async def _serve_node(
 ) -> None:
     with trio.CancelScope() as scope:
         drops: Counter[str] = Counter()
-        keys = new_keys()
+        identity = Identity.generate()
+        keys = identity.plane_keys()
         async with open_planes(LOOPBACK, LOOPBACK, drops=drops, keys=keys) as (_control, data):
             hop = None
+            hop_class = limits.pop("hop_class", None) or HopServer  # a test's own, e.g. a liar
             if shard is not None:
-                hop = HopServer(data, shard, model=MODEL, drops=drops, **limits)
-            engine = Engine(data, drops=drops, hop_server=hop)
+                hop = hop_class(data, shard, model=MODEL, drops=drops, signer=identity, **limits)
+            engine = Engine(data, drops=drops, signer=identity, hop_server=hop)
             async with trio.open_nursery() as nursery:
                 await nursery.start(engine.run)
                 node_id = data.keys.node_id.hex()
@@ -220,18 +222,24 @@ def open_header(peer: Plane, session: str, **fields: Any) -> dict[str, Any]:
         "next_session": new_session_id(),
         "sampling": None,
         "seed": 0,
+        "sketch_seed": 0,
+        "check": None,
         **fields,
     }
 
 
 async def receive_header(plane: Plane, sender: Node | None = None) -> dict[str, Any]:
-    """The next message's header on a bare test plane (bounded wait); when
+    """The next message's header on a bare test plane (bounded wait), past
+    the hop's commitments (tests/test_verify_engine.py studies those); when
     ``sender`` is given, the plane must have authenticated it as the sender."""
     with trio.fail_after(SETTLE_S):
-        peer, frames = await plane.receive()
+        while True:
+            peer, frames = await plane.receive()
+            header, *_ = decode_tensor(frames)
+            if header.get("op") != "commit":
+                break
     if sender is not None:
         assert peer == sender.node
-    header, *_ = decode_tensor(frames)
     return header
 
 
@@ -348,9 +356,12 @@ async def test_steps_behind_a_busy_shard_queue_and_run_in_order(
 
             async def activations() -> np.ndarray:
                 with trio.fail_after(SETTLE_S):
-                    sender, frames = await peer.receive()
+                    while True:  # past the hop's commitments
+                        sender, frames = await peer.receive()
+                        header, dtype, shape, raw = decode_tensor(frames)
+                        if header["op"] != "commit":
+                            break
                 assert sender == hop.node
-                header, dtype, shape, raw = decode_tensor(frames)
                 assert header["op"] == "forward", header
                 return np.frombuffer(raw, dtype=dtype).reshape(shape)
 
@@ -505,9 +516,10 @@ async def test_malformed_data_plane_input_is_counted_and_survived(
             send(_raw({"op": "close", "session": "not-hex"}))
             send(_raw({"op": "open", "session": new_session_id(), "reply": 7}))
             # Bigger than a whole budget of inputs: refused before decoding.
-            send([header_frame, b"\x00" * (first.hop.max_message_bytes + 1)])
-            # An entry takes replies only, headers of well under a kilobyte.
-            peer.send(entry.address, [header_frame, b"\x00" * 70_000], peer=entry.node)
+            send([header_frame, b"\x00" * (first.engine.max_message_bytes + 1)])
+            # An entry takes replies only: headers and commitments' sketches.
+            too_big = b"\x00" * (entry.engine.max_message_bytes + 1)
+            peer.send(entry.address, [header_frame, too_big], peer=entry.node)
 
             # An open with a reply address is answered, even when refused.
             wrong = new_session_id()

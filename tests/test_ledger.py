@@ -16,17 +16,23 @@ from hypothesis import strategies as st
 
 from consensus.ledger import (
     DEMAND_HORIZON_S,
+    FALSE_REPORT_LIMIT,
     MAX_COMMAND_BYTES,
     MAX_DEMAND_MODELS,
+    QUARANTINE_BASE_S,
+    QUARANTINE_MAX_S,
+    REASON_ALREADY_JUDGED,
     REASON_BAD_POLICY,
     REASON_NO_ASSIGNMENT,
     REASON_PINNED,
+    REASON_QUARANTINED,
     REASON_STALE_EPOCH,
     REASON_STALE_INDEX,
     REASON_UNDECODABLE,
     REASON_WRONG_EPOCH,
     REASON_WRONG_MODEL,
     Admit,
+    ApplyResult,
     Assign,
     Command,
     Eligible,
@@ -34,9 +40,12 @@ from consensus.ledger import (
     LedgerError,
     MarkAdmissionFailed,
     PlacementLedger,
+    Quarantine,
     RecordDemand,
     Release,
     SetPolicy,
+    Verdict,
+    changed_node,
     decode_command,
     encode_command,
 )
@@ -69,6 +78,8 @@ OK = (True, "")
         RecordDemand("qwen3", 3, 7.0),
         MarkAdmissionFailed(N2, "llama", 4, 1e9),
         SetPolicy((("idle_release_s", 4.0), ("max_copies", 2)), 5.0),
+        Verdict(N1, N2, b"\xee" * 32, True, 1.7e9),
+        Verdict(N2, N1, b"\xee" * 32, False, 0.0),
     ],
 )
 def test_commands_round_trip_canonically(command: Command) -> None:
@@ -430,6 +441,7 @@ def test_to_json_shape() -> None:
         "policy_settings": {},
         "swarm": None,
         "eligible_voters": [],
+        "quarantine": [],
     }
 
 
@@ -461,10 +473,11 @@ def test_older_snapshot_versions_still_restore_with_defaults() -> None:
     run(ledger, assign(N1, "m", 1, "operator"), RecordDemand("m", 2, 1.0))
     # Version 1 (before policy settings): the same six items, no seventh;
     # version 2 (before the swarm): seven, no founding and no admissions;
-    # version 3 (before eligibility): nine.
+    # version 3 (before eligibility): nine; version 4 (before quarantine): ten.
     old = cbor2.loads(ledger.snapshot())
-    assert old[0] == 4 and old[6] == [] and old[7] is None and old[8] == [] and old[9] == []
-    for version, items in ((1, old[1:6]), (2, old[1:7]), (3, old[1:9])):
+    assert old[0] == 5 and old[6] == [] and old[7] is None and old[8] == [] and old[9] == []
+    assert old[10] == [] and old[11] == []
+    for version, items in ((1, old[1:6]), (2, old[1:7]), (3, old[1:9]), (4, old[1:10])):
         restored = PlacementLedger.restore(cbor2.dumps([version, *items], canonical=True))
         assert restored == ledger and restored.policy() == PlacementSettings()
         assert restored.swarm is None and restored.admitted() == {}
@@ -520,6 +533,13 @@ commands = st.one_of(
     st.builds(Found, nodes, st.sampled_from(["open", "private"]), times),
     st.builds(Admit, nodes, st.booleans(), st.just(b"\x11" * 32), times),
     st.builds(Eligible, nodes, times),
+    st.builds(
+        lambda pair, evidence, guilty, at: Verdict(pair[0], pair[1], evidence, guilty, at),
+        st.permutations([N1, N2, N3]),
+        st.sampled_from([bytes([i]) * 32 for i in range(0x20, 0x24)]),
+        st.booleans(),
+        times,
+    ),
     st.builds(
         lambda knobs, at: SetPolicy(tuple(sorted(knobs.items())), at),
         st.dictionaries(
@@ -665,3 +685,327 @@ def test_a_private_swarm_member_invited_as_a_voter_is_eligible() -> None:
     assert ledger.eligible_voters() == {FOUNDER, voter}
     made = ledger.apply(4, encode_command(Eligible(voter, 4.0)))
     assert made.reason == "already_eligible"
+
+
+# -- verdicts and quarantine ---------------------------------------------------
+
+HOUR = 3600.0
+ACCUSED, REPORTER = N1, N2
+
+
+def evidence(i: int) -> bytes:
+    return i.to_bytes(32, "big")
+
+
+def verdict(
+    i: int, guilty: bool, at: float, accused: bytes = ACCUSED, reporter: bytes = REPORTER
+) -> Verdict:
+    return Verdict(accused, reporter, evidence(i), guilty, at)
+
+
+def test_the_constants_say_an_hour_doubling_to_at_most_30_days_and_three_false_reports() -> None:
+    # The numbers the tests below spell out; the reasoning is next to the constants.
+    assert (QUARANTINE_BASE_S, QUARANTINE_MAX_S, FALSE_REPORT_LIMIT) == (HOUR, 30 * 24 * HOUR, 3)
+
+
+def test_each_guilty_verdict_benches_the_accused_twice_as_long_as_the_last() -> None:
+    ledger = PlacementLedger()
+    lengths = []
+    for i, at in enumerate((1000.0, 50_000.0, 90_000.0), start=1):
+        assert run(ledger, verdict(i, True, at)) == [OK]
+        record = ledger.quarantine(ACCUSED)
+        assert record is not None and record.until is not None
+        assert (record.offences, record.reason, record.evidence) == (i, "wrong_output", evidence(i))
+        lengths.append(record.until - at)
+    assert lengths == [HOUR, 2 * HOUR, 4 * HOUR]
+    assert ledger.quarantine(REPORTER) is None  # a true report costs the reporter nothing
+
+
+def test_the_quarantine_is_capped_at_30_days() -> None:
+    ledger = PlacementLedger()
+    run(ledger, *(verdict(i, True, 0.0) for i in range(1, 11)))
+    assert ledger.quarantine(ACCUSED).until == 2**9 * HOUR  # type: ignore[union-attr]
+    run(ledger, verdict(11, True, 0.0))  # 2**10 hours would be 42 days
+    assert ledger.quarantine(ACCUSED).until == QUARANTINE_MAX_S  # type: ignore[union-attr]
+    run(ledger, *(verdict(i, True, 0.0) for i in range(12, 80)))
+    record = ledger.quarantine(ACCUSED)
+    assert record is not None and record.until == QUARANTINE_MAX_S and record.offences == 79
+
+
+def test_a_quarantine_ends_but_the_record_stays_and_the_next_offence_is_longer() -> None:
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, True, 1000.0))
+    assert list(ledger.quarantined(1000.0 + HOUR - 1)) == [ACCUSED]
+    assert ledger.quarantined(1000.0 + HOUR) == {}  # `until` is the first free second
+    ended = ledger.quarantine(ACCUSED)
+    assert ended is not None and not ended.in_force(10 * HOUR) and ended.offences == 1
+    run(ledger, verdict(2, True, 10 * HOUR))
+    assert ledger.quarantined(10 * HOUR)[ACCUSED].until == 12 * HOUR
+
+
+def test_refuted_reports_bench_the_reporter_at_every_multiple_of_the_limit() -> None:
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, False, 10.0), verdict(2, False, 20.0))
+    assert ledger.quarantine(REPORTER) == Quarantine(REPORTER, None, None, None, 0, 2)
+    assert ledger.quarantined(20.0) == {}
+    run(ledger, verdict(3, False, 30.0))
+    assert ledger.quarantined(30.0) == {
+        REPORTER: Quarantine(REPORTER, 30.0 + HOUR, "false_reports", evidence(3), 1, 3)
+    }
+    run(ledger, verdict(4, False, 5 * HOUR), verdict(5, False, 5 * HOUR))
+    assert ledger.quarantined(5 * HOUR) == {}  # 5 refuted: the next bench is at 6
+    run(ledger, verdict(6, False, 5 * HOUR))
+    assert ledger.quarantined(5 * HOUR)[REPORTER].until == 7 * HOUR  # second offence: 2 hours
+    # A false report says nothing against the node it accused.
+    assert ledger.quarantine(ACCUSED) is None
+
+
+def test_offences_and_false_reports_count_towards_one_bench() -> None:
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, True, 0.0, accused=REPORTER, reporter=N3))  # the reporter lied once
+    run(ledger, *(verdict(i, False, 10 * HOUR) for i in range(2, 5)))
+    record = ledger.quarantine(REPORTER)
+    assert record == Quarantine(REPORTER, 12 * HOUR, "false_reports", evidence(4), 2, 3)
+
+
+def test_a_verdict_stamped_earlier_never_shortens_a_quarantine() -> None:
+    """A new leader's clock may run behind the last one's."""
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, True, 100 * HOUR), verdict(2, True, 0.0))
+    record = ledger.quarantine(ACCUSED)
+    assert record is not None and record.until == 101 * HOUR and record.offences == 2
+    assert record.evidence == evidence(2)  # the latest verdict is the one on record
+
+
+def test_the_same_evidence_is_judged_once() -> None:
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, True, 0.0))
+    before = ledger.to_json()["quarantine"]
+    again = Verdict(N3, REPORTER, evidence(1), False, 5.0)  # whatever else it says
+    assert run(ledger, again) == [(False, REASON_ALREADY_JUDGED)]
+    assert ledger.judged(evidence(1)) and not ledger.judged(evidence(2))
+    assert ledger.rejected() == {REASON_ALREADY_JUDGED: 1}
+    assert ledger.to_json()["quarantine"] == before  # no one's record changed
+
+
+def test_only_the_most_recent_judged_evidence_is_kept() -> None:
+    with mock.patch("consensus.ledger.MAX_JUDGED_EVIDENCE", 3):
+        ledger = PlacementLedger()
+        run(ledger, *(verdict(i, False, 0.0, reporter=N3) for i in range(1, 5)))
+        assert [ledger.judged(evidence(i)) for i in range(1, 5)] == [False, True, True, True]
+        assert run(ledger, verdict(1, True, 0.0)) == [OK]  # forgotten: judged anew
+        assert run(ledger, verdict(4, True, 0.0)) == [(False, REASON_ALREADY_JUDGED)]
+
+
+def test_a_full_quarantine_table_forgets_the_longest_ended_record_first() -> None:
+    n4, n5 = b"\x04" * 32, b"\x05" * 32
+    with mock.patch("consensus.ledger.MAX_QUARANTINE_RECORDS", 3):
+        ledger = PlacementLedger()
+        run(
+            ledger,
+            verdict(1, True, 0.0, accused=N1, reporter=N2),  # N1 benched to 1 h
+            verdict(2, True, HOUR, accused=N3, reporter=N2),  # N3 benched to 2 h
+            verdict(3, False, HOUR, accused=N3, reporter=N2),  # N2: one false report
+        )
+        assert [ledger.quarantine(n) is not None for n in (N1, N2, N3)] == [True] * 3
+        run(ledger, verdict(4, True, HOUR, accused=n4, reporter=N1))
+        assert ledger.quarantine(N2) is None  # never benched: forgotten first
+        run(ledger, verdict(5, True, HOUR, accused=n5, reporter=N1))
+        assert ledger.quarantine(N1) is None  # its quarantine ended longest ago
+        assert {n for n in (N3, n4, n5) if ledger.quarantine(n)} == {N3, n4, n5}
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"reporter": N1}, "cannot report itself"),
+        ({"accused": b"short"}, "accused must be 32 bytes"),
+        ({"reporter": "n2"}, "reporter must be 32 bytes"),
+        ({"evidence": b"\x01" * 31}, "evidence must be 32 bytes"),
+        ({"guilty": 1}, "guilty must be a bool"),
+        ({"at": -1.0}, "finite number >= 0"),
+        ({"at": float("inf")}, "finite"),
+        ({"at": float("nan")}, "finite"),
+    ],
+)
+def test_invalid_verdicts_are_refused(kwargs: dict[str, object], match: str) -> None:
+    base: dict[str, object] = {
+        "accused": N1,
+        "reporter": N2,
+        "evidence": evidence(1),
+        "guilty": True,
+        "at": 0.0,
+    }
+    with pytest.raises(LedgerError, match=match):
+        Verdict(**(base | kwargs))  # type: ignore[arg-type]
+
+
+def test_a_self_report_that_reached_the_log_is_rejected_and_changes_nothing() -> None:
+    """The leader cannot even build one; committed bytes of one are undecodable."""
+    forged = cbor2.dumps([9, N1, N1, evidence(1), True, 0.0], canonical=True)
+    ledger = PlacementLedger()
+    result = ledger.apply(1, forged)
+    assert (result.accepted, result.reason) == (False, REASON_UNDECODABLE)
+    assert "cannot report itself" in result.detail
+    assert ledger.quarantine(N1) is None and not ledger.judged(evidence(1))
+
+
+def test_a_quarantined_node_gets_no_managed_assignment_but_pinned_work_is_recorded() -> None:
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, True, 0.0))
+    assert run(ledger, assign(ACCUSED, "m", 1, "managed", at=HOUR - 1)) == [
+        (False, REASON_QUARANTINED)
+    ]
+    assert ledger.epoch(ACCUSED) == 0  # a rejected Assign spends no epoch
+    assert run(ledger, assign(ACCUSED, "m", 1, "operator", at=1.0)) == [OK]
+    assert run(ledger, Release(ACCUSED, "m", 1, "operator_reload", 2.0)) == [OK]
+    assert run(ledger, assign(ACCUSED, "m", 2, "managed", at=HOUR)) == [OK]  # it ended
+
+
+def test_the_notice_names_whoever_a_verdict_counts_against() -> None:
+    def node_of(command: Command, accepted: bool = True) -> bytes | None:
+        return changed_node(ApplyResult(1, command, accepted))
+
+    assert node_of(verdict(1, True, 0.0)) == ACCUSED
+    assert node_of(verdict(1, False, 0.0)) == REPORTER
+    assert node_of(verdict(1, True, 0.0), accepted=False) is None
+    assert node_of(assign(N3, "m", 1)) == N3
+    assert node_of(RecordDemand("m", 1, 0.0)) is None
+
+
+def test_quarantines_in_to_json() -> None:
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, True, 5.0), verdict(2, False, 6.0))
+    assert ledger.to_json()["quarantine"] == [
+        {
+            "node_id": ACCUSED.hex(),
+            "reason": "wrong_output",
+            "until": 5.0 + HOUR,
+            "evidence": evidence(1).hex(),
+            "offences": 1,
+            "false_reports": 0,
+        },
+        {
+            "node_id": REPORTER.hex(),
+            "reason": None,
+            "until": None,
+            "evidence": None,
+            "offences": 0,
+            "false_reports": 1,
+        },
+    ]
+
+
+def test_quarantines_and_judged_evidence_survive_a_snapshot_with_the_same_future() -> None:
+    ledger = PlacementLedger()
+    run(ledger, verdict(1, True, 0.0), verdict(2, False, 1.0), verdict(3, False, 2.0))
+    data = ledger.snapshot()
+    assert cbor2.loads(data)[0] == 5
+    restored = PlacementLedger.restore(data)
+    assert restored == ledger and restored.snapshot() == data
+    assert restored.quarantined(0.0) == ledger.quarantined(0.0)
+    assert restored.quarantine(REPORTER) == ledger.quarantine(REPORTER)
+    future = [verdict(2, True, 3.0), verdict(4, False, 4.0), verdict(5, True, 5.0)]
+    assert run(restored, *future) == run(ledger, *future)
+    assert restored.snapshot() == ledger.snapshot()
+    assert restored.quarantine(REPORTER).offences == 1  # type: ignore[union-attr]
+
+
+def test_a_version_4_snapshot_restores_with_no_quarantines() -> None:
+    ledger = PlacementLedger()
+    run(ledger, assign(N1, "m", 1, "operator"), Eligible(N2, 1.0))
+    v4 = cbor2.dumps([4, *cbor2.loads(ledger.snapshot())[1:10]], canonical=True)
+    restored = PlacementLedger.restore(v4)
+    assert restored == ledger and restored.quarantined(0.0) == {}
+    assert restored.to_json()["quarantine"] == []
+    assert run(restored, verdict(1, True, 0.0)) == [OK]  # and takes verdicts from then on
+
+
+GOOD_ROW = [N1, 10.0, "wrong_output", evidence(1), 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("rows", "judged"),
+    [
+        ([[N1, None, None, None, 0, 0]], []),  # a record of nothing
+        ([[N1, 10.0, "wrong_output", evidence(1), 0, 1]], []),  # benched without an offence
+        ([[N1, None, None, None, 1, 0]], []),  # an offence without a bench
+        ([[N1, 10.0, "sloth", evidence(1), 1, 0]], []),
+        ([[N1, 10.0, "wrong_output", b"\x01", 1, 0]], []),
+        ([[N1, -1.0, "wrong_output", evidence(1), 1, 0]], []),
+        ([[N1, 10.0, "wrong_output", evidence(1), 1]], []),
+        ([GOOD_ROW, GOOD_ROW], []),  # one record per node
+        ([[N2, *GOOD_ROW[1:]], GOOD_ROW], []),  # in node order
+        ([GOOD_ROW], [evidence(1), evidence(1)]),  # each digest once
+        ([GOOD_ROW], [b"\x01" * 31]),
+    ],
+)
+def test_restore_refuses_a_bad_quarantine_table(rows: list[object], judged: list[bytes]) -> None:
+    snapshot = cbor2.loads(PlacementLedger().snapshot())
+    snapshot[10], snapshot[11] = rows, judged
+    with pytest.raises(LedgerError):
+        PlacementLedger.restore(cbor2.dumps(snapshot, canonical=True))
+
+
+def test_a_good_quarantine_table_restores() -> None:
+    """The counterpart of the refusals above: only the broken part differs."""
+    snapshot = cbor2.loads(PlacementLedger().snapshot())
+    snapshot[10], snapshot[11] = [GOOD_ROW], [evidence(1)]
+    restored = PlacementLedger.restore(cbor2.dumps(snapshot, canonical=True))
+    assert restored.quarantined(9.0) == {N1: Quarantine(*GOOD_ROW)}  # type: ignore[arg-type]
+    assert restored.judged(evidence(1))
+
+
+verdict_nodes = [N1, N2, N3, b"\x04" * 32]
+verdicts = st.builds(
+    lambda pair, i, guilty, at: Verdict(pair[0], pair[1], evidence(i), guilty, at),
+    st.permutations(verdict_nodes).map(lambda p: p[:2]),
+    st.integers(0, 30),  # few digests: duplicates are common
+    st.booleans(),
+    st.floats(min_value=0, max_value=1e7, allow_nan=False),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(verdicts, max_size=50), st.data())
+def test_random_verdicts_agree_on_every_replica_and_never_shorten_a_quarantine(
+    log: list[Verdict], data: st.DataObject
+) -> None:
+    datas = [encode_command(v) for v in log]
+    replicas = [PlacementLedger(), PlacementLedger()]
+    for replica in replicas:
+        last: dict[bytes, Quarantine] = {}
+        judged: set[bytes] = set()
+        guilty: dict[bytes, int] = dict.fromkeys(verdict_nodes, 0)
+        for i, (command, d) in enumerate(zip(log, datas, strict=True)):
+            result = replica.apply(i + 1, d)
+            assert result.accepted == (command.evidence not in judged)
+            judged.add(command.evidence)
+            if result.accepted and command.guilty:
+                guilty[command.accused] += 1
+            for node in verdict_nodes:
+                record = replica.quarantine(node)
+                before = last.get(node)
+                if record is None:
+                    assert before is None
+                    continue
+                # Counters only grow; a quarantine's end never moves earlier.
+                if before is not None:
+                    assert record.offences >= before.offences
+                    assert record.false_reports >= before.false_reports
+                    if before.until is not None:
+                        assert record.until is not None and record.until >= before.until
+                # Each offence is a guilty verdict or a limit's worth of false reports.
+                refuted = record.false_reports // FALSE_REPORT_LIMIT
+                assert record.offences == guilty[node] + refuted
+                last[node] = record
+    cut = data.draw(st.integers(0, len(datas)))
+    halfway = PlacementLedger()
+    for i, d in enumerate(datas[:cut]):
+        halfway.apply(i + 1, d)
+    restored = PlacementLedger.restore(halfway.snapshot())
+    for i, d in enumerate(datas[cut:], start=cut):
+        restored.apply(i + 1, d)
+    assert replicas[0].snapshot() == replicas[1].snapshot() == restored.snapshot()
+    now = data.draw(st.floats(min_value=0, max_value=2e7))
+    assert replicas[0].quarantined(now) == restored.quarantined(now)

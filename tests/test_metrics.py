@@ -50,6 +50,7 @@ def status(**overrides: Any) -> dict[str, Any]:
         "commit_index": 17,
         "raft": {"applied_index": 16, "voters": ["x", "y", "z"]},
         "ledger": [{"tier": "operator"}, {"tier": "managed"}, {"tier": "managed"}],
+        "quarantined": ["cd" * 32],
         "demand": {ODD_MODEL: {"count": 9}},
         "coverage": {ODD_MODEL: {"layers": 8, "gaps": [[3, 5], [6, 7]]}},
         "drops": {"malformed_cbor": 2, "data.oversized": 1},
@@ -93,6 +94,7 @@ def test_every_figure_parses_back_as_the_status_says() -> None:
     assert got[("shardmesh_raft_is_leader", ())] == 1
     assert got[("shardmesh_raft_term", ())] == 4 and got[("shardmesh_raft_voters", ())] == 3
     assert got[("shardmesh_ledger_assignments", (("tier", "managed"),))] == 2
+    assert got[("shardmesh_quarantined_nodes", ())] == 1
     # The label value survives quotes, a backslash and a newline.
     assert got[("shardmesh_demand_requests_total", (("model", ODD_MODEL),))] == 9
     assert got[("shardmesh_coverage_gap_layers", (("model", ODD_MODEL),))] == 3

@@ -24,6 +24,7 @@ from consensus.ledger import (
     PlacementLedger,
     RecordDemand,
     Release,
+    Verdict,
     decode_command,
     encode_command,
 )
@@ -76,6 +77,7 @@ class Swarm:
     failures: dict[tuple[bytes, str], AdmissionFailures] = field(default_factory=dict)
     released_at: dict[bytes, float] = field(default_factory=dict)
     models: dict[str, ModelFacts] = field(default_factory=lambda: dict(FACTS))
+    quarantined: set[bytes] = field(default_factory=set)
 
     def spare(self, i: int, *models: str, gb: int = 8, state: MemberState = "alive") -> bytes:
         node = nid(i)
@@ -118,6 +120,7 @@ class Swarm:
             models=dict(self.models),
             failures=dict(self.failures),
             released_at=dict(self.released_at),
+            quarantined=frozenset(self.quarantined),
         )
 
     def decide(self, now: float = NOW, policy: PlacementSettings = POLICY) -> list[Decision]:
@@ -545,6 +548,75 @@ def test_managed_assignment_on_a_dead_node_is_released_after_the_grace() -> None
     assert releases(swarm.decide()) == [(node, Y, "node_left")]
 
 
+# --- quarantine ------------------------------------------------------------------------------
+
+
+def test_a_quarantined_managed_node_is_released_and_its_span_refilled() -> None:
+    swarm = Swarm()
+    liar = swarm.assigned(2, Y, (0, 4))
+    swarm.assigned(3, Y, (4, 8))
+    spare = swarm.spare(4, Y)
+    swarm.demand[Y] = fresh()
+    assert swarm.decide() == []
+    swarm.quarantined.add(liar)
+    decisions = swarm.decide()
+    assert releases(decisions) == [(liar, Y, "quarantined")]
+    assert assigns(decisions) == [(spare, Y, (0, 4), "demand_gap")]
+    assert "quarantined" in decisions[0].reason
+
+
+def test_a_quarantined_node_is_never_spare_capacity() -> None:
+    swarm = Swarm()
+    swarm.quarantined.add(swarm.spare(2, Y))
+    swarm.demand[Y] = fresh()
+    assert swarm.decide() == []
+    assert swarm.explain()[Y] == "no_spare_capacity"
+    swarm.quarantined.clear()  # its quarantine ended
+    assert assigns(swarm.decide()) == [(nid(2), Y, (0, 8), "demand_gap")]
+
+
+@pytest.mark.parametrize("tier", ["operator", "bootstrap"])
+def test_a_quarantined_pinned_node_keeps_its_pin_but_its_layers_are_a_gap(tier: str) -> None:
+    """ADR-0026: pinned work is the operator's; coverage keeps the node out of
+    every route, so placement must not count it as serving either."""
+    swarm = Swarm()
+    pinned = swarm.assigned(1, X, (0, 8), tier=tier)
+    spare = swarm.spare(2, X)
+    swarm.demand[X] = fresh()
+    assert swarm.decide() == [] and swarm.explain()[X] == "serving"
+    swarm.quarantined.add(pinned)
+    decisions = swarm.decide()
+    assert releases(decisions) == []
+    assert assigns(decisions) == [(spare, X, (0, 8), "demand_gap")]
+    assert pinned not in {d.command.node for d in decisions}
+    joiner = NodeView("alive", memory_bytes=4 * GB, models=frozenset({X}), spare=True)
+    gap = best_gap(swarm.input(), joiner, POLICY)  # a joiner is offered the pinned span
+    assert gap is not None and (gap.model, gap.layers) == (X, (0, 4))
+
+
+def test_a_quarantined_node_is_not_retargeted_to_another_model() -> None:
+    swarm = Swarm()
+    for i in range(1, 5):
+        swarm.assigned(i, X, store=(Y,))  # four copies of X: one could move to Y
+    swarm.demand[X] = fresh(1)
+    swarm.demand[Y] = fresh(100)
+    assert {d.code for d in swarm.decide()} == {"retarget"}
+    swarm.quarantined = {nid(1), nid(2), nid(3), nid(4)}
+    decisions = swarm.decide()
+    assert {d.code for d in decisions} == {"quarantined"} and not assigns(decisions)
+
+
+def test_the_input_reads_the_ledgers_quarantines_at_its_now() -> None:
+    ledger = PlacementLedger()
+    verdict = Verdict(nid(2), nid(3), b"\x05" * 32, True, NOW)
+    assert ledger.apply(1, encode_command(verdict)).accepted
+    until = ledger.quarantine(nid(2)).until  # type: ignore[union-attr]
+    during = PlacementInput.from_ledger(ledger, nodes={}, models={}, now=NOW, has_quorum=True)
+    assert during.quarantined == {nid(2)}
+    after = PlacementInput.from_ledger(ledger, nodes={}, models={}, now=until, has_quorum=True)
+    assert after.quarantined == frozenset()
+
+
 # --- quorum, explain, best_gap ----------------------------------------------------------------
 
 
@@ -681,6 +753,7 @@ def snapshots(draw: st.DrawFn) -> PlacementInput:
             )
         if draw(st.integers(0, 4)) == 0:
             released_at[node] = draw(st.floats(now - 100, now))
+    quarantined = frozenset(n for n in nodes if draw(st.integers(0, 5)) == 0)
     demand = {}
     for name in draw(st.lists(st.sampled_from(names), min_size=1, unique=True)):
         last = draw(st.floats(now - 600, now) | st.floats(now - 3000, now))
@@ -695,6 +768,7 @@ def snapshots(draw: st.DrawFn) -> PlacementInput:
         models=models,
         failures=failures,
         released_at=released_at,
+        quarantined=quarantined,
     )
 
 
@@ -715,6 +789,7 @@ def check_decisions(snapshot: PlacementInput, decisions: list[Decision]) -> None
             continue
         assert command.node not in seen_assign, "two assignments for one node in a round"
         assert command.node not in released
+        assert command.node not in snapshot.quarantined, "assigned a quarantined node"
         seen_assign.add(command.node)
         view = snapshot.nodes[command.node]
         facts = snapshot.models[command.model]
@@ -731,6 +806,13 @@ def check_decisions(snapshot: PlacementInput, decisions: list[Decision]) -> None
             old = demand_rate(snapshot.demand.get(live.model), snapshot.now, 300.0)
             new = demand_rate(snapshot.demand.get(command.model), snapshot.now, 300.0)
             assert new >= POLICY.retarget_demand_ratio * old
+    if snapshot.has_quorum:
+        benched = {
+            n
+            for n in snapshot.quarantined
+            if n in snapshot.assignments and snapshot.assignments[n].managed
+        }
+        assert benched <= released, "a quarantined node kept its managed shard"
     check_copies_left(snapshot, decisions)
 
 
@@ -750,6 +832,7 @@ def check_copies_left(snapshot: PlacementInput, decisions: list[Decision]) -> No
             if (
                 assignment.model == model
                 and node not in gone
+                and node not in snapshot.quarantined
                 and view.state in ("alive", "suspect")
                 and view.capability == "admitted"
                 and assignment.admission_failed_at is None

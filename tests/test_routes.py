@@ -15,15 +15,19 @@ from mesh.records import Addresses, Assignment, BackendInfo, CapabilityReport, N
 from mesh.routes import (
     BACKOFF_BASE_S,
     BACKOFF_CAP_S,
+    CLAIM_CEILING_FACTOR,
     DEFAULT_HOP_LATENCY_S,
+    OVERCLAIM_PENALTY_S,
     SUSPECT_PENALTY_S,
     Backoff,
     Hop,
     NoRoute,
     Route,
     RouteInputs,
+    claim_ceiling,
     find_route,
     hop_cost_s,
+    overclaims,
     reroute,
 )
 
@@ -182,6 +186,93 @@ def test_bad_estimates_are_rejected() -> None:
         inputs(latency_s={nid(1): -1.0})
     with pytest.raises(ValueError, match="load"):
         inputs(load={nid(1): math.nan})
+    with pytest.raises(ValueError, match="observed_step_s"):
+        inputs(observed_step_s={nid(1): math.inf})
+
+
+# --- observed speed against claims -------------------------------------------
+
+LIAR_CLAIM = 5.4e11
+"""The claim that carried every request in issue 18, against an honest 247."""
+
+
+def test_an_observed_figure_replaces_the_claim() -> None:
+    cov = coverage([Spec(1, (0, 8), decode=1000.0), Spec(2, (0, 8), decode=100.0)])
+    assert ids(find_route(cov, inputs())) == [1]
+    # Node 1 claims 1 ms per step but was seen to take 20 ms; node 2's 10 ms claim wins.
+    observed = {nid(1): 0.02}
+    assert ids(find_route(cov, inputs(observed_step_s=observed))) == [2]
+    route = find_route(cov, inputs(observed_step_s={nid(1): 0.02, nid(2): 0.03}))
+    assert ids(route) == [1]
+    assert isinstance(route, Route)
+    assert route.cost_s == pytest.approx(0.02 + 2 * DEFAULT_HOP_LATENCY_S)
+
+
+def test_load_and_latency_still_apply_to_observed_figures() -> None:
+    cov = coverage([Spec(1, (0, 8)), Spec(2, (0, 8))])
+    observed = {nid(1): 0.01, nid(2): 0.015}
+    assert ids(find_route(cov, inputs(observed_step_s=observed))) == [1]
+    assert ids(find_route(cov, inputs(observed_step_s=observed, load={nid(1): 0.5}))) == [2]
+
+
+def test_an_absurd_unobserved_claim_is_capped_by_what_peers_were_seen_to_do() -> None:
+    honest, liar = Spec(1, (0, 8), decode=247.0), Spec(2, (0, 8), decode=LIAR_CLAIM)
+    cov = coverage([honest, liar])
+    # Nothing observed: nothing to cap by, so the liar wins the route that observes it.
+    assert claim_ceiling(cov, inputs()) == math.inf
+    assert ids(find_route(cov, inputs())) == [2]
+    # The honest node observed at 5 ms: 8 layers / 5 ms = 1600 layers/s.
+    seen = inputs(observed_step_s={nid(1): 0.005})
+    assert claim_ceiling(cov, seen) == pytest.approx(CLAIM_CEILING_FACTOR * 1600)
+    nodes = {n.node_id: n for n in cov.nodes}
+    capped = hop_cost_s(nodes[nid(2)], 8, seen, claim_ceiling(cov, seen))
+    assert capped - 2 * DEFAULT_HOP_LATENCY_S == pytest.approx(0.005 / CLAIM_CEILING_FACTOR)
+
+
+def test_the_ceiling_is_per_layer() -> None:
+    """A one-layer node observed at 1 ms runs 1000 layers/s: a whole-model
+    claim is held to 100x that, i.e. 8 layers in 80 us."""
+    cov = coverage(
+        [Spec(1, (0, 1)), Spec(2, (1, 8)), Spec(3, (0, 8), decode=LIAR_CLAIM)], num_layers=8
+    )
+    seen = inputs(observed_step_s={nid(1): 0.001})
+    ceiling = claim_ceiling(cov, seen)
+    assert ceiling == pytest.approx(CLAIM_CEILING_FACTOR * 1000)
+    nodes = {n.node_id: n for n in cov.nodes}
+    cost = hop_cost_s(nodes[nid(3)], 8, seen, ceiling) - 2 * DEFAULT_HOP_LATENCY_S
+    assert cost == pytest.approx(8 / ceiling)
+
+
+def test_a_node_caught_overclaiming_is_a_last_resort() -> None:
+    honest, liar = Spec(1, (0, 8), decode=247.0), Spec(2, (0, 8), decode=LIAR_CLAIM)
+    cov = coverage([honest, liar])
+    # Both observed, the liar even a little faster: it is still not chosen.
+    seen = inputs(observed_step_s={nid(1): 0.005, nid(2): 0.004})
+    nodes = {n.node_id: n for n in cov.nodes}
+    assert overclaims(nodes[nid(2)], seen) and not overclaims(nodes[nid(1)], seen)
+    assert ids(find_route(cov, seen)) == [1]
+    route = find_route(cov, inputs(observed_step_s={nid(2): 0.004}, avoid={nid(1)}))
+    assert ids(route) == [2]
+    assert isinstance(route, Route)
+    assert route.cost_s == pytest.approx(0.004 + 2 * DEFAULT_HOP_LATENCY_S + OVERCLAIM_PENALTY_S)
+    # Its own observation does not raise the ceiling for others.
+    assert claim_ceiling(cov, inputs(observed_step_s={nid(2): 0.004})) == math.inf
+
+
+def test_an_honest_claim_within_the_factor_is_not_penalised() -> None:
+    cov = coverage([Spec(1, (0, 8), decode=1000.0)])
+    # Seen 50 times slower than it claims (a loaded node on a WAN): believed, not penalised.
+    seen = inputs(observed_step_s={nid(1): 0.05})
+    route = find_route(cov, seen)
+    assert isinstance(route, Route)
+    assert route.cost_s == pytest.approx(0.05 + 2 * DEFAULT_HOP_LATENCY_S)
+
+
+def test_a_newcomer_much_faster_than_observed_peers_still_gets_tried() -> None:
+    """Ten times the observed rate is well within the ceiling: a GPU joining
+    CPU nodes wins the route that gets it observed."""
+    cov = coverage([Spec(1, (0, 8), decode=100.0), Spec(2, (0, 8), decode=1000.0)])
+    assert ids(find_route(cov, inputs(observed_step_s={nid(1): 0.01}))) == [2]
 
 
 # --- no route ---------------------------------------------------------------
@@ -283,6 +374,9 @@ def test_reroute_with_no_alternative_says_why() -> None:
 THROUGHPUTS = st.sampled_from([1.0, 2.0, 4.0, 8.0])
 LATENCIES = st.sampled_from([0.0, 0.25, 0.5, 1.0])
 LOADS = st.sampled_from([0.0, 0.5, 0.75, 1.0])
+STEPS = st.sampled_from([0.0, 0.125, 0.5, 2.0])
+"""Observed step times: with claims of at most 8 tokens/s none is capped or
+caught overclaiming (that needs a 100-fold gap), so costs stay dyadic."""
 
 
 @st.composite
@@ -299,12 +393,14 @@ def scenarios(draw: st.DrawFn) -> tuple[ModelCoverage, RouteInputs]:
     if not specs:
         return coverage([Spec(99, (0, num_layers), result="failed")], num_layers), inputs()
     subset = st.sets(st.sampled_from(all_ids), max_size=2)
+    observed = draw(st.sets(st.sampled_from(all_ids)))
     route_inputs = RouteInputs(
         entry=draw(st.sampled_from([ENTRY, *all_ids])),
         latency_s={node_id: draw(LATENCIES) for node_id in all_ids},
         load={node_id: draw(LOADS) for node_id in all_ids},
         busy=draw(subset),
         avoid=draw(subset),
+        observed_step_s={node_id: draw(STEPS) for node_id in sorted(observed)},
     )
     return coverage(specs, num_layers), route_inputs
 
@@ -326,8 +422,9 @@ def tilings(
 def test_route_is_the_cheapest_tiling(scenario: tuple[ModelCoverage, RouteInputs]) -> None:
     cov, route_inputs = scenario
     allowed = [n for n in cov.nodes if not route_inputs.excludes(n.node_id)]
+    ceiling = claim_ceiling(cov, route_inputs)
     options = [
-        (sum(hop_cost_s(n, cov.num_layers, route_inputs) for n in tiling), tiling)
+        (sum(hop_cost_s(n, cov.num_layers, route_inputs, ceiling) for n in tiling), tiling)
         for tiling in tilings(allowed, 0, cov.num_layers)
     ]
     result = find_route(cov, route_inputs)
@@ -365,15 +462,38 @@ def test_reroute_avoids_the_failed_and_still_tiles(
             load=route_inputs.load,
             busy=route_inputs.busy,
             avoid=set(route_inputs.avoid) | failed,
+            observed_step_s=route_inputs.observed_step_s,
         )
         assert isinstance(find_route(cov, stricter), NoRoute)
         return
     assert_tiles(result, cov.num_layers)
     assert not set(result.node_ids) & (failed | set(route_inputs.avoid))
     nodes = {n.node_id: n for n in cov.nodes}
+    ceiling = claim_ceiling(cov, route_inputs)
     assert result.cost_s == pytest.approx(
-        sum(hop_cost_s(nodes[i], cov.num_layers, route_inputs) for i in result.node_ids)
+        sum(hop_cost_s(nodes[i], cov.num_layers, route_inputs, ceiling) for i in result.node_ids)
     )
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    claim=st.floats(0, 1e15, allow_nan=False),
+    span=st.integers(1, 8),
+    peer_span=st.integers(1, 8),
+    peer_step=st.floats(1e-6, 10, allow_nan=False),
+)
+def test_no_claim_buys_more_than_the_ceiling(
+    claim: float, span: int, peer_span: int, peer_step: float
+) -> None:
+    """Whatever an unobserved node claims, its step is priced at no less than
+    its layers at `CLAIM_CEILING_FACTOR` times the fastest observed rate."""
+    peer = Spec(2, (0, peer_span), decode=1 / peer_step)  # an honest claim
+    cov = coverage([Spec(1, (0, span), decode=claim), peer])
+    seen = inputs(entry=nid(1), observed_step_s={nid(2): peer_step})
+    nodes = {n.node_id: n for n in cov.nodes}
+    cost = hop_cost_s(nodes[nid(1)], 8, seen, claim_ceiling(cov, seen))
+    floor = span * peer_step / peer_span / CLAIM_CEILING_FACTOR
+    assert cost >= floor * (1 - 1e-12)
 
 
 # --- back-off ---------------------------------------------------------------

@@ -11,7 +11,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from consensus.ledger import Assign, PlacementLedger, encode_command
+from consensus.ledger import Assign, PlacementLedger, Verdict, encode_command
 from consensus.placement import capability_state
 from mesh.config import MembershipConfig
 from mesh.identity import Identity, node_id_text
@@ -119,3 +119,12 @@ async def test_the_view_reads_records_and_loading_follows_the_one_definition(
             other = Assign(b"\x07" * 32, "ledger-only", (0, 2), "fp32", "bootstrap", False, 1, 0.0)
             assert ledger.apply(2, encode_command(other)).accepted
             assert view.known_models() == {MODEL, "ledger-only"}
+
+            # A guilty verdict: whatever its report says, the node serves
+            # nothing while its quarantine holds, and the map says why.
+            assert view.coverage().excluded == {}
+            verdict = Verdict(identity.node_id, b"\x08" * 32, b"\x09" * 32, True, time.time())
+            assert ledger.apply(3, encode_command(verdict)).accepted
+            coverage = view.coverage()
+            assert coverage.excluded == {identity.node_id: "quarantined"}
+            assert [entry.nodes for entry in coverage.models.values()] == [()]

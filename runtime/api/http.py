@@ -93,13 +93,13 @@ def require_json(request: Request) -> None:
         )
 
 
-async def json_object(request: Request) -> dict[str, Any]:
+async def json_object(request: Request, max_bytes: int = MAX_BODY_BYTES) -> dict[str, Any]:
     """The request body as a JSON object, or 415 (not declared JSON) or
     BadRequest saying what is wrong."""
     require_json(request)
     body = await request.body()
-    if len(body) > MAX_BODY_BYTES:
-        raise BadRequest(f"request body over {MAX_BODY_BYTES} bytes")
+    if len(body) > max_bytes:
+        raise BadRequest(f"request body over {max_bytes} bytes")
     try:
         value = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -117,6 +117,12 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
         "Live assignments in the placement ledger, by tier.",
         _counted("tier", TIERS, (entry["tier"] for entry in status["ledger"])),
     )
+    out.one(
+        "quarantined_nodes",
+        "gauge",
+        "Nodes the ledger holds quarantined now (proven wrong output or false reports).",
+        len(status["quarantined"]),
+    )
     out.family(
         "demand_requests",
         "counter",

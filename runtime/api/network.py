@@ -65,9 +65,10 @@ from runtime.node.ledger_follower import (
     signed_headers,
 )
 from runtime.node.membership_driver import MembershipDriver
-from runtime.node.placement_driver import AlreadyAssigned, Placement
+from runtime.node.placement_driver import AlreadyAssigned, NodeQuarantined, Placement
 from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver, RefoundRefused
 from runtime.node.signed_http import SIGNED_HEADERS, ReplayGuard, sign_request
+from runtime.node.spot_check import EVIDENCE_PATH, MAX_EVIDENCE_BYTES, Adjudicator, Evidence
 
 log = logging.getLogger("shardmesh.api")
 
@@ -93,6 +94,7 @@ class NetworkNode(Protocol):
     placement: Placement
     store: ModelStore
     ledger_follower: LedgerFollower
+    adjudicator: Adjudicator
 
     @property
     def identity(self) -> Signer:
@@ -179,6 +181,8 @@ def network_routes(node: NetworkNode) -> list[Route]:
             command = node.placement.bootstrap_command(*fields)
         except AlreadyAssigned as exc:
             return error_response(409, str(exc), code="already_assigned", param="node_id")
+        except NodeQuarantined as exc:
+            return error_response(409, str(exc), code="quarantined", param="node_id")
         return await commit(request, command, signer)
 
     async def model_manifest(request: Request) -> Response:
@@ -285,6 +289,28 @@ def network_routes(node: NetworkNode) -> list[Route]:
         if node.raft.is_leader and (refused := node.placement.demand_refusal(command.model)):
             return error_response(404, refused, code="model_not_found", param="model")
         return await commit(request, command, signer)
+
+    async def network_evidence(request: Request) -> JSONResponse:
+        """A member's spot check caught a hop (`runtime.node.spot_check`):
+        the leader queues the evidence for its own recomputation and
+        commits the verdict; a follower passes it on to the leader."""
+        signer = await caller(request, operator=False)
+        assert signer is not None  # operator=False: only a signature is accepted
+        if not live_member(signer):
+            raise forbidden(f"node {node_id_text(signer)[:12]} is not a live member of this swarm")
+        try:
+            evidence = Evidence.from_json(await json_object(request, MAX_EVIDENCE_BYTES))
+        except ValueError as exc:
+            raise BadRequest(str(exc)) from None
+        if evidence.reporter != signer:
+            raise forbidden("evidence is accepted only from the entry that reports it")
+        if not node.raft.is_leader:
+            return await forward_to_leader(request, NotLeader(node.raft.leader()), signer)
+        if not node.adjudicator.submit(evidence):
+            return error_response(
+                429, "too much evidence is waiting", code="busy", headers={"Retry-After": "5"}
+            )
+        return JSONResponse({"queued": True, "digest": evidence.digest().hex()}, status_code=202)
 
     async def network_policy(request: Request) -> JSONResponse:
         ledger = node.raft.ledger
@@ -427,6 +453,7 @@ def network_routes(node: NetworkNode) -> list[Route]:
         Route("/v1/network/status", network_status, methods=["GET"]),
         Route("/v1/network/coverage", network_coverage, methods=["GET"]),
         Route("/v1/network/demand", network_demand, methods=["POST"]),
+        Route(EVIDENCE_PATH, network_evidence, methods=["POST"]),
         Route("/v1/network/policy", network_policy, methods=["GET", "POST"]),
         Route("/v1/network/assign", network_assign, methods=["POST"]),
         Route("/v1/nodes/assign", nodes_assign, methods=["POST"]),

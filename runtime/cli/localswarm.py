@@ -189,9 +189,10 @@ class LocalSwarm:
         env: Mapping[str, str] | None = None,
     ) -> LocalNode:
         """A node slot with its own state dir (not started yet); `args` are
-        extra flags for this node only, `env` extra environment variables. `cpus` pins its process (every
-        thread: compute, ZeroMQ, the event loop) to those cores, so nodes
-        sharing a machine stop sharing caches and cores (Linux only)."""
+        extra flags for this node only, `env` extra environment variables.
+        `cpus` pins its process (every thread: compute, ZeroMQ, the event
+        loop) to those cores, so nodes sharing a machine stop sharing caches
+        and cores (Linux only)."""
         if cpus is not None and not hasattr(os, "sched_setaffinity"):
             raise SwarmError("pinning nodes to cores needs Linux (os.sched_setaffinity)")
         name = name or f"node{len(self.nodes)}"

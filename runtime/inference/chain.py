@@ -39,7 +39,8 @@ idle reaper.
 
 from __future__ import annotations
 
-from collections import Counter
+import secrets
+from collections import Counter, OrderedDict
 from collections.abc import AsyncGenerator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -48,15 +49,18 @@ import numpy as np
 import trio
 
 from mesh.transport import Plane
+from runtime.inference.commitment import DIGEST_BYTES, SKETCH_DIMS, Commitment
 from runtime.inference.protocol import (
     MAX_REASON_CHARS,
     OP_BUSY,
     OP_CLOSE,
+    OP_COMMIT,
     OP_ERROR,
     OP_FORWARD,
     OP_OPEN,
     OP_OPENED,
     OP_TOKEN,
+    R_BAD_FIELD,
     R_NOT_SESSION_PEER,
     BadMessage,
     compute_us_field,
@@ -66,9 +70,11 @@ from runtime.inference.protocol import (
     session_field,
     uint_field,
 )
+from runtime.inference.transcript import Replay, Transcript
 from runtime.model.sampling import SEED_MODULUS, SamplingParams
 
 __all__ = [
+    "COMMIT_WAIT_S",
     "DEFAULT_TIMEOUTS",
     "MAX_REROUTES",
     "ChainTiming",
@@ -78,6 +84,7 @@ __all__ = [
     "PipelineError",
     "Reroute",
     "Timeouts",
+    "replay",
 ]
 
 # Reroutes one generation may take before it gives up. Each costs a replay of
@@ -94,6 +101,14 @@ MAILBOX_SIZE: Final = 64
 
 R_STALE_REPLY: Final = "stale_reply"  # for a session or step we no longer wait on
 R_MAILBOX_FULL: Final = "mailbox_full"
+R_BAD_COMMITMENT: Final = "bad_commitment"  # sketches that do not fit the step
+
+MAX_KEPT_SESSIONS: Final = 4096
+"""Sessions whose commitments the entry still files after the session
+closed: a middle hop sends its commitment after its activations, so the
+last step's may arrive after the token (and the close). Each is a few
+hundred bytes of bookkeeping; the oldest go first. Far more than the
+sessions of the generations a node keeps for spot checks at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +235,22 @@ class _Reply:
     token: int | None = None
     reason: str = ""
     compute_us: tuple[int, ...] = ()
+    commitment: Commitment | None = None
+    picks: tuple[int, ...] = ()
+    margins: tuple[float, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _Filing:
+    """Where a session's commitments go: which hop of which transcript,
+    and what the entry told that hop (the commitment's unsigned context)."""
+
+    transcript: Transcript
+    index: int
+    hop: bytes
+    model: str
+    layers: tuple[int, int]
+    sketch_seed: int
 
 
 class _StepFailed(Exception):
@@ -240,6 +271,10 @@ class _Attempt:
         budget: int,
         params: SamplingParams,
         seed: int,
+        transcript: Transcript,
+        *,
+        check: dict[str, Any] | None = None,
+        sketch_seeds: Sequence[int] | None = None,
     ) -> None:
         self.pipeline = pipeline
         self.chain = chain
@@ -247,7 +282,17 @@ class _Attempt:
         self.budget = budget
         self.params = params
         self.seed = seed
+        self.check = check
         self.sessions = [new_session_id() for _ in chain]
+        # Drawn here, told to each hop alone: a hop cannot know the
+        # projection its neighbours sketch with (runtime.inference.commitment).
+        self.sketch_seeds = list(sketch_seeds or [secrets.randbelow(SEED_MODULUS) for _ in chain])
+        transcript.restart([h.node for h in chain], [h.layers for h in chain], self.sketch_seeds)
+        for index, (session, hop) in enumerate(zip(self.sessions, chain, strict=True)):
+            filing = _Filing(
+                transcript, index, hop.node, model, hop.layers, self.sketch_seeds[index]
+            )
+            pipeline.file_commitments(session, filing)
         self.node_of = {s: hop.node_id for s, hop in zip(self.sessions, chain, strict=True)}
         self.nodes = frozenset(hop.node_id for hop in chain)
         self.inbox_send, self.inbox = trio.open_memory_channel[_Reply](MAILBOX_SIZE)
@@ -274,6 +319,8 @@ class _Attempt:
                 "next_session": None if i == last else self.sessions[i + 1],
                 "sampling": sampling_header(self.params) if i == last else None,
                 "seed": self.seed,
+                "sketch_seed": self.sketch_seeds[i],
+                "check": self.check if i == last else None,
             }
             plane.send(hop.address, encode_message(header), peer=hop.node)
         waiting = set(self.sessions)
@@ -354,21 +401,53 @@ class Pipeline:
         self._drops = drops
         # session id -> (the hop it was opened on, the generation's mailbox)
         self._mailboxes: dict[str, tuple[bytes, trio.MemorySendChannel[_Reply]]] = {}
+        # session id -> where its commitments go (kept past the close)
+        self._filings: OrderedDict[str, _Filing] = OrderedDict()
 
-    def handle(self, peer: bytes, op: str, header: Mapping[str, Any]) -> None:
+    def file_commitments(self, session: str, filing: _Filing) -> None:
+        """File ``session``'s commitments in ``filing``'s transcript, from
+        now until ``MAX_KEPT_SESSIONS`` later sessions push it out."""
+        self._filings[session] = filing
+        while len(self._filings) > MAX_KEPT_SESSIONS:
+            self._filings.popitem(last=False)
+
+    def handle(
+        self,
+        peer: bytes,
+        op: str,
+        header: Mapping[str, Any],
+        dtype: str = "uint8",
+        shape: tuple[int, ...] = (0,),
+        raw: Any = b"",
+    ) -> None:
         """Route one reply from node ``peer`` to the generation waiting for
         it, if ``peer`` is the hop its session was opened on (so a token only
-        from the last hop); count the rest."""
+        from the last hop), and file a commitment (``commit``, or the one a
+        ``token`` carries) in its transcript; count the rest."""
         try:
             session = session_field(header)
             reply = _Reply(op=op, session=session)
-            if op == OP_TOKEN:
+            if op in (OP_TOKEN, OP_COMMIT):
+                filing = self._filings.get(session)
+                if filing is None:
+                    raise BadMessage(R_STALE_REPLY, "a session whose commitments are not kept")
+                if filing.hop != peer:
+                    raise BadMessage(R_NOT_SESSION_PEER)
+                commitment = _commitment(
+                    filing, self.plane.keys.node_id, session, header, dtype, shape, raw
+                )
+                filing.transcript.add(filing.index, commitment)
+                if op == OP_COMMIT:
+                    return
                 reply = _Reply(
                     op,
                     session,
-                    step=uint_field(header, "step"),
+                    step=commitment.step,
                     token=uint_field(header, "token"),
                     compute_us=compute_us_field(header),
+                    commitment=commitment,
+                    picks=_ints(header.get("picks", [])),
+                    margins=_floats(header.get("margins", [])),
                 )
             elif op in (OP_BUSY, OP_ERROR):
                 reason = header.get("reason")
@@ -404,6 +483,7 @@ class Pipeline:
         timeouts: Timeouts = DEFAULT_TIMEOUTS,
         max_reroutes: int = MAX_REROUTES,
         timing: ChainTiming | None = None,
+        transcript: Transcript | None = None,
     ) -> AsyncGenerator[int, None]:
         """Yield the token ids generated from ``prompt_ids`` through ``chain``
         (hops in layer order, covering every layer).
@@ -418,7 +498,9 @@ class Pipeline:
         holds a token (the next one is sent before it is yielded), so a
         caller that stops early has cost the chain one step more.
 
-        ``timing``, when given, is kept up to date as tokens arrive.
+        ``timing``, when given, is kept up to date as tokens arrive, and so
+        is ``transcript``: the chain, the tokens and every hop's signed
+        commitment, for a spot check (:mod:`runtime.inference.transcript`).
 
         Raises :class:`PipelineError` when a step fails and ``reroute`` is
         absent, returns ``None``, or has been asked ``max_reroutes`` times
@@ -431,11 +513,16 @@ class Pipeline:
         prompt = [int(t) for t in prompt_ids]
         limit = _token_limit(len(prompt), params.max_tokens, context_window)
         seed %= SEED_MODULUS  # clients may send negative seeds; sample() reduces alike
-        tokens: list[int] = []
+        transcript = transcript or Transcript()
+        transcript.model, transcript.prompt = model, tuple(prompt)
+        transcript.sampling, transcript.seed = params, seed
+        tokens = transcript.tokens
+        tokens.clear()
         reroutes = 0
         timing = timing or ChainTiming()
         while len(tokens) < limit:
-            attempt = _Attempt(self, chain, model, len(prompt) + limit, params, seed)
+            budget = len(prompt) + limit
+            attempt = _Attempt(self, chain, model, budget, params, seed, transcript)
             timing.restart(chain)
             try:
                 await attempt.open(timeouts.open_s)
@@ -471,6 +558,118 @@ class Pipeline:
                 raise PipelineError(failure)
             _check_chain(new_chain)
             chain = new_chain
+
+
+COMMIT_WAIT_S: Final = 2.0
+"""How long a replay waits, after its token, for the other hops'
+commitments (each hop sends its own right after its activations)."""
+COMMIT_POLL_S: Final = 0.01
+
+
+async def replay(
+    pipeline: Pipeline,
+    chain: Sequence[Hop],
+    transcript: Transcript,
+    *,
+    sketch_seeds: Sequence[int],
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+) -> Replay:
+    """Recompute a finished generation on ``chain`` (the same layer spans
+    as the transcript's chain, other nodes where the swarm has them): the
+    whole history ``prompt + tokens[:-1]`` as one prefill, each hop
+    sketching with ``sketch_seeds`` (the seeds of the hops it checks), the
+    last hop judging every claimed token. Raises PipelineError when the
+    replay chain fails or a hop's commitment never comes."""
+    _check_chain(chain)
+    prompt, tokens = transcript.prompt, transcript.tokens
+    if not prompt or not tokens:
+        raise ValueError("a replay needs a prompt and at least one generated token")
+    ids = [*prompt, *tokens[:-1]]
+    collector = Transcript(transcript.model, prompt, transcript.sampling, transcript.seed)
+    check = {"from": len(prompt) - 1, "tokens": list(tokens)}
+    attempt = _Attempt(
+        pipeline,
+        chain,
+        transcript.model,
+        len(ids),
+        transcript.sampling,
+        transcript.seed,
+        collector,
+        check=check,
+        sketch_seeds=sketch_seeds,
+    )
+    try:
+        await attempt.open(timeouts.open_s)
+        reply = await attempt.receive_token(*attempt.send_step(ids, [], timeouts))
+        with trio.move_on_after(COMMIT_WAIT_S):
+            while len(collector.commitments) < len(chain):
+                await trio.sleep(COMMIT_POLL_S)
+    except _StepFailed as exc:
+        raise PipelineError(Failure(attempt.nodes, exc.suspects, exc.reason, 0)) from None
+    finally:
+        attempt.close()
+    missing = [hop.node_id for i, hop in enumerate(chain) if (i, 0) not in collector.commitments]
+    if missing:
+        raise PipelineError(Failure(attempt.nodes, frozenset(missing), "no commitment", 0))
+    commitments = tuple(collector.commitments[(i, 0)] for i in range(len(chain)))
+    return Replay(commitments, reply.picks, reply.margins)
+
+
+def _commitment(
+    filing: _Filing,
+    entry: bytes,
+    session: str,
+    header: Mapping[str, Any],
+    dtype: str,
+    shape: tuple[int, ...],
+    raw: Any,
+) -> Commitment:
+    """The commitment a ``commit`` or ``token`` message carries, with the
+    context the entry gave the hop; BadMessage when it is malformed (its
+    signature is checked only when it becomes evidence: verifying every
+    step's would cost the entry more than the hops' signing)."""
+    count = uint_field(header, "count")
+    in_rows = uint_field(header, "in_rows")
+    digest = header.get("in_digest")
+    signature = header.get("sig")
+    if type(digest) is not bytes or len(digest) not in (0, DIGEST_BYTES):
+        raise BadMessage(R_BAD_FIELD, "in_digest must be 0 or 16 bytes")
+    if type(signature) is not bytes:
+        raise BadMessage(R_BAD_FIELD, "sig must be bytes")
+    if dtype != "float32" or len(shape) != 2 or shape[1] != SKETCH_DIMS:
+        raise BadMessage(R_BAD_COMMITMENT, f"sketches must be float32 [n, {SKETCH_DIMS}]")
+    if count < 1 or in_rows not in (0, count) or shape[0] <= in_rows:
+        raise BadMessage(R_BAD_COMMITMENT, "sketch rows do not match the step")
+    rows = np.frombuffer(raw, dtype=np.float32).reshape(shape)
+    token = header.get("token")
+    return Commitment(
+        hop=filing.hop,
+        entry=entry,
+        session=session,
+        model=filing.model,
+        layers=filing.layers,
+        sketch_seed=filing.sketch_seed,
+        step=uint_field(header, "step"),
+        pos=uint_field(header, "pos"),
+        count=count,
+        inputs_digest=digest,
+        inputs=rows[:in_rows],
+        outputs=rows[in_rows:],
+        token=token if isinstance(token, int) and not isinstance(token, bool) else None,
+        signature=signature,
+    )
+
+
+def _ints(value: object) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(type(v) is int and v >= 0 for v in value):
+        raise BadMessage(R_BAD_FIELD, "picks must be a list of token ids")
+    return tuple(value)
+
+
+def _floats(value: object) -> tuple[float, ...]:
+    if not isinstance(value, list) or not all(type(v) in (int, float) for v in value):
+        raise BadMessage(R_BAD_FIELD, "margins must be a list of numbers")
+    return tuple(float(v) for v in value)
 
 
 def _token_limit(prompt: int, max_tokens: int | None, context_window: int | None) -> int:

@@ -44,10 +44,12 @@ import trio
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
 from mesh.member_table import MemberState
+from mesh.observed_speed import ObservedSpeeds
 from mesh.records import NodeRecord
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
 from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
+from runtime.inference.transcript import Transcript
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
 
 log = logging.getLogger("shardmesh.chat")
@@ -421,6 +423,13 @@ class SwarmReader(Protocol):
     def member_api(self, node: bytes) -> str | None: ...
 
 
+class SpotChecks(Protocol):
+    """Spot checks of finished generations (`runtime.node.spot_check`)."""
+
+    def consider(self, transcript: Transcript) -> None: ...
+    def distrusted(self, now: float) -> frozenset[bytes]: ...
+
+
 class PlacementDesk(Protocol):
     """What chat tells placement and asks of it
     (`runtime.node.placement_driver.Placement` is the real one)."""
@@ -441,15 +450,19 @@ class ChatService:
         leader: Callable[[], bytes | None],
         pipeline: Pipeline,
         artifacts: ArtifactStore,
+        checks: SpotChecks | None = None,
     ) -> None:
         """`leader` names the Raft leader, if one is known; `pipeline` carries
-        this node's generations through chains of hops."""
+        this node's generations through chains of hops; `checks` spot-checks
+        finished generations and names the hops they caught."""
+        self.checks = checks
         self.swarm = swarm
         self.placement = placement
         self._leader = leader
         self._pipeline = pipeline
         self.artifacts = artifacts
         self.backoff = Backoff()
+        self.speeds = ObservedSpeeds()  # what each hop's steps took, by this entry
         self.counters: Counter[str] = Counter()  # completions, reroutes, failures
         self.outcomes: Counter[str] = Counter()  # requests by OUTCOMES, counted by the API
         self.ttft = Histogram(TTFT_BUCKETS_S)
@@ -592,10 +605,15 @@ class ChatService:
             raise self._loading(variant.model, variant, message)
         return found
 
+    def _distrusted(self, now: float) -> frozenset[bytes]:
+        return frozenset() if self.checks is None else self.checks.distrusted(now)
+
     def _route_inputs(self, avoid: frozenset[bytes]) -> RouteInputs:
+        now = trio.current_time()
         return RouteInputs(
             entry=self.swarm.node_id,
-            avoid=avoid | self.backoff.avoided(trio.current_time()),
+            avoid=avoid | self.backoff.avoided(now) | self._distrusted(now),
+            observed_step_s=self.speeds.step_s(),
         )
 
     def _chain(self, route: Route) -> list[Hop]:
@@ -642,6 +660,7 @@ class ChatService:
         scanner = StopScanner(request.params.stop)
         ids: list[int] = []
         emitted = ""
+        transcript = Transcript()  # the hops' commitments, for a spot check
         stream = self._pipeline.generate(
             variant.model,
             self._chain(route),
@@ -651,6 +670,7 @@ class ChatService:
             context_window=tokenizer.context_window,
             reroute=on_failure,
             timing=generation.hops,
+            transcript=transcript,
         )
         try:
             async with aclosing(stream) as tokens:
@@ -685,6 +705,17 @@ class ChatService:
                 503, f"the swarm lost this generation: {exc}", code=GENERATION_FAILED
             ) from exc
         self.counters["completed"] += 1
+        if self.checks is not None:
+            self.checks.consider(transcript)
+        first, last = generation.first_token_at, generation.last_token_at
+        if first is not None and last is not None:  # routes price hops by what they took
+            self.speeds.observe(
+                [bytes.fromhex(node) for node in generation.hops.nodes],
+                generation.hops.decode_us,
+                generation.hops.decode_steps,
+                wall_s=last - first,
+                wall_steps=generation.completion_tokens - 1,
+            )
         if generation.finish_reason is None:
             generation.finish_reason = "length"
         if scanner.stopped:

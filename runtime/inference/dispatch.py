@@ -6,7 +6,7 @@ data plane, and a plane has one receiver, so :class:`Engine` owns the receive
 loop: it decodes each message (:func:`mesh.wire.decode_tensor`), counts and
 drops what does not parse, and dispatches by ``op`` — hop ops (``open``,
 ``forward``, ``close``) to the node's :class:`runtime.inference.hop_server.HopServer`, replies
-(``opened``, ``busy``, ``token``, ``error``) to its
+(``opened``, ``busy``, ``token``, ``error``, ``commit``) to its
 :class:`runtime.inference.chain.Pipeline`. The loop never waits on compute (the hop
 server queues steps for per-session tasks), so one slow forward never delays
 another session's messages. The message schema is in :mod:`runtime.inference.protocol`.
@@ -26,10 +26,12 @@ from typing import Any, Final
 
 import trio
 
+from mesh.identity import Signer
 from mesh.transport import Plane
 from mesh.wire import DecodeError, decode_tensor
 from runtime.inference.chain import Pipeline
-from runtime.inference.hop_server import HopServer
+from runtime.inference.commitment import SKETCH_DIMS
+from runtime.inference.hop_server import DEFAULT_MAX_BUDGET, HopServer
 from runtime.inference.protocol import ENTRY_OPS, HOP_OPS, OP_OPEN, R_WRONG_SHARD, refuse_open
 
 __all__ = ["Engine"]
@@ -37,10 +39,12 @@ __all__ = ["Engine"]
 R_UNKNOWN_OP: Final = "unknown_op"
 R_OVERSIZED: Final = "oversized"
 
-REPLY_MAX_BYTES: Final = 64 * 1024
+REPLY_MAX_BYTES: Final = 64 * 1024 + DEFAULT_MAX_BUDGET * 2 * SKETCH_DIMS * 4
 """The largest message a node that serves no shard takes: an entry gets
-only replies (``opened``, ``busy``, ``token``, ``error``), headers of well
-under a kilobyte. A node with a shard takes what its sessions can need
+only replies (``opened``, ``busy``, ``token``, ``error``, ``commit``):
+headers of well under a kilobyte, and a step's commitment, whose sketches
+are at most two float32 rows of ``SKETCH_DIMS`` per position of a whole
+budget (a prefill's). A node with a shard takes what its sessions can need
 (`HopServer.max_message_bytes`). Anything bigger is refused before it is
 decoded; the plane's own cap (`mesh.transport.DATA_MAX_MESSAGE_BYTES`)
 bounds what libzmq buffers before that."""
@@ -54,12 +58,16 @@ class Engine:
         plane: Plane,
         *,
         drops: Counter[str],
+        signer: Signer,
         hop_server: HopServer | None = None,
         reply_address: str | None = None,
     ) -> None:
         """``reply_address`` is this node's advertised data address (default:
-        the plane's bound address), where hops send this entry's replies."""
+        the plane's bound address), where hops send this entry's replies;
+        ``signer`` is the node's identity, which signs the commitments of
+        the shards it serves (its hop servers take it from here)."""
         self.plane = plane
+        self.signer = signer
         if reply_address is not None:
             plane.add_own_address(reply_address)
         self.hop_server = hop_server
@@ -72,6 +80,14 @@ class Engine:
     def sessions(self) -> int:
         """Inference sessions open on this node as a hop (``/v1/network/status``)."""
         return 0 if self.hop_server is None else self.hop_server.sessions
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest message this node takes: replies (``REPLY_MAX_BYTES``),
+        and what the sessions of its shard can need. Bigger ones are refused
+        before they are decoded."""
+        hop = self.hop_server
+        return REPLY_MAX_BYTES if hop is None else max(REPLY_MAX_BYTES, hop.max_message_bytes)
 
     @property
     def hop_stats(self) -> dict[str, Any] | None:
@@ -133,9 +149,7 @@ class Engine:
     def dispatch(self, peer: bytes, frames: list[bytes]) -> None:
         """Handle one message from node ``peer`` (authenticated by the
         plane); never raises for bad input."""
-        hop = self.hop_server
-        limit = REPLY_MAX_BYTES if hop is None else max(REPLY_MAX_BYTES, hop.max_message_bytes)
-        if sum(len(frame) for frame in frames) > limit:
+        if sum(len(frame) for frame in frames) > self.max_message_bytes:
             self._drops[f"engine.{R_OVERSIZED}"] += 1
             return
         try:
@@ -154,6 +168,6 @@ class Engine:
                 return
             self.hop_server.handle(peer, op, header, dtype, shape, raw)
         elif op in ENTRY_OPS:
-            self.pipeline.handle(peer, op, header)
+            self.pipeline.handle(peer, op, header, dtype, shape, raw)
         else:
             self._drops[f"engine.{R_UNKNOWN_OP}"] += 1

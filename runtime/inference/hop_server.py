@@ -41,12 +41,15 @@ from typing import Any, Final, TypeVar
 import numpy as np
 import trio
 
+from mesh.identity import Signer
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS
+from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.latency import STEP_BUCKETS_S, Histogram
 from runtime.inference.protocol import (
     MAX_NAME_CHARS,
     OP_BUSY,
+    OP_COMMIT,
     OP_FORWARD,
     OP_OPEN,
     OP_OPENED,
@@ -63,6 +66,7 @@ from runtime.inference.protocol import (
     R_UNKNOWN_SESSION,
     R_WRONG_SHARD,
     BadMessage,
+    check_field,
     compute_us_field,
     encode_message,
     error_header,
@@ -74,7 +78,7 @@ from runtime.inference.protocol import (
     uint_field,
 )
 from runtime.model.backends.base import KVCache, ShardBackend
-from runtime.model.sampling import SEED_MODULUS, SamplingParams, sample
+from runtime.model.sampling import SEED_MODULUS, SamplingParams, sample, token_margin
 
 T = TypeVar("T")
 
@@ -94,6 +98,9 @@ profiles' timer granularity for the shards a node holds), while a thread
 handoff costs ~0.5 ms per hop in GIL ping-pong on Python-heavy forwards,
 measured on loopback: half of a hop's overhead. A prefill can take seconds
 and would stall membership and Raft, so it never runs inline."""
+
+_NO_ROWS: Final = np.zeros((0, SKETCH_DIMS), np.float32)
+"""The first hop's input sketch: it commits its token ids by digest."""
 
 # --- the hop server -----------------------------------------------------------
 
@@ -193,6 +200,19 @@ class _Step:
     compute_us: tuple[int, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class _Result:
+    """What a step produced: activations for the next hop (``hidden``) or
+    the last hop's ``token``; its compute time, its signed commitment, and
+    a spot check's token verdicts (``picks``, ``margins``) when it is one."""
+
+    hidden: np.ndarray | None
+    token: int | None
+    took_us: int
+    commitment: Commitment
+    checked: dict[str, list[Any]]
+
+
 @dataclass(eq=False)
 class _Session:
     """One conversation's state on this hop."""
@@ -207,6 +227,10 @@ class _Session:
     budget: int
     sampling: SamplingParams | None
     seed: int
+    sketch_seed: int  # the projection this hop's commitments use (runtime.inference.commitment)
+    # A spot check's replay (last hop only): the position of the first
+    # generated token's logits, and the tokens the checked run claimed.
+    check: tuple[int, tuple[int, ...]] | None
     cache: KVCache
     last_used: float
     # Position the next forward must start at, counting steps already queued.
@@ -235,6 +259,7 @@ class HopServer:
         *,
         model: str,
         drops: Counter[str],
+        signer: Signer,
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_budget: int = DEFAULT_MAX_BUDGET,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
@@ -244,6 +269,7 @@ class HopServer:
         self.plane = plane
         self.shard = shard
         self.model = model
+        self.signer = signer
         self.max_sessions = max_sessions
         self.max_budget = max_budget
         self.idle_timeout_s = idle_timeout_s
@@ -377,6 +403,10 @@ class HopServer:
         if not 0 < budget <= self.max_budget:
             raise BadMessage(R_BUDGET, f"budget must be in 1..{self.max_budget}")
         seed = uint_field(header, "seed", high=SEED_MODULUS - 1)
+        sketch_seed = uint_field(header, "sketch_seed", high=SEED_MODULUS - 1)
+        check = check_field(header, budget)
+        if check is not None and not self.shard.is_last:
+            raise BadMessage(R_BAD_FIELD, "only the last hop checks tokens")
         prev = node_field(header, "prev")
         if self.shard.is_first and prev != entry:
             raise BadMessage(R_BAD_FIELD, "the first hop takes its inputs from the entry")
@@ -403,6 +433,8 @@ class HopServer:
             budget=budget,
             sampling=sampling,
             seed=seed,
+            sketch_seed=sketch_seed,
+            check=check,
             cache=self.shard.new_cache(),
             last_used=trio.current_time(),
         )
@@ -477,9 +509,9 @@ class HopServer:
                     try:
                         if work.inputs.shape[0] <= INLINE_MAX_TOKENS:
                             async with self._compute:
-                                result, took_us = self._compute_step(session, work)
+                                result = self._compute_step(session, work)
                         else:
-                            result, took_us = await trio.to_thread.run_sync(
+                            result = await trio.to_thread.run_sync(
                                 self._compute_step, session, work, limiter=self._compute
                             )
                     except Exception as exc:  # a failing shard must not take the server down
@@ -487,7 +519,7 @@ class HopServer:
                         return
                     finally:
                         session.queued -= 1
-                    self._push(session, work, result, took_us)
+                    self._push(session, work, result)
             finally:
                 self._close(session)
 
@@ -499,55 +531,120 @@ class HopServer:
         most of what a hop's Python costs beyond the forward itself."""
         self._compute.acquire_nowait()
         try:
-            result, took_us = self._compute_step(session, work)
+            result = self._compute_step(session, work)
         except Exception as exc:  # a failing shard must not take the server down
             self._shard_failed(session, work.step, exc)
             return
         finally:
             self._compute.release()
-        self._push(session, work, result, took_us)
+        self._push(session, work, result)
 
-    def _push(self, session: _Session, work: _Step, result: int | np.ndarray, took_us: int) -> None:
-        """Send a step's result on: the token to the entry, or the
-        activations to the next hop, with this hop's time appended."""
+    def _push(self, session: _Session, work: _Step, result: _Result) -> None:
+        """Send a step's result on: the token to the entry (its commitment
+        in the same message), or the activations to the next hop and then
+        this hop's commitment to the entry; this hop's time appended."""
         session.last_used = trio.current_time()
-        compute_us = [*work.compute_us, took_us]
-        if isinstance(result, int):
-            header = {"op": OP_TOKEN, "session": session.id, "step": work.step}
-            token = {**header, "token": result, "compute_us": compute_us}
-            self._send(session.reply, session.entry, token)
-        else:
-            assert session.next_addr is not None and session.next_node is not None
+        compute_us = [*work.compute_us, result.took_us]
+        commitment = result.commitment
+        if result.token is not None:
             header = {
-                "op": OP_FORWARD,
-                "session": session.next_session,
-                "step": work.step,
-                "pos": work.pos,
+                "op": OP_TOKEN,
+                "session": session.id,
+                "token": result.token,
                 "compute_us": compute_us,
+                **commitment.header_fields(),
+                **result.checked,
             }
             self.plane.send(
-                session.next_addr, encode_message(header, result), peer=session.next_node
+                session.reply,
+                encode_message(header, commitment.payload()),
+                peer=session.entry,
             )
+            return
+        assert session.next_addr is not None and session.next_node is not None
+        header = {
+            "op": OP_FORWARD,
+            "session": session.next_session,
+            "step": work.step,
+            "pos": work.pos,
+            "compute_us": compute_us,
+        }
+        self.plane.send(
+            session.next_addr, encode_message(header, result.hidden), peer=session.next_node
+        )
+        commit = {"op": OP_COMMIT, "session": session.id, **commitment.header_fields()}
+        self.plane.send(
+            session.reply, encode_message(commit, commitment.payload()), peer=session.entry
+        )
 
     def _shard_failed(self, session: _Session, step: int, exc: Exception) -> None:
         self._drops[f"engine.{R_SHARD_FAILED}"] += 1
         self._fail(session, step, R_SHARD_FAILED, f"{type(exc).__name__}: {exc}")
 
-    def _compute_step(self, session: _Session, work: _Step) -> tuple[int | np.ndarray, int]:
-        """The shard's forward, and on the last hop the sampled token; with
-        the microseconds it took."""
+    def _compute_step(self, session: _Session, work: _Step) -> _Result:
+        """The shard's forward, on the last hop the sampled token, and the
+        signed commitment to both (runtime.inference.commitment); with the
+        microseconds the forward took (the commitment is not counted: the
+        entry wants the compute's cost, and the benchmark measures the
+        commitment's separately)."""
         tokens = work.inputs.shape[0]
         positions = np.arange(work.pos, work.pos + tokens, dtype=np.int64)
         began = time.perf_counter()
         output = self.shard.forward(work.inputs, positions, session.cache)
-        result: int | np.ndarray = output
+        token: int | None = None
         if session.sampling is not None:
-            result = sample(output[-1], session.sampling, seed=session.seed, step=work.step)
+            token = sample(output[-1], session.sampling, seed=session.seed, step=work.step)
         took = time.perf_counter() - began
         # Only one forward runs at a time (the compute limiter), so this is
         # the stats' only writer even when it runs in a worker thread.
         self.stats.count(tokens, took)
-        return result, round(took * 1e6)
+        checked: dict[str, list[Any]] = {}
+        if session.check is not None:
+            checked, judged = self._check_tokens(session, work.pos, output)
+            committed_out = sketch(output[judged], session.sketch_seed)
+        elif token is not None:
+            committed_out = sketch(output[-1:], session.sketch_seed)
+        else:
+            committed_out = sketch(output, session.sketch_seed)
+        shard = self.shard
+        first = shard.is_first
+        commitment = Commitment(
+            hop=self.signer.node_id,
+            entry=session.entry,
+            session=session.id,
+            model=self.model,
+            layers=(shard.spec.start, shard.spec.end),
+            sketch_seed=session.sketch_seed,
+            step=work.step,
+            pos=work.pos,
+            count=tokens,
+            inputs_digest=ids_digest(work.inputs) if first else b"",
+            inputs=_NO_ROWS if first else sketch(work.inputs, session.sketch_seed),
+            outputs=committed_out,
+            token=token,
+        ).signed(self.signer)
+        hidden = None if token is not None else output
+        return _Result(hidden, token, round(took * 1e6), commitment, checked)
+
+    def _check_tokens(
+        self, session: _Session, pos: int, logits: np.ndarray
+    ) -> tuple[dict[str, list[Any]], slice]:
+        """A spot check's replay: for every position whose logits produced a
+        claimed token, what this hop would emit there (``picks``) and how far
+        the claim is from it (``margins``, see
+        :func:`runtime.model.sampling.token_margin`); and the rows judged."""
+        assert session.check is not None and session.sampling is not None
+        first, claimed = session.check
+        start = max(first - pos, 0)
+        stop = min(first + len(claimed) - pos, logits.shape[0])
+        picks: list[Any] = []
+        margins: list[Any] = []
+        for row in range(start, stop):
+            step = pos + row - first
+            params, seed = session.sampling, session.seed
+            picks.append(sample(logits[row], params, seed=seed, step=step))
+            margins.append(token_margin(logits[row], params, claimed[step], seed=seed, step=step))
+        return {"picks": picks, "margins": margins}, slice(start, max(start, stop))
 
     def hand_over(self) -> int:
         """End every open session with an ``error`` naming this node as

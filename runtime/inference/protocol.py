@@ -30,13 +30,23 @@ open       entry → hop  session, model (text), layers [a, b], reply (the entry
                         on the last hop), next_node (its node id, hex, or
                         null), next_session (its session id, or null),
                         sampling (null, or {temperature, top_p, top_k} on the
-                        last hop), seed
+                        last hop), seed, sketch_seed (this hop's commitment
+                        projection, see runtime.inference.commitment), check
+                        (null, or on a spot check's last hop {from, tokens}:
+                        judge the claimed tokens from position ``from`` on)
 opened     hop → entry  session
 busy       hop → entry  session, reason (session limit reached; try another node)
 forward    → hop        session, step, pos, compute_us (optional, see below):
                         token ids int64 [T] into the first hop, hidden states
                         float32 [T, H] into the others
-token      hop → entry  session (the last hop's), step, token, compute_us
+token      hop → entry  session (the last hop's), token, compute_us, the
+                        commitment's fields (step, pos, count, in_rows,
+                        in_digest, sig) and its sketches as payload (float32
+                        [in_rows + out rows, SKETCH_DIMS]); on a spot check
+                        also picks and margins (per judged position)
+commit     hop → entry  session, the commitment's fields and payload, as on
+                        ``token``: every other hop's signed account of a step,
+                        sent after its activations went on
 error      hop → entry  session, step (or null), reason
 close      entry → hop  session (idempotent; no reply)
 =========  ===========  =========================================================
@@ -90,6 +100,7 @@ __all__ = [
     "MAX_REASON_CHARS",
     "OP_BUSY",
     "OP_CLOSE",
+    "OP_COMMIT",
     "OP_ERROR",
     "OP_FORWARD",
     "OP_OPEN",
@@ -108,6 +119,7 @@ __all__ = [
     "R_WRONG_SHARD",
     "SESSION_ID_BYTES",
     "BadMessage",
+    "check_field",
     "compute_us_field",
     "encode_message",
     "error_header",
@@ -130,8 +142,9 @@ OP_FORWARD: Final = "forward"
 OP_TOKEN: Final = "token"
 OP_ERROR: Final = "error"
 OP_CLOSE: Final = "close"
+OP_COMMIT: Final = "commit"
 HOP_OPS: Final = frozenset({OP_OPEN, OP_FORWARD, OP_CLOSE})
-ENTRY_OPS: Final = frozenset({OP_OPENED, OP_BUSY, OP_TOKEN, OP_ERROR})
+ENTRY_OPS: Final = frozenset({OP_OPENED, OP_BUSY, OP_TOKEN, OP_ERROR, OP_COMMIT})
 
 # --- limits -------------------------------------------------------------------
 
@@ -215,6 +228,25 @@ def compute_us_field(header: Mapping[str, Any]) -> tuple[int, ...]:
         return tuple([uint(us, "compute_us[]") for us in times])
     except FieldError as exc:
         raise BadMessage(R_BAD_FIELD, exc.detail) from None
+
+
+def check_field(header: Mapping[str, Any], budget: int) -> tuple[int, tuple[int, ...]] | None:
+    """An ``open``'s ``check``: null, or the position of the first claimed
+    token's logits and the claimed tokens (at most ``budget`` of them)."""
+    value = header.get("check")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"from", "tokens"}:
+        raise BadMessage(R_BAD_FIELD, "check must be null or {from, tokens}")
+    start = uint_field(value, "from", high=budget)
+    try:
+        claimed = sequence(value["tokens"], "check.tokens", max_items=budget)
+        tokens = tuple([uint(t, "check.tokens[]") for t in claimed])
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
+    if not tokens:
+        raise BadMessage(R_BAD_FIELD, "check.tokens is empty")
+    return start, tokens
 
 
 def text_field(header: Mapping[str, Any], key: str, limit: int) -> str:

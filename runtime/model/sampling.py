@@ -173,6 +173,46 @@ def _nucleus(scaled: np.ndarray, shifted: np.ndarray, keep: int, top_p: float) -
         count = min(keep, count * NUCLEUS_GROWTH)
 
 
+def _checked(logits: np.ndarray) -> np.ndarray:
+    values = np.asarray(logits)
+    if values.ndim != 1 or values.shape[0] == 0:
+        raise ValueError(f"logits must be a non-empty vector, got shape {values.shape}")
+    if np.isnan(values).any() or np.isposinf(values).any():
+        raise ValueError("logits contain NaN or +inf")
+    if np.isneginf(values).all():
+        raise ValueError("every token is masked (-inf)")
+    return values
+
+
+class _Draw(NamedTuple):
+    """One sampled step: the candidate ids, their cumulative weights, and
+    where on that scale the seeded draw fell."""
+
+    ids: np.ndarray
+    cumulative: np.ndarray
+    point: float
+
+    def pick(self) -> int:
+        index = int(np.searchsorted(self.cumulative, self.point, side="right"))
+        return int(self.ids[min(index, self.ids.shape[0] - 1)])
+
+
+def _draw(values: np.ndarray, params: SamplingParams, seed: int, step: int) -> _Draw:
+    scaled = values.astype(np.float64) / params.temperature
+    shifted = np.exp(scaled - scaled.max())  # softmax numerators, overflow-free
+    size = scaled.shape[0]
+    keep = params.top_k if 0 < params.top_k < size else size
+    if params.top_p < 1:
+        ids = _nucleus(scaled, shifted, keep, params.top_p)
+    elif keep < size:
+        ids = _best(scaled, keep)
+    else:
+        ids = np.arange(size)  # no filtering: id order, no sort needed
+    generator = np.random.default_rng([seed % SEED_MODULUS, step])
+    cumulative = np.cumsum(shifted[ids])
+    return _Draw(ids, cumulative, generator.random() * float(cumulative[-1]))
+
+
 def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) -> int:
     """The token id to emit at generation step `step` (0 for the first token).
 
@@ -187,30 +227,42 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) 
     is masked (-inf): a hop that produced them is broken, and a token drawn
     from them would be garbage.
     """
-    values = np.asarray(logits)
-    if values.ndim != 1 or values.shape[0] == 0:
-        raise ValueError(f"logits must be a non-empty vector, got shape {values.shape}")
-    if np.isnan(values).any() or np.isposinf(values).any():
-        raise ValueError("logits contain NaN or +inf")
-    if np.isneginf(values).all():
-        raise ValueError("every token is masked (-inf)")
+    values = _checked(logits)
     if params.temperature == 0:
         return int(np.argmax(values))  # the first maximum: ties to the lowest id
-    scaled = values.astype(np.float64) / params.temperature
-    shifted = np.exp(scaled - scaled.max())  # softmax numerators, overflow-free
-    size = scaled.shape[0]
-    keep = params.top_k if 0 < params.top_k < size else size
-    if params.top_p < 1:
-        ids = _nucleus(scaled, shifted, keep, params.top_p)
-    elif keep < size:
-        ids = _best(scaled, keep)
-    else:
-        ids = np.arange(size)  # no filtering: id order, no sort needed
-    weights = shifted[ids]
-    generator = np.random.default_rng([seed % SEED_MODULUS, step])
-    cumulative = np.cumsum(weights)
-    pick = int(np.searchsorted(cumulative, generator.random() * cumulative[-1], side="right"))
-    return int(ids[min(pick, ids.shape[0] - 1)])
+    return _draw(values, params, seed, step).pick()
+
+
+def token_margin(
+    logits: np.ndarray, params: SamplingParams, token: int, *, seed: int, step: int
+) -> float:
+    """How far `token` is from being what `sample` would emit from
+    `logits`: 0 when it is exactly that, growing with how wrong it is.
+
+    The spot check (`runtime.node.spot_check`) asks this of a recomputed step's
+    logits and the token a last hop claimed, and accepts a margin within its
+    recipe's tolerance: two honest replicas' logits differ by rounding, so a
+    near-tie may honestly break the other way. Greedy: the claimed token's
+    logit below the best one, on the scale of the largest logit. Sampled:
+    the distance from the seeded draw to the claimed token's share of the
+    kept mass, as a fraction of that mass; 1 for a token the filters
+    (top_k, top_p) drop, which no rounding explains.
+    """
+    values = _checked(logits)
+    if not 0 <= token < values.shape[0]:
+        return 1.0
+    if params.temperature == 0:
+        scale = max(float(np.abs(values).max()), 1e-30)
+        return float(values.max() - values[token]) / scale
+    draw = _draw(values, params, seed, step)
+    where = np.flatnonzero(draw.ids == token)
+    if where.shape[0] == 0:
+        return 1.0
+    index = int(where[0])
+    high = float(draw.cumulative[index])
+    low = float(draw.cumulative[index - 1]) if index else 0.0
+    total = float(draw.cumulative[-1])
+    return max(low - draw.point, draw.point - high, 0.0) / total
 
 
 class StopResult(NamedTuple):

@@ -159,6 +159,7 @@ class Admission:
             shard,
             model=report.model or o.model_dir.name,
             drops=self._drops,
+            signer=self._engine.signer,
             max_sessions=o.max_sessions,
         )
         await self._engine.attach(self.hop_server)

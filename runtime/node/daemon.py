@@ -34,6 +34,7 @@ from typing import Any, Final
 import trio
 
 from consensus.config import ConsensusConfig
+from consensus.ledger import Verdict
 from consensus.storage import RaftStorage, StorageError
 from mesh import records
 from mesh.config import MembershipConfig
@@ -50,7 +51,8 @@ from runtime.node.ledger_follower import LedgerFollower
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.options import NodeOptions, NodeStartupError, open_node_planes
 from runtime.node.placement_driver import Placement
-from runtime.node.raft_driver import RaftDriver
+from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
+from runtime.node.spot_check import Adjudicator, Evidence, SpotChecker, send_evidence
 from runtime.node.state_dir import OPERATOR_TOKEN_FILE, StateDir
 from runtime.node.status import StatusSources, status_document
 from runtime.node.swarm_view import SwarmView
@@ -154,7 +156,9 @@ class Node:
             held=lambda: self.raft.ledger.applied_index,
         )
         self.raft.followed_leader = self.ledger_follower.leader
-        self.engine = Engine(data, drops=self.local_drops, reply_address=data_addr)
+        self.engine = Engine(
+            data, drops=self.local_drops, signer=self.identity, reply_address=data_addr
+        )
         self.slot = ShardSlot(
             engine=self.engine, plane=data, drops=self.local_drops, publish=self.republish
         )
@@ -171,13 +175,40 @@ class Node:
             self.identity, self.raft, founding=None if options.joins else options.swarm
         )
         self.access.attach(control, data, newcomers=self.membership.newcomers)
+        self.spot_checks = SpotChecker(
+            swarm=self.swarm,
+            pipeline=self.engine.pipeline,
+            fraction=lambda: self.raft.ledger.policy().verify_fraction,
+            report=self._report_evidence,
+        )
+        self.adjudicator = Adjudicator(
+            swarm=self.swarm, pipeline=self.engine.pipeline, propose=self._commit_verdict
+        )
         self.chat = ChatService(
             swarm=self.swarm,
             placement=self.placement,
             leader=self.raft.leader,
             pipeline=self.engine.pipeline,
             artifacts=ArtifactStore(self.state.path / "artifacts", self.store.by_digest),
+            checks=self.spot_checks,
         )
+
+    async def _report_evidence(self, evidence: Evidence) -> bool:
+        """Hand a spot check's evidence to the leader: queued here when
+        this node leads, else posted to the leader's API, signed."""
+        if self.raft.is_leader:
+            return self.adjudicator.submit(evidence)
+        leader = self.raft.leader()
+        url = self.swarm.member_api(leader) if leader is not None else None
+        return url is not None and await send_evidence(url, evidence, self.identity)
+
+    async def _commit_verdict(self, verdict: Verdict) -> bool:
+        try:
+            committed = await self.raft.propose(verdict)
+        except (NotLeader, ProposalFailed) as exc:
+            log.warning("verdict not committed: %s", exc)
+            return False
+        return committed.accepted
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the sockets, join, serve until SIGTERM/SIGINT, leave, return.
@@ -213,6 +244,8 @@ class Node:
                         nursery.start_soon(self.slot.start(options.serve).run)
                     nursery.start_soon(self.placement.run)
                     nursery.start_soon(self.chat.prepare)
+                    nursery.start_soon(self.spot_checks.run)
+                    nursery.start_soon(self.adjudicator.run)
                     if options.serve is None and self.store.names():
                         # Placement can only give a node models from its
                         # store: without one there is no capacity to offer

@@ -7,9 +7,9 @@ to every member would send 10,000 appends per heartbeat in a swarm of
 frame. Every other member follows the ledger instead:
 
 1. the leader publishes a `mesh.records.LedgerNotice` (term, applied index,
-   digest, and the nodes whose assignment the latest commits changed) in
-   its own record, which it signs like any record and gossip spreads to
-   every member within the gossip target;
+   digest, and the nodes whose assignment or quarantine the latest commits
+   changed) in its own record, which it signs like any record and gossip
+   spreads to every member within the gossip target;
 2. a member whose copy is older than the newest notice from a voter it
    trusts pulls the ledger (`GET /v1/network/ledger`) from that voter: the
    snapshot, with a claim (term, index, digest, voters) the voter signs. It
@@ -221,8 +221,9 @@ class LedgerFollower:
 
     def source(self, now: float) -> bytes | None:
         """Whom to pull from at `now`, or None. At once when the newest
-        notice names this node (its assignment changed); for any other newer
-        notice after `LAZY_PULL_S`; with none after `REFRESH_S`."""
+        notice names this node (its assignment or quarantine changed); for
+        any other newer notice after `LAZY_PULL_S`; with none after
+        `REFRESH_S`."""
         since = None if self._last_pull_at is None else now - self._last_pull_at
         newest = self.newest_notice()
         if newest is not None:

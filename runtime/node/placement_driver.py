@@ -88,6 +88,11 @@ class AlreadyAssigned(Exception):
     """A bootstrap assignment for a node that already holds one."""
 
 
+class NodeQuarantined(Exception):
+    """A bootstrap assignment for a node the ledger holds quarantined: the
+    leader assigns a quarantined node nothing (`consensus.placement`)."""
+
+
 class Placement:
     """The node's placement loops (see the module doc); `run` in its nursery."""
 
@@ -228,8 +233,15 @@ class Placement:
         self, node: bytes, model: str, layers: tuple[int, int], recipe: str
     ) -> Assign:
         """The Assign that `POST /v1/nodes/assign` proposes: pinned once
-        accepted (tier bootstrap). AlreadyAssigned if the node holds one."""
-        ledger = self._raft.ledger
+        accepted (tier bootstrap). AlreadyAssigned if the node holds one,
+        NodeQuarantined while the ledger holds it quarantined."""
+        ledger, now = self._raft.ledger, time.time()
+        benched = ledger.quarantined(now).get(node)
+        if benched is not None:
+            raise NodeQuarantined(
+                f"node {node_id_text(node)[:12]} is quarantined ({benched.reason}) until "
+                f"{benched.until}; it is assigned nothing until then"
+            )
         held = ledger.assignment(node)
         if held is not None:
             raise AlreadyAssigned(
@@ -245,7 +257,7 @@ class Placement:
             tier="bootstrap",
             managed=False,
             epoch=ledger.epoch(node) + 1,
-            at=time.time(),
+            at=now,
         )
 
     async def _auto_join(self) -> None:
@@ -261,7 +273,10 @@ class Placement:
             gap = self.suggest(backend.memory_bytes, self._store.names())
             if gap is None:
                 continue
-            command = self.bootstrap_command(self.node_id, gap.model, gap.layers, gap.recipe)
+            try:
+                command = self.bootstrap_command(self.node_id, gap.model, gap.layers, gap.recipe)
+            except NodeQuarantined:
+                continue  # asked again once the quarantine ends
             body = {
                 "node_id": node_id_text(self.node_id),
                 "model": gap.model,

@@ -42,12 +42,12 @@ import trio
 from consensus.codec import RaftDecodeError, RaftEncodeError, decode_raft, encode_raft
 from consensus.config import ConsensusConfig
 from consensus.ledger import (
-    ASSIGNMENT_COMMANDS,
     ELIGIBILITY_COMMANDS,
     ApplyResult,
     Command,
     LedgerError,
     PlacementLedger,
+    changed_node,
     encode_command,
     snapshot_digest,
 )
@@ -218,7 +218,7 @@ class RaftDriver:
         self._snapshot: tuple[PlacementLedger, int, bytes, str] | None = None
         self._changed: collections.deque[tuple[str, int]] = collections.deque(
             maxlen=MAX_NOTICE_CHANGES
-        )  # (node, index) of the latest assignment changes: the notice's `changed`
+        )  # (node, index) of the latest assignment and quarantine changes: the notice's `changed`
         self.followed_leader: Callable[[], bytes | None] = lambda: None
         """Who leads, as a member outside the configuration hears it (its
         ledger follower reads the leader's notice); Raft says it otherwise."""
@@ -504,8 +504,9 @@ class RaftDriver:
             self.ledger.apply(entry.index, entry.data) if entry.kind == EntryKind.COMMAND else None
         )
         if result is not None:
-            if result.accepted and isinstance(result.command, ASSIGNMENT_COMMANDS):
-                self._changed.append((node_id_text(result.command.node), entry.index))
+            changed = changed_node(result)
+            if changed is not None:
+                self._changed.append((node_id_text(changed), entry.index))
             if result.accepted and isinstance(result.command, ELIGIBILITY_COMMANDS):
                 self.raft.eligible = self.ledger.eligible_voters()
             for callback in self.on_apply:
@@ -625,6 +626,8 @@ class RaftDriver:
             "term": self.raft.term,
             "commit_index": self.raft.commit_index,
             **self.ledger.to_json(),
+            # The ledger's "quarantine" lists every record; these are in force now.
+            "quarantined": sorted(node_id_text(n) for n in self.ledger.quarantined(time.time())),
             "raft": {
                 "role": str(self.raft.role),
                 "applied_index": self.raft.applied_index,

@@ -88,7 +88,8 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         "drops": source.drops,
         "sessions": source.engine.sessions,
         "hop": source.engine.hop_stats,
-        "chat": source.chat.stats_json(),
+        # What routes price each hop by: why a node gets no traffic.
+        "chat": {**source.chat.stats_json(), "observed_step_ms": source.chat.speeds.to_json()},
         "admission": None if admission is None else admission.to_json(),
         "placement": source.placement.to_json(),
         "store": list(source.store.names()),

@@ -88,10 +88,13 @@ class SwarmView:
     # --- who serves what ------------------------------------------------------------
 
     def coverage(self) -> CoverageMap:
-        """Who serves what, now: the routable view."""
+        """Who serves what, now: the routable view (never a node the ledger
+        holds quarantined)."""
+        now = time.time()
         return build_coverage(
             ((view.node, str(view.state), record) for view, record in self.records()),
-            time.time(),
+            now,
+            quarantined=self._ledger().quarantined(now).keys(),
         )
 
     def assigned_models(self) -> set[str]:

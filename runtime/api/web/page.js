@@ -309,10 +309,14 @@ function decisionItem(d, nodeNow) {
   );
 }
 
-function renderMembers(s) {
+function renderMembers(s, nodeNow) {
   const voters = new Set((s.raft && s.raft.voters) || []);
   const learners = new Set((s.raft && s.raft.learners) || []);
   const notServing = s.not_serving || {};
+  // The ledger's records of every node a verdict counted against; those in
+  // "quarantined" are benched now and serve nothing.
+  const benched = new Set(s.quarantined || []);
+  const quarantine = new Map((s.quarantine || []).map((q) => [q.node_id, q]));
   let hidden = 0;
   const rows = [];
   for (const m of s.members) {
@@ -334,6 +338,7 @@ function renderMembers(s) {
       m.self ? el("span", { className: "badge self", text: "this node" }) : null,
       !isLeader && voters.has(m.node_id) ? el("span", { className: "badge", text: "voter" }) : null,
       learners.has(m.node_id) ? el("span", { className: "badge quiet", text: "learner" }) : null,
+      benched.has(m.node_id) ? quarantineBadge(quarantine.get(m.node_id), nodeNow) : null,
     );
     rows.push(
       el(
@@ -354,6 +359,16 @@ function renderMembers(s) {
   $("hidden-members").textContent = hidden
     ? `${hidden} dead or left member${hidden === 1 ? "" : "s"} not shown (gone over ${duration(DROP_AFTER_S)})`
     : "";
+}
+
+function quarantineBadge(q, nodeNow) {
+  const left = q && typeof q.until === "number" ? ` · ${duration(q.until - nodeNow)} left` : "";
+  const why = q && q.reason === "false_reports" ? "false reports" : "wrong output";
+  return el("span", {
+    className: "badge bad",
+    text: `quarantined: ${why}${left}`,
+    title: q ? `offences ${q.offences}, false reports ${q.false_reports}, evidence ${q.evidence}` : null,
+  });
 }
 
 function servesCell(record) {

@@ -1,0 +1,138 @@
+"""What each hop's decode steps took, as an entry node saw them.
+
+A node's capability report states the decode rate its doctor measured, but
+the report is the node's own word: a node that states 5.4e11 tokens/s wins
+every route it can be on. Route finding (`mesh.routes`) therefore prices a
+hop by what this entry observed whenever it has observed it; this module
+keeps those observations.
+
+Sources. Every token reply carries each hop's compute time for that step
+(`compute_us`, by the hop's own clock), and the entry times the tokens by
+its own clock. One finished generation gives, per decode step:
+
+- `r_i`: hop i's reported compute (its `decode_us` sum over the steps);
+- `w`: the entry's wall time per step, first token to last.
+
+Cross-check. The reports are self-serving (a hop can under-report its own
+time to look fast), the entry's clock is not. A chain's steps run one after
+another and each step goes hop by hop, so honest reports never add up to
+more than `w`, and what `w` leaves unexplained is network, the entry's own
+work, or time a hop did not report:
+
+1. Reports that add up to more than `w` contradict the entry's clock: they
+   are scaled down until they add up to `w` (no hop is charged more time
+   than the entry saw pass).
+2. The time left, `u = w - sum(r_i)`, minus `NETWORK_ALLOWANCE_S` per
+   message of the step (a LAN transfer), is split evenly over the hops and
+   added to each one's figure. In a one-hop chain the hop is charged the
+   whole wall time less the allowance, whatever it reports.
+
+Limits. The even split cannot tell which hop hid time: in a chain of k hops
+an under-reporting hop is charged 1/k of what it hid and its co-hops the
+rest (route finding's `OVERCLAIM_PENALTY_S` makes a node caught claiming
+far more than it delivers a last resort, so it does not keep profiting).
+A hop also forwards its predecessors' figures and could inflate them within
+`w`. On a WAN a step's transfers take longer than the allowance and the
+excess is charged to the chain's hops evenly, so there a figure includes its
+share of the network: what this entry sees end to end. A hop may hide up to
+the allowance per step.
+
+Smoothing. Each node's figure is an exponentially weighted moving average
+over generations (`OBSERVATION_WEIGHT`), and the table keeps at most
+`MAX_OBSERVED_NODES` nodes, dropping the one observed least recently.
+
+Sans-IO: no clock, randomness or I/O; the caller passes the times.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from mesh.identity import node_id_text
+
+OBSERVATION_WEIGHT: Final = 0.25
+"""How far one generation moves a node's figure towards what it showed.
+A sustained change (the node got loaded, or freed) shows within about four
+generations, while one slow generation (a garbage-collection pause, a busy
+moment on the entry) moves the figure only a quarter of the way."""
+
+NETWORK_ALLOWANCE_S: Final = 0.0005
+"""Unexplained time per message of a step (entry to the first hop, hop to
+hop, the last hop back) that is put down to the network, not to the hops.
+Half a millisecond is a loopback or LAN transfer of one token's hidden state
+through ZeroMQ, so honest chains on a LAN are charged nothing for their
+network, while a hop that under-reports hides at most this much per step:
+little next to the tens of milliseconds a real model's step takes."""
+
+MAX_OBSERVED_NODES: Final = 4096
+"""Nodes whose figures an entry keeps (a few hundred bytes each). More than one
+entry routes through in any period its figures stay meaningful; beyond it
+the node observed least recently is forgotten and priced by its claim again
+(capped by what others were seen to do, see `mesh.routes`)."""
+
+
+class ObservedSpeeds:
+    """Per node: the smoothed seconds one decode step through its span took,
+    as this entry observed it (see the module docstring for the rule)."""
+
+    def __init__(self, capacity: int = MAX_OBSERVED_NODES) -> None:
+        if capacity < 1:
+            raise ValueError("capacity must be at least 1")
+        self.capacity = capacity
+        self._step_s: OrderedDict[bytes, float] = OrderedDict()
+        """node id -> smoothed seconds per step, least recently observed first."""
+
+    def observe(
+        self,
+        nodes: Sequence[bytes],
+        decode_us: Sequence[int],
+        decode_steps: int,
+        wall_s: float,
+        wall_steps: int,
+    ) -> bool:
+        """Feed one finished generation; True when it was used.
+
+        `nodes`, `decode_us` and `decode_steps` are the chain's timing (the
+        hops in chain order, each one's reported compute summed over
+        `decode_steps` one-token steps); `wall_s` is what the entry's clock
+        saw `wall_steps` steps take (first token to last). A generation whose
+        two counts differ is skipped: its timing then covers other steps than
+        the wall time (a failover started the chain's timing afresh, or a hop
+        did not report), and so is one without a decode step.
+        """
+        if len(nodes) != len(decode_us) or not nodes:
+            raise ValueError("one reported time per hop is needed")
+        if wall_s < 0 or min(decode_us) < 0:
+            raise ValueError("times cannot be negative")
+        if decode_steps < 1 or decode_steps != wall_steps:
+            return False
+        wall = wall_s / wall_steps
+        reported = [us / 1e6 / decode_steps for us in decode_us]
+        total = sum(reported)
+        if total > wall:
+            reported = [r * wall / total for r in reported]
+            total = wall
+        allowance = NETWORK_ALLOWANCE_S * (len(nodes) + 1)
+        share = max(0.0, wall - total - allowance) / len(nodes)
+        for node, own in zip(nodes, reported, strict=True):
+            self._update(node, own + share)
+        return True
+
+    def _update(self, node: bytes, step_s: float) -> None:
+        known = self._step_s.pop(node, None)
+        if known is not None:
+            step_s = known + OBSERVATION_WEIGHT * (step_s - known)
+        self._step_s[node] = step_s
+        while len(self._step_s) > self.capacity:
+            self._step_s.popitem(last=False)
+
+    def step_s(self) -> Mapping[bytes, float]:
+        """node id -> observed seconds per decode step: `RouteInputs.observed_step_s`."""
+        return dict(self._step_s)
+
+    def to_json(self) -> dict[str, float]:
+        """For the status document: hex node id -> observed milliseconds per
+        step, so an operator can see why a node gets no traffic."""
+        return {node_id_text(node): round(s * 1e3, 3) for node, s in self._step_s.items()}

@@ -1,0 +1,247 @@
+"""Per-hop commitments: what a hop signs about each step it computes.
+
+The doctor proves once, on a public probe, that a node computes its shard
+correctly; nothing in that stops the node from lying afterwards. So every
+hop, on every step, tells the entry what it computed — not the activations
+(megabytes) but a *sketch*: a seeded random projection of each position's
+input and output onto ``SKETCH_DIMS`` numbers — and signs it with its node
+key together with the session, the step and what it served (model, layers).
+The entry keeps the commitments of a request; a spot check
+(:mod:`runtime.node.spot_check`) later recomputes the request on other nodes
+and compares position by position. Because the commitment is signed, a hop
+whose sketch disagrees with an honest recomputation of the same input has
+signed evidence against itself that any third party (the Raft leader) can
+check by recomputing once more.
+
+Why a random projection: a few numbers per position cost nothing to
+compute, send or keep, and noise added to a hidden state moves a random
+projection of it by about as much as it moves the state (a fixed set of
+coordinates could miss it). The entry draws each hop's projection seed per
+session and sends it only to that hop over the encrypted plane, so a hop does
+not know the projection its neighbours sketch with.
+
+What each hop sketches:
+
+* ``inputs``: the rows it received (hidden states), sketched; the first hop
+  receives token ids, which are committed exactly by a digest instead.
+* ``outputs``: the rows it produced (hidden states); the last hop produces
+  logits and samples only the last row, so it sketches that row and commits
+  the ``token`` it emitted.
+
+What is signed (canonical CBOR)::
+
+    [COMMIT_DOMAIN, entry, session, model, [a, b], sketch_seed,
+     step, pos, count, inputs_digest, sha256(inputs || outputs), token]
+
+``entry`` binds the commitment to the node that opened the session, so a
+commitment cannot be presented as made for anyone else.
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from typing import Any, Final
+
+import cbor2
+import numpy as np
+
+from mesh.identity import SIGNATURE_BYTES, Signer, verify
+
+__all__ = [
+    "COMMIT_DOMAIN",
+    "DIGEST_BYTES",
+    "SKETCH_DIMS",
+    "Commitment",
+    "ids_digest",
+    "sketch",
+]
+
+SKETCH_DIMS: Final = 8
+"""Numbers per position. Noise of any direction moves every random
+projection of a state by about its own relative size, so a handful of
+dimensions detects it as surely as many; eight keep a step's commitment at
+64 bytes per position (inputs and outputs) while making it unlikely that
+honest rounding in one projection alone crosses the tolerance."""
+
+COMMIT_DOMAIN: Final = b"shardmesh-commit-v1"
+DIGEST_BYTES: Final = 16
+"""blake2b digest of the first hop's token ids: exact, and 128 bits make a
+collision (another token sequence with the same digest) out of reach."""
+
+_PROJECTIONS_CACHED: Final = 64
+"""Projections kept ready (seed x width): one per open session of a hop,
+rebuilt only when evicted. A 4,096-wide projection is 128 KiB."""
+
+
+@functools.lru_cache(maxsize=_PROJECTIONS_CACHED)
+def _projection(seed: int, width: int) -> np.ndarray:
+    generator = np.random.default_rng([seed, width])
+    matrix = generator.standard_normal((width, SKETCH_DIMS)) / np.sqrt(width)
+    matrix = matrix.astype(np.float32)
+    matrix.flags.writeable = False
+    return matrix
+
+
+def sketch(rows: np.ndarray, seed: int) -> np.ndarray:
+    """``rows`` [T, W] projected onto the seed's ``SKETCH_DIMS`` directions:
+    float32 [T, SKETCH_DIMS]. Deterministic for a seed and width, on any
+    machine (numpy's PCG64 stream), so a recomputation elsewhere sketches
+    with the same directions."""
+    values = np.asarray(rows, dtype=np.float32)
+    if values.ndim != 2:
+        raise ValueError(f"sketch rows must be 2-D, got shape {values.shape}")
+    return np.ascontiguousarray(values @ _projection(seed, values.shape[1]))
+
+
+def ids_digest(ids: np.ndarray) -> bytes:
+    """The exact commitment to token ids (the first hop's input)."""
+    data = np.ascontiguousarray(ids, dtype="<i8").tobytes()
+    return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
+
+
+@dataclass(frozen=True, slots=True, eq=False)
+class Commitment:
+    """One hop's signed account of one step (see the module docstring).
+
+    ``inputs`` is [count, SKETCH_DIMS], or [0, SKETCH_DIMS] on the first hop
+    (which commits ``inputs_digest`` instead); ``outputs`` is [count,
+    SKETCH_DIMS] on a hop that passes hidden states on, [1, SKETCH_DIMS]
+    (the last position's logits) on the last hop, whose ``token`` is set.
+    """
+
+    hop: bytes
+    entry: bytes
+    session: str
+    model: str
+    layers: tuple[int, int]
+    sketch_seed: int
+    step: int
+    pos: int
+    count: int
+    inputs_digest: bytes
+    inputs: np.ndarray
+    outputs: np.ndarray
+    token: int | None
+    signature: bytes = b""
+
+    def signed_bytes(self) -> bytes:
+        sketches = hashlib.sha256(
+            np.ascontiguousarray(self.inputs, dtype="<f4").tobytes()
+            + np.ascontiguousarray(self.outputs, dtype="<f4").tobytes()
+        ).digest()
+        value = [
+            COMMIT_DOMAIN,
+            self.entry,
+            self.session,
+            self.model,
+            list(self.layers),
+            self.sketch_seed,
+            self.step,
+            self.pos,
+            self.count,
+            self.inputs_digest,
+            sketches,
+            -1 if self.token is None else self.token,
+        ]
+        return cbor2.dumps(value, canonical=True)
+
+    def signed(self, signer: Signer) -> Commitment:
+        return replace(self, signature=signer.sign(self.signed_bytes()))
+
+    def verified(self) -> bool:
+        """True when ``hop`` signed exactly this commitment."""
+        return len(self.signature) == SIGNATURE_BYTES and verify(
+            self.hop, self.signed_bytes(), self.signature
+        )
+
+    @property
+    def position_range(self) -> range:
+        return range(self.pos, self.pos + self.count)
+
+    # --- transfer: a message to the entry, and evidence for the leader ---------
+
+    def header_fields(self) -> dict[str, Any]:
+        """What a ``commit`` (or ``token``) message carries in its header;
+        the sketches travel as its payload (:meth:`payload`). The entry knows
+        the rest from the session it opened."""
+        return {
+            "step": self.step,
+            "pos": self.pos,
+            "count": self.count,
+            "in_rows": int(self.inputs.shape[0]),
+            "in_digest": self.inputs_digest,
+            "sig": self.signature,
+        }
+
+    def payload(self) -> np.ndarray:
+        return np.concatenate([self.inputs, self.outputs]).astype(np.float32, copy=False)
+
+    def to_json(self) -> dict[str, Any]:
+        """Every field, for evidence (hex for bytes, lists for sketches)."""
+        return {
+            "hop": self.hop.hex(),
+            "entry": self.entry.hex(),
+            "session": self.session,
+            "model": self.model,
+            "layers": list(self.layers),
+            "sketch_seed": self.sketch_seed,
+            "step": self.step,
+            "pos": self.pos,
+            "count": self.count,
+            "inputs_digest": self.inputs_digest.hex(),
+            "inputs": _encode_rows(self.inputs),
+            "outputs": _encode_rows(self.outputs),
+            "token": self.token,
+            "signature": self.signature.hex(),
+        }
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Commitment:
+        """Rebuild evidence's commitment; ValueError for anything malformed
+        (it came from another node)."""
+        try:
+            layers = value["layers"]
+            token = value["token"]
+            built = cls(
+                hop=bytes.fromhex(value["hop"]),
+                entry=bytes.fromhex(value["entry"]),
+                session=str(value["session"]),
+                model=str(value["model"]),
+                layers=(int(layers[0]), int(layers[1])),
+                sketch_seed=int(value["sketch_seed"]),
+                step=int(value["step"]),
+                pos=int(value["pos"]),
+                count=int(value["count"]),
+                inputs_digest=bytes.fromhex(value["inputs_digest"]),
+                inputs=_decode_rows(value["inputs"]),
+                outputs=_decode_rows(value["outputs"]),
+                token=None if token is None else int(token),
+                signature=bytes.fromhex(value["signature"]),
+            )
+        except (KeyError, TypeError, IndexError, ValueError) as exc:
+            raise ValueError(f"malformed commitment: {exc}") from None
+        if built.count < 1 or built.inputs.shape[0] not in (0, built.count):
+            raise ValueError("malformed commitment: rows do not match count")
+        return built
+
+
+def _encode_rows(rows: np.ndarray) -> str:
+    """Sketch rows as base64 of their little-endian float32 bytes: exact,
+    and a third of the size of decimal text."""
+    return base64.b64encode(np.ascontiguousarray(rows, dtype="<f4").tobytes()).decode()
+
+
+def _decode_rows(value: object) -> np.ndarray:
+    if not isinstance(value, str):
+        raise ValueError("sketch rows must be base64 text")
+    data = base64.b64decode(value, validate=True)
+    if len(data) % (4 * SKETCH_DIMS):
+        raise ValueError(f"sketch rows must be float32 [n, {SKETCH_DIMS}]")
+    rows = np.frombuffer(data, dtype="<f4").reshape(-1, SKETCH_DIMS).astype(np.float32)
+    if not np.isfinite(rows).all():
+        raise ValueError("sketch rows must be finite")
+    return rows

@@ -1,0 +1,504 @@
+"""Spot checks: entries replay some finished requests on other nodes, and the leader judges.
+
+The doctor admits a node once; after that, what keeps it honest is that any
+request it serves may be checked. Every hop signs a commitment to each step
+(:mod:`runtime.inference.commitment`); the entry keeps a generation's
+commitments in its :class:`runtime.inference.transcript.Transcript`.
+
+**Entry** (:class:`SpotChecker`). When a chat request has finished, the
+entry checks it with the probability the swarm's policy sets
+(``verify_fraction``, committed in the ledger): it replays the prompt and
+the generated tokens as one prefill through a chain with the same layer
+spans and, for each span, another node serving it (itself included, when
+it holds one), each replay hop sketching with the seed of the hop it checks.
+The first position where a commitment disagrees names a suspect
+(:func:`runtime.inference.transcript.find_divergence`). The entry avoids the
+suspect at once, for ``DISTRUST_S``, and when the suspect signed the
+disagreeing commitment and the check was independent, sends the
+:class:`Evidence` to the leader (``POST /v1/network/evidence``). A span no
+other node serves is replayed on its own node: that catches a hop whose
+lies are not repeatable (noise), but it is not independent, so it is only
+acted on locally (``unchecked``).
+
+**Leader** (:class:`Adjudicator`). Evidence is judged by one more
+recomputation, on a chain that avoids both the accused and the reporter,
+of the accused's span with the accused's own projection seed. If the
+accused's input agrees and its output or token does not, it is guilty;
+otherwise the report was false. Either way the leader commits a ``Verdict``:
+the ledger quarantines the guilty (longer for each offence) and counts a
+false report against the reporter (``consensus.ledger``), and a
+quarantined node drops out of coverage, routes and placement everywhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import secrets
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, Protocol
+
+import httpx
+import trio
+
+from consensus.ledger import Verdict
+from mesh.coverage import CoverageMap, ModelCoverage
+from mesh.identity import Signer, node_id_text
+from mesh.records import NodeRecord
+from runtime.inference.chain import Hop, Pipeline, PipelineError, replay
+from runtime.inference.commitment import Commitment
+from runtime.inference.transcript import Transcript, find_divergence, judge_step
+from runtime.model.recipes import get_recipe
+from runtime.model.sampling import SEED_MODULUS, SamplingParams
+from runtime.node.signed_http import sign_request
+
+log = logging.getLogger("shardmesh.verify")
+
+__all__ = [
+    "DISTRUST_S",
+    "EVIDENCE_PATH",
+    "MAX_EVIDENCE_BYTES",
+    "Adjudicator",
+    "Evidence",
+    "SpotChecker",
+    "send_evidence",
+    "tolerance",
+]
+
+EVIDENCE_PATH: Final = "/v1/network/evidence"
+EVIDENCE_POST_TIMEOUT_S: Final = 10.0
+MAX_EVIDENCE_BYTES: Final = 2 * 1024 * 1024
+"""Evidence is the request (at most MAX_CHECKED_POSITIONS ids) and one
+commitment (a prefill's sketches: 64 bytes a position, base64 in JSON):
+well under this for the longest request a check replays."""
+
+TOLERANCE_FACTOR: Final = 2.0
+"""A recipe's tolerance bounds one shard's error against the fp32 truth; two
+honest replicas may each be off by that much in opposite directions, so
+they may differ from each other by twice it."""
+
+DISTRUST_S: Final = 600.0
+"""How long an entry avoids a node one of its checks caught, on its own
+authority: long enough for the leader to judge the evidence and commit a
+quarantine (seconds), or for a node it could not report (no independent
+replica, no signature) to stop carrying this entry's traffic for a while."""
+
+MAX_PENDING_CHECKS: Final = 4
+"""Finished requests waiting for their replay. A replay costs one prefill of
+the request's history on the checking chain; a burst of requests beyond
+this is not checked (counted as ``busy``) rather than queued without bound."""
+
+MAX_CHECKED_POSITIONS: Final = 4096
+"""Longest history a check replays (prompt plus tokens): one prefill, within
+every hop's session budget. Longer generations go unchecked (counted)."""
+
+MAX_PENDING_VERDICTS: Final = 8
+"""Evidence waiting for the leader's recomputation; more is refused (429)
+so a flood of reports cannot make the leader recompute without bound."""
+
+COMMITMENTS_WAIT_S: Final = 2.0
+"""How long a check waits for commitments still on their way (a middle
+hop sends its last one after the last token) before judging."""
+
+
+def tolerance(recipes: Iterable[str]) -> float:
+    """How far two honest computations in these recipes may differ."""
+    return TOLERANCE_FACTOR * max(get_recipe(recipe).tolerance for recipe in recipes)
+
+
+class SwarmReader(Protocol):
+    """What a check needs of the swarm's state."""
+
+    @property
+    def node_id(self) -> bytes: ...
+    def coverage(self) -> CoverageMap: ...
+    def record(self, node: bytes) -> NodeRecord | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What a reporter sends the leader: the request, the chain's spans,
+    and the accused's signed commitment to the step that disagreed."""
+
+    reporter: bytes
+    kind: str
+    hop_index: int
+    model: str
+    prompt: tuple[int, ...]
+    tokens: tuple[int, ...]
+    sampling: SamplingParams
+    seed: int
+    layers: tuple[tuple[int, int], ...]
+    commitment: Commitment
+
+    @property
+    def accused(self) -> bytes:
+        return self.commitment.hop
+
+    def to_json(self) -> dict[str, Any]:
+        params = self.sampling
+        return {
+            "reporter": self.reporter.hex(),
+            "kind": self.kind,
+            "hop_index": self.hop_index,
+            "model": self.model,
+            "prompt": list(self.prompt),
+            "tokens": list(self.tokens),
+            "sampling": {
+                "temperature": params.temperature,
+                "top_p": params.top_p,
+                "top_k": params.top_k,
+            },
+            "seed": self.seed,
+            "layers": [list(span) for span in self.layers],
+            "commitment": self.commitment.to_json(),
+        }
+
+    def digest(self) -> bytes:
+        """What the ledger records the verdict by: the same evidence is
+        judged once."""
+        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).digest()
+
+    @classmethod
+    def from_json(cls, value: Mapping[str, Any]) -> Evidence:
+        """ValueError for anything malformed or inconsistent (it came from
+        another node): the commitment must be the reporter's, for the
+        accused's place in the chain, and signed by the accused."""
+        try:
+            sampling = value["sampling"]
+            evidence = cls(
+                reporter=bytes.fromhex(value["reporter"]),
+                kind=str(value["kind"]),
+                hop_index=int(value["hop_index"]),
+                model=str(value["model"]),
+                prompt=tuple(int(t) for t in value["prompt"]),
+                tokens=tuple(int(t) for t in value["tokens"]),
+                sampling=SamplingParams(
+                    temperature=sampling["temperature"],
+                    top_p=sampling["top_p"],
+                    top_k=sampling["top_k"],
+                ),
+                seed=int(value["seed"]) % SEED_MODULUS,
+                layers=tuple((int(a), int(b)) for a, b in value["layers"]),
+                commitment=Commitment.from_json(value["commitment"]),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed evidence: {exc}") from None
+        problem = evidence._problem()
+        if problem:
+            raise ValueError(f"inconsistent evidence: {problem}")
+        return evidence
+
+    def _problem(self) -> str:
+        c = self.commitment
+        if self.kind not in ("output", "token", "input"):
+            return f"kind {self.kind!r} is not one a recomputation can judge"
+        if not 0 <= self.hop_index < len(self.layers):
+            return "hop_index is outside the chain"
+        if c.layers != self.layers[self.hop_index] or c.model != self.model:
+            return "the commitment is for another shard"
+        if c.entry != self.reporter:
+            return "the commitment was made for another entry"
+        if c.pos + c.count > len(self.prompt) + len(self.tokens):
+            return "the commitment covers positions past the request"
+        if len(self.prompt) + len(self.tokens) > MAX_CHECKED_POSITIONS or not self.tokens:
+            return "the request is empty or too long to recompute"
+        if not c.verified():
+            return "the commitment's signature does not verify"
+        return ""
+
+    def transcript(self, chain: Sequence[Hop]) -> Transcript:
+        """The request as a transcript over ``chain`` holding only the
+        accused's commitment, to judge it with."""
+        step = self.commitment.step
+        transcript = Transcript(self.model, self.prompt, self.sampling, self.seed)
+        transcript.chain_nodes = [hop.node for hop in chain]
+        transcript.chain_layers = [hop.layers for hop in chain]
+        transcript.tokens = list(self.tokens)
+        transcript.add(self.hop_index, self.commitment)
+        assert (self.hop_index, step) in transcript.commitments
+        return transcript
+
+
+@dataclass(frozen=True, slots=True)
+class _Checking:
+    """A replay chain and, per hop, whether it is another node than the one
+    it checks (only then is a disagreement independent evidence)."""
+
+    chain: list[Hop]
+    independent: list[bool]
+    recipes: list[str]
+
+
+def _variant(coverage: CoverageMap, model: str, nodes: Sequence[bytes]) -> ModelCoverage | None:
+    """The coverage variant the checked chain ran in (recipe classes do not
+    mix), or None when its nodes are no longer all served."""
+    for variant in coverage.for_model(model):
+        serving = {n.node_id for n in variant.nodes}
+        if all(node in serving for node in nodes):
+            return variant
+    return None
+
+
+def _checking_chain(
+    swarm: SwarmReader,
+    variant: ModelCoverage,
+    layers: Sequence[tuple[int, int]],
+    avoid_per_span: Sequence[frozenset[bytes]],
+    avoid: frozenset[bytes],
+) -> _Checking | None:
+    """A chain over ``layers`` with, per span, a random serving node not in
+    that span's avoid set (falling back to the span's own node, marked not
+    independent); None when a span has no usable node at all."""
+    chain, independent, recipes = [], [], []
+    for span, own in zip(layers, avoid_per_span, strict=True):
+        candidates = [n for n in variant.nodes if n.layers == span and n.node_id not in avoid]
+        others = [n for n in candidates if n.node_id not in own]
+        pool = others or [n for n in candidates if n.node_id in own]
+        if not pool:
+            return None
+        chosen = pool[secrets.randbelow(len(pool))]
+        record = swarm.record(chosen.node_id)
+        if record is None:
+            return None
+        chain.append(Hop(node_id_text(chosen.node_id), record.addresses.data, span))
+        independent.append(bool(others))
+        recipes.append(chosen.recipe)
+    return _Checking(chain, independent, recipes)
+
+
+class SpotChecker:
+    """The entry's side: pick finished requests, replay them, act on what
+    disagrees (see the module docstring). Start :meth:`run` in a nursery."""
+
+    def __init__(
+        self,
+        *,
+        swarm: SwarmReader,
+        pipeline: Pipeline,
+        fraction: Callable[[], float],
+        report: Callable[[Evidence], Awaitable[bool]],
+        random: Callable[[], float] | None = None,
+    ) -> None:
+        """``fraction`` reads the policy's ``verify_fraction``; ``report``
+        delivers evidence to the leader (True once it took it)."""
+        self._swarm = swarm
+        self._pipeline = pipeline
+        self._fraction = fraction
+        self._report = report
+        self._random = random or (lambda: secrets.randbelow(2**53) / 2**53)
+        self.counters: Counter[str] = Counter()
+        self._distrusted: dict[bytes, float] = {}
+        self._send, self._receive = trio.open_memory_channel[Transcript](MAX_PENDING_CHECKS)
+
+    def distrusted(self, now: float) -> frozenset[bytes]:
+        """Nodes this entry's checks caught, still avoided at ``now``."""
+        for node in [n for n, until in self._distrusted.items() if until <= now]:
+            del self._distrusted[node]
+        return frozenset(self._distrusted)
+
+    def stats_json(self) -> dict[str, Any]:
+        return {
+            **self.counters,
+            "distrusted": sorted(node_id_text(n) for n in self.distrusted(trio.current_time())),
+        }
+
+    def consider(self, transcript: Transcript) -> None:
+        """A generation finished: check it with the policy's probability."""
+        if not transcript.tokens or not transcript.chain_nodes:
+            return
+        if self._random() >= self._fraction():
+            self.counters["skipped"] += 1
+            return
+        if len(transcript.prompt) + len(transcript.tokens) > MAX_CHECKED_POSITIONS:
+            self.counters["too_long"] += 1
+            return
+        try:
+            self._send.send_nowait(transcript)
+        except trio.WouldBlock:
+            self.counters["busy"] += 1
+
+    async def run(self) -> None:
+        async for transcript in self._receive:
+            await self.check(transcript)
+
+    async def check(self, transcript: Transcript) -> None:
+        """Replay one finished generation and act on the first divergence."""
+        with trio.move_on_after(COMMITMENTS_WAIT_S):
+            while len(transcript.commitments) < _expected(transcript):
+                await trio.sleep(0.02)
+        nodes = transcript.chain_nodes
+        variant = _variant(self._swarm.coverage(), transcript.model, nodes)
+        checking = None
+        if variant is not None:
+            own = [frozenset({node}) for node in nodes]
+            layers = transcript.chain_layers
+            checking = _checking_chain(self._swarm, variant, layers, own, frozenset())
+        if checking is None or variant is None:
+            self.counters["no_checking_chain"] += 1
+            return
+        try:
+            result = await replay(
+                self._pipeline, checking.chain, transcript, sketch_seeds=transcript.sketch_seeds
+            )
+        except PipelineError as exc:
+            self.counters["replay_failed"] += 1
+            log.info("spot check replay failed: %s", exc)
+            return
+        self.counters["checked"] += 1
+        recipes = [*checking.recipes, *_recipes(variant, nodes)]
+        found = find_divergence(transcript, result, tolerance(recipes))
+        if found is None:
+            self.counters["clean"] += 1
+            return
+        self.counters[f"divergence.{found.kind}"] += 1
+        accused = [nodes[found.hop_index]]
+        if found.kind == "transit":
+            accused.append(nodes[found.hop_index - 1])
+        now = trio.current_time()
+        for node in accused:
+            self._distrusted[node] = now + DISTRUST_S
+        log.warning(
+            "spot check: %s at hop %d (%s), step %d: %s",
+            found.kind,
+            found.hop_index,
+            node_id_text(nodes[found.hop_index])[:12],
+            found.step,
+            found.detail,
+        )
+        commitment = found.commitment
+        if found.kind in ("transit", "missing") or commitment is None:
+            return  # nothing a recomputation can judge: avoided here only
+        if not checking.independent[found.hop_index]:
+            self.counters["unchecked"] += 1
+            return
+        if not commitment.verified():
+            self.counters["unsigned"] += 1
+            return
+        evidence = Evidence(
+            reporter=self._swarm.node_id,
+            kind=found.kind,
+            hop_index=found.hop_index,
+            model=transcript.model,
+            prompt=transcript.prompt,
+            tokens=tuple(transcript.tokens),
+            sampling=transcript.sampling,
+            seed=transcript.seed,
+            layers=tuple(transcript.chain_layers),
+            commitment=commitment,
+        )
+        reported = await self._report(evidence)
+        self.counters["reported" if reported else "report_failed"] += 1
+
+
+def _expected(transcript: Transcript) -> int:
+    return len(transcript.chain_nodes) * len(transcript.steps())
+
+
+def _recipes(variant: ModelCoverage, nodes: Sequence[bytes]) -> list[str]:
+    by_node = {n.node_id: n.recipe for n in variant.nodes}
+    return [by_node[node] for node in nodes if node in by_node]
+
+
+Propose = Callable[[Verdict], Awaitable[bool]]
+
+
+class Adjudicator:
+    """The leader's side: judge evidence by one more recomputation and
+    commit the verdict. Start :meth:`run` in a nursery; :meth:`submit`
+    queues evidence (the API calls it for reports that reach the leader)."""
+
+    def __init__(self, *, swarm: SwarmReader, pipeline: Pipeline, propose: Propose) -> None:
+        self._swarm = swarm
+        self._pipeline = pipeline
+        self._propose = propose
+        self.counters: Counter[str] = Counter()
+        self._send, self._receive = trio.open_memory_channel[Evidence](MAX_PENDING_VERDICTS)
+
+    def submit(self, evidence: Evidence) -> bool:
+        """Queue ``evidence``; False when the queue is full (try later)."""
+        try:
+            self._send.send_nowait(evidence)
+        except trio.WouldBlock:
+            self.counters["busy"] += 1
+            return False
+        return True
+
+    async def run(self) -> None:
+        async for evidence in self._receive:
+            await self.judge(evidence)
+
+    async def judge(self, evidence: Evidence) -> bool | None:
+        """Recompute and commit a verdict: True guilty, False a false
+        report, None when no independent chain exists (no verdict)."""
+        coverage = self._swarm.coverage()
+        variant = _variant(coverage, evidence.model, [evidence.accused]) or coverage.best(
+            evidence.model
+        )
+        parties = frozenset({evidence.accused, evidence.reporter})
+        checking = None
+        if variant is not None:
+            avoid = [parties] * len(evidence.layers)
+            accused = frozenset({evidence.accused})
+            found = _checking_chain(self._swarm, variant, evidence.layers, avoid, accused)
+            if found is not None and found.independent[evidence.hop_index]:
+                checking = found
+        if checking is None or variant is None:
+            self.counters["no_independent_chain"] += 1
+            return None
+        seeds = [secrets.randbelow(SEED_MODULUS) for _ in checking.chain]
+        seeds[evidence.hop_index] = evidence.commitment.sketch_seed
+        transcript = evidence.transcript(checking.chain)
+        try:
+            result = await replay(self._pipeline, checking.chain, transcript, sketch_seeds=seeds)
+        except PipelineError as exc:
+            self.counters["replay_failed"] += 1
+            log.info("adjudication replay failed: %s", exc)
+            return None
+        accused_recipe = _recipes(variant, [evidence.accused]) or checking.recipes
+        limit = tolerance([*checking.recipes, *accused_recipe])
+        divergence = judge_step(
+            transcript, result, evidence.hop_index, evidence.commitment.step, limit
+        )
+        guilty = divergence is not None and divergence.kind in ("output", "token", "input")
+        verdict = Verdict(
+            accused=evidence.accused,
+            reporter=evidence.reporter,
+            evidence=evidence.digest(),
+            guilty=guilty,
+            at=time.time(),
+        )
+        committed = await self._propose(verdict)
+        outcome = "guilty" if guilty else "false_report"
+        self.counters[outcome if committed else "not_committed"] += 1
+        log.warning(
+            "verdict on %s reported by %s: %s",
+            node_id_text(evidence.accused)[:12],
+            node_id_text(evidence.reporter)[:12],
+            "guilty" if guilty else "false report",
+        )
+        return guilty
+
+
+async def send_evidence(url: str, evidence: Evidence, signer: Signer) -> bool:
+    """Post ``evidence`` to the leader whose API is at ``url``, signed by
+    this node (the reporter); True once the leader queued it."""
+    content = json.dumps(evidence.to_json()).encode()
+    headers = {
+        "content-type": "application/json",
+        **sign_request(signer, "POST", EVIDENCE_PATH, content, time.time()),
+    }
+    try:
+        async with httpx.AsyncClient(timeout=EVIDENCE_POST_TIMEOUT_S) as client:
+            reply = await client.post(url + EVIDENCE_PATH, content=content, headers=headers)
+    except httpx.HTTPError as exc:
+        log.warning("evidence not delivered to the leader: %s", exc)
+        return False
+    if reply.status_code != 202:
+        log.warning("the leader refused evidence (%d): %s", reply.status_code, reply.text[:200])
+    return reply.status_code == 202
