@@ -153,7 +153,10 @@ def judge_step(
     transcript: Transcript, replay: Replay, index: int, step: int, tolerance: float
 ) -> Divergence | None:
     """One hop's commitment for one step against the recomputation (None:
-    it agrees). The leader judges evidence with this alone."""
+    it agrees). The leader judges evidence with this alone: a commitment
+    from a generation, or from a spot check's own replay (one step over the
+    whole history, whose last hop committed the logits of every judged
+    position rather than one token)."""
     claimed = transcript.commitments.get((index, step))
     if claimed is None:
         return Divergence("missing", index, step, None, "no commitment for this step")
@@ -171,6 +174,12 @@ def judge_step(
         return None
     # The token this step emitted, counted from the replay's first judged position.
     judged = claimed.pos + claimed.count - len(transcript.prompt)
+    rows_out = claimed.outputs.shape[0]
+    if rows_out > 1:  # a replay's own commitment: the logits of every judged position
+        span = slice(judged + 1 - rows_out, judged + 1)
+        if span.start < 0 or not rows_agree(claimed.outputs, checking.outputs[span], tolerance):
+            return Divergence("output", index, step, claimed, "logits differ from recomputation")
+        return None
     if not 0 <= judged < len(replay.picks) or claimed.token != transcript.tokens[step]:
         return Divergence("token", index, step, claimed, "commitment names another token")
     if not rows_agree(claimed.outputs, checking.outputs[judged : judged + 1], tolerance):

@@ -417,6 +417,8 @@ class Node:
             placement=self.placement,
             store=self.store,
             chat=self.chat,
+            spot_checks=self.spot_checks,
+            adjudicator=self.adjudicator,
             drops=dict(sorted(drops.items())),
         )
         document = status_document(sources, trio.current_time())

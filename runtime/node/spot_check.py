@@ -51,7 +51,13 @@ from mesh.identity import Signer, node_id_text
 from mesh.records import NodeRecord
 from runtime.inference.chain import Hop, Pipeline, PipelineError, replay
 from runtime.inference.commitment import Commitment
-from runtime.inference.transcript import Transcript, find_divergence, judge_step
+from runtime.inference.transcript import (
+    Divergence,
+    Replay,
+    Transcript,
+    find_divergence,
+    judge_step,
+)
 from runtime.model.recipes import get_recipe
 from runtime.model.sampling import SEED_MODULUS, SamplingParams
 from runtime.node.signed_http import sign_request
@@ -328,62 +334,69 @@ class SpotChecker:
             await self.check(transcript)
 
     async def check(self, transcript: Transcript) -> None:
-        """Replay one finished generation and act on the first divergence."""
+        """Replay one finished generation and act on the first divergence.
+
+        A divergence names the original hop only if a second replay, on
+        other nodes again, confirms it: the first replay's own hop may be
+        the liar, and an entry that reported on one replay would make every
+        liar an accuser of the honest hops it happens to check."""
         with trio.move_on_after(COMMITMENTS_WAIT_S):
             while len(transcript.commitments) < _expected(transcript):
                 await trio.sleep(0.02)
         nodes = transcript.chain_nodes
         variant = _variant(self._swarm.coverage(), transcript.model, nodes)
-        checking = None
-        if variant is not None:
-            own = [frozenset({node}) for node in nodes]
-            layers = transcript.chain_layers
-            checking = _checking_chain(self._swarm, variant, layers, own, frozenset())
-        if checking is None or variant is None:
-            self.counters["no_checking_chain"] += 1
+        own = [frozenset({node}) for node in nodes]
+        first = await self._replay(transcript, variant, own)
+        if first is None:
             return
-        try:
-            result = await replay(
-                self._pipeline, checking.chain, transcript, sketch_seeds=transcript.sketch_seeds
-            )
-        except PipelineError as exc:
-            self.counters["replay_failed"] += 1
-            log.info("spot check replay failed: %s", exc)
-            return
+        found, checking, replayed = first
         self.counters["checked"] += 1
-        recipes = [*checking.recipes, *_recipes(variant, nodes)]
-        found = find_divergence(transcript, result, tolerance(recipes))
         if found is None:
             self.counters["clean"] += 1
             return
         self.counters[f"divergence.{found.kind}"] += 1
-        accused = [nodes[found.hop_index]]
-        if found.kind == "transit":
-            accused.append(nodes[found.hop_index - 1])
-        now = trio.current_time()
-        for node in accused:
-            self._distrusted[node] = now + DISTRUST_S
+        index = found.hop_index
+        accused = nodes[index]
         log.warning(
             "spot check: %s at hop %d (%s), step %d: %s",
             found.kind,
-            found.hop_index,
-            node_id_text(nodes[found.hop_index])[:12],
+            index,
+            node_id_text(accused)[:12],
             found.step,
             found.detail,
         )
-        commitment = found.commitment
-        if found.kind in ("transit", "missing") or commitment is None:
+        if found.kind in ("transit", "missing") or found.commitment is None:
+            self._distrust(accused, *([nodes[index - 1]] if found.kind == "transit" else []))
             return  # nothing a recomputation can judge: avoided here only
-        if not checking.independent[found.hop_index]:
-            self.counters["unchecked"] += 1
+        second = None
+        if checking.independent[index]:
+            avoid = [span | {hop.node} for span, hop in zip(own, checking.chain, strict=True)]
+            second = await self._replay(transcript, variant, avoid)
+        if second is None or not second[1].independent[index]:
+            self.counters["unconfirmed"] += 1
+            self._distrust(accused)
             return
+        again = second[0]
+        commitment = found.commitment
+        if again is None:  # the first replay's hop is the odd one out: it lied to us
+            self.counters["replay_disagreed"] += 1
+            accused = checking.chain[index].node
+            commitment = replayed.commitments[index]
+            if found.kind != "output":  # its signed rows may agree: only its word differed
+                self._distrust(accused)
+                return
+        elif (again.kind, again.hop_index) != (found.kind, index):
+            self.counters["unconfirmed"] += 1
+            self._distrust(accused)
+            return
+        self._distrust(accused)
         if not commitment.verified():
             self.counters["unsigned"] += 1
             return
         evidence = Evidence(
             reporter=self._swarm.node_id,
-            kind=found.kind,
-            hop_index=found.hop_index,
+            kind="output" if again is None else found.kind,
+            hop_index=index,
             model=transcript.model,
             prompt=transcript.prompt,
             tokens=tuple(transcript.tokens),
@@ -394,6 +407,36 @@ class SpotChecker:
         )
         reported = await self._report(evidence)
         self.counters["reported" if reported else "report_failed"] += 1
+
+    def _distrust(self, *nodes: bytes) -> None:
+        until = trio.current_time() + DISTRUST_S
+        for node in nodes:
+            self._distrusted[node] = until
+
+    async def _replay(
+        self,
+        transcript: Transcript,
+        variant: ModelCoverage | None,
+        avoid: Sequence[frozenset[bytes]],
+    ) -> tuple[Divergence | None, _Checking, Replay] | None:
+        """One replay on a chain avoiding ``avoid`` per span, judged; None
+        (counted) when no chain exists or the replay fails."""
+        checking = None
+        if variant is not None:
+            layers = transcript.chain_layers
+            checking = _checking_chain(self._swarm, variant, layers, avoid, frozenset())
+        if checking is None or variant is None:
+            self.counters["no_checking_chain"] += 1
+            return None
+        seeds = transcript.sketch_seeds
+        try:
+            result = await replay(self._pipeline, checking.chain, transcript, sketch_seeds=seeds)
+        except PipelineError as exc:
+            self.counters["replay_failed"] += 1
+            log.info("spot check replay failed: %s", exc)
+            return None
+        recipes = [*checking.recipes, *_recipes(variant, transcript.chain_nodes)]
+        return find_divergence(transcript, result, tolerance(recipes)), checking, result
 
 
 def _expected(transcript: Transcript) -> int:
@@ -435,17 +478,53 @@ class Adjudicator:
 
     async def judge(self, evidence: Evidence) -> bool | None:
         """Recompute and commit a verdict: True guilty, False a false
-        report, None when no independent chain exists (no verdict)."""
+        report, None when no verdict could be reached. Where the swarm has
+        a second independent node for the accused's span, both must agree:
+        one recomputation on a liar would otherwise convict the honest or
+        acquit a liar."""
         coverage = self._swarm.coverage()
         variant = _variant(coverage, evidence.model, [evidence.accused]) or coverage.best(
             evidence.model
         )
         parties = frozenset({evidence.accused, evidence.reporter})
+        first = await self._recompute(evidence, variant, parties)
+        if first is None:
+            return None
+        guilty, judge = first
+        second = await self._recompute(evidence, variant, parties | {judge})
+        if second is not None and second[0] != guilty:
+            self.counters["undecided"] += 1
+            log.warning("no verdict on %s: recomputations disagree", node_id_text(evidence.accused))
+            return None
+        verdict = Verdict(
+            accused=evidence.accused,
+            reporter=evidence.reporter,
+            evidence=evidence.digest(),
+            guilty=guilty,
+            at=time.time(),
+        )
+        committed = await self._propose(verdict)
+        outcome = "guilty" if guilty else "false_report"
+        self.counters[outcome if committed else "not_committed"] += 1
+        log.warning(
+            "verdict on %s reported by %s: %s",
+            node_id_text(evidence.accused)[:12],
+            node_id_text(evidence.reporter)[:12],
+            outcome,
+        )
+        return guilty
+
+    async def _recompute(
+        self, evidence: Evidence, variant: ModelCoverage | None, avoid: frozenset[bytes]
+    ) -> tuple[bool, bytes] | None:
+        """Whether one recomputation, with a node outside ``avoid`` on the
+        accused's span, convicts; and that node. None (counted) when no
+        such node serves the span or the recomputation fails."""
         checking = None
         if variant is not None:
-            avoid = [parties] * len(evidence.layers)
-            accused = frozenset({evidence.accused})
-            found = _checking_chain(self._swarm, variant, evidence.layers, avoid, accused)
+            spans = [avoid] * len(evidence.layers)
+            never = frozenset({evidence.accused})
+            found = _checking_chain(self._swarm, variant, evidence.layers, spans, never)
             if found is not None and found.independent[evidence.hop_index]:
                 checking = found
         if checking is None or variant is None:
@@ -462,27 +541,10 @@ class Adjudicator:
             return None
         accused_recipe = _recipes(variant, [evidence.accused]) or checking.recipes
         limit = tolerance([*checking.recipes, *accused_recipe])
-        divergence = judge_step(
-            transcript, result, evidence.hop_index, evidence.commitment.step, limit
-        )
+        step = evidence.commitment.step
+        divergence = judge_step(transcript, result, evidence.hop_index, step, limit)
         guilty = divergence is not None and divergence.kind in ("output", "token", "input")
-        verdict = Verdict(
-            accused=evidence.accused,
-            reporter=evidence.reporter,
-            evidence=evidence.digest(),
-            guilty=guilty,
-            at=time.time(),
-        )
-        committed = await self._propose(verdict)
-        outcome = "guilty" if guilty else "false_report"
-        self.counters[outcome if committed else "not_committed"] += 1
-        log.warning(
-            "verdict on %s reported by %s: %s",
-            node_id_text(evidence.accused)[:12],
-            node_id_text(evidence.reporter)[:12],
-            "guilty" if guilty else "false report",
-        )
-        return guilty
+        return guilty, checking.chain[evidence.hop_index].node
 
 
 async def send_evidence(url: str, evidence: Evidence, signer: Signer) -> bool:

@@ -20,6 +20,7 @@ from runtime.node.admission import ShardSlot
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import Placement
 from runtime.node.raft_driver import RaftDriver
+from runtime.node.spot_check import Adjudicator, SpotChecker
 from runtime.node.swarm_view import SwarmView
 
 
@@ -40,6 +41,8 @@ class StatusSources:
     placement: Placement
     store: ModelStore
     chat: ChatService
+    spot_checks: SpotChecker
+    adjudicator: Adjudicator
     drops: dict[str, int]
 
 
@@ -90,6 +93,12 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         "hop": source.engine.hop_stats,
         # What routes price each hop by: why a node gets no traffic.
         "chat": {**source.chat.stats_json(), "observed_step_ms": source.chat.speeds.to_json()},
+        # What this node's spot checks found (as an entry) and judged (as
+        # the leader): runtime.node.spot_check.
+        "verify": {
+            "checks": source.spot_checks.stats_json(),
+            "verdicts": dict(source.adjudicator.counters),
+        },
         "admission": None if admission is None else admission.to_json(),
         "placement": source.placement.to_json(),
         "store": list(source.store.names()),

@@ -1,0 +1,942 @@
+"""Verified compute benchmark: how soon a lying hop is caught, that honest
+hops never are, and what checking costs, beside the anchors.
+
+    python -m benchmarks.verify [--json] [--quick] [--seed N]
+
+Everything runs in this process on real parts: every node is a pair of
+CurveZMQ planes on 127.0.0.1 with its own `Engine` and `HopServer` holding a
+real torch shard of the 8-layer tiny model (spans [0,3), [3,6), [6,8));
+requests go through `Pipeline.generate`, checks through the entry's real
+`SpotChecker.check` (a replay on the other replica of each span, then
+`find_divergence`), evidence through the leader's real `Adjudicator.judge`.
+Only the swarm's view (coverage and records, normally gossip) is a fixed
+table, `StaticSwarm`. Each request draws its own prompt (4-24 tokens),
+sampling (greedy or temperature 0.9 / top-p 0.95 / top-k 50, alternately)
+and seed.
+
+Figures (the top-level keys; targets in `targets`, met or not in
+`targets_met`):
+
+- `detect_requests_p99_always` (<= 20) and `detect_requests_p99_one_percent`
+  (<= 300): requests a lying middle hop serves until it is caught, p99. The
+  liar is a real shard that adds noise (half its output's spread) to its
+  output on each forward with probability 1 (always) or 0.01 (from a
+  seeded generator). Every request it serves is checked (fraction 1), each
+  generating `DETECT_TOKENS` tokens, which measures `p_detect`: the chance a
+  *checked* request names the liar with signed evidence. An entry checks a
+  finished request with probability f (`PlacementSettings().verify_fraction`)
+  independently of the others, so each request catches the liar with
+  probability p = f * p_detect and the requests until detection N are
+  geometric: P(N <= n) = 1 - (1 - p)^n, whose p99 is
+  ceil(ln(0.01) / ln(1 - p)). Beside that closed form, a seeded Monte-Carlo
+  of the process itself (each trial serves requests until caught: checked
+  with probability f, a checked one catching the liar as one of the measured
+  checked requests drawn at random did) gives `monte_carlo_p99`, which also
+  carries the measured outcomes' spread. The 1% liar's p_detect depends on
+  how many forwards a request has (one per generated token: 1 - 0.99^32
+  = 0.275 at 32 tokens); longer requests catch it sooner.
+  Quarantine is one step after detection: the reporter's evidence goes to
+  the leader, which recomputes the accused's step once on a chain avoiding
+  both parties and commits a guilty verdict; that costs no further request
+  (`quarantine`, where some of the evidence is judged for real).
+- `false_quarantines` (= 0): divergences found over `HONEST_REQUESTS`
+  honest requests in fp32, bf16 and q8 (a third each), every one of them
+  checked (fraction 1) on the other chain of the same recipe with
+  `tolerance([both chains' recipes])`. Any divergence counts, whatever its
+  kind, even one a leader would then clear.
+- `verify_overhead_fraction` (<= 0.05): extra compute per served token:
+  f * (replay compute / served compute), both by the hops' own clocks: the
+  served request's `ChainTiming` (every hop's `compute_us` of its prefill
+  and decode steps) and the checking hops' `HopStats.prefill_compute_s`
+  across the replay (nothing else computes meanwhile), over the honest
+  requests. The tiny model's decode step is mostly Python overhead, which
+  flatters a replay (one prefill of the history); so `overhead.large_model`
+  repeats the comparison on the hidden-1024 model below, shard by shard:
+  one prefill of a request's history against its prefill plus decode steps.
+- `sketch_cost_fraction` (<= 0.02): what a hop adds to each step for its
+  commitment (`sketch` of its input and output rows and
+  `Commitment(...).signed`, an Ed25519 signature), over the step's forward,
+  for decode steps on a 6-layer model of hidden 1024 / MLP 4096 (~0.1 B
+  parameters, fp32; `runtime.model.tiny`, as `benchmarks.pipeline`'s large
+  model), every hop's shard of it; the headline is the worst hop.
+
+Anchors (`anchors`): Petals has no verification (peers can modify outputs
+undetected: detection never, overhead 0); BOINC-style redundancy computes
+every work unit twice and compares (detection on the first request that
+lies, overhead 1.0).
+
+Progress goes to stderr; the last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import math
+import statistics
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Sequence
+from contextlib import aclosing
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Final, cast
+
+import numpy as np
+import trio
+
+from consensus.ledger import Verdict
+from consensus.settings import PlacementSettings
+from mesh.coverage import CoverageKey, CoverageMap, ModelCoverage, ServingNode, recipe_class
+from mesh.identity import Identity
+from mesh.records import Addresses, NodeRecord
+from mesh.transport import open_planes
+from runtime.inference.chain import ChainTiming, Hop, Pipeline
+from runtime.inference.commitment import Commitment, ids_digest, sketch
+from runtime.inference.dispatch import Engine
+from runtime.inference.hop_server import HopServer
+from runtime.inference.transcript import Transcript
+from runtime.model.backends import load_shard
+from runtime.model.backends.base import ShardBackend, ShardSpec
+from runtime.model.sampling import SEED_MODULUS, SamplingParams
+from runtime.model.tiny import make_tiny_model
+from runtime.node.spot_check import Adjudicator, Evidence, SpotChecker
+
+# --- the swarm ------------------------------------------------------------------
+
+MODEL: Final = "tiny-qwen3"
+LAYERS: Final = 8
+SPANS: Final = ((0, 3), (3, 6), (6, 8))
+"""Three hops, as the engine tests split the tiny model: the liar is the
+middle one, whose input and output are both hidden states (the hardest
+place to see from outside: neither the prompt nor the token is its own)."""
+LIAR_HOP: Final = 1
+BACKEND: Final = "torch"
+LOOPBACK: Final = "tcp://127.0.0.1:0"
+RECIPES: Final = ("fp32", "bf16", "q8")
+"""One of each recipe class a volunteer's CPU or GPU commonly runs: full
+precision, 16-bit floats and 8-bit weights."""
+
+NOISE: Final = 0.5
+"""A lie: noise of half the output's spread, as tests/test_verify_engine.py's
+liar ("three different garbage answers to three identical requests")."""
+ONE_PERCENT: Final = 0.01
+
+PROMPT_TOKENS: Final = (4, 24)
+"""Prompt lengths drawn per request (inclusive): chat-turn-sized prompts in
+the tiny model's units."""
+DETECT_TOKENS: Final = 32
+"""Tokens each request of a detection run generates: a short chat answer."""
+HONEST_TOKENS: Final = 16
+"""Tokens each honest request generates: half a detection request's, so
+2,000 checked requests fit the time budget; every step still crosses the
+decode/prefill divide the tolerance must absorb."""
+GREEDY: Final = SamplingParams(temperature=0.0)
+SAMPLED: Final = SamplingParams(temperature=0.9, top_p=0.95, top_k=50)
+
+ADJUDICATE: Final = 3
+"""Evidence judged by the leader per liar kind: each costs one replay, and
+every verdict so far has been the same, so a few show it without doubling
+the run."""
+
+
+@dataclass(frozen=True)
+class Counts:
+    """How much each part measures (full or `--quick`)."""
+
+    honest_requests: int
+    always_requests: int
+    one_percent_requests: int
+    monte_carlo_trials: int
+    sketch_hidden: int
+    sketch_intermediate: int
+    sketch_layers: int
+    sketch_steps: int
+
+
+FULL: Final = Counts(
+    honest_requests=2000,
+    always_requests=100,
+    one_percent_requests=200,
+    monte_carlo_trials=200_000,
+    sketch_hidden=1024,
+    sketch_intermediate=4096,
+    sketch_layers=6,
+    sketch_steps=64,
+)
+"""2,000 honest requests bound a false-quarantine rate near 0 (none in
+2,000: under 0.15% at 95%); 200 checked requests measure the 1% liar's
+p_detect (~0.27) to +-0.06 at 95%; the always-liar is caught by every
+check or it is not, 100 show it."""
+QUICK: Final = Counts(
+    honest_requests=30,
+    always_requests=6,
+    one_percent_requests=10,
+    monte_carlo_trials=10_000,
+    sketch_hidden=256,
+    sketch_intermediate=1024,
+    sketch_layers=3,
+    sketch_steps=8,
+)
+"""Enough to run every path (the test's mode), not to measure."""
+
+MONTE_CARLO_CAP: Final = 1_000_000
+"""Requests a Monte-Carlo trial may serve before it counts as never caught."""
+P99: Final = 0.99
+
+TARGETS: Final = {
+    "detect_requests_p99_always": 20,
+    "detect_requests_p99_one_percent": 300,
+    "false_quarantines": 0,
+    "verify_overhead_fraction": 0.05,
+    "sketch_cost_fraction": 0.02,
+}
+"""All upper bounds (issue 18)."""
+
+
+def say(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+class LyingShard:
+    """A real shard that adds noise to its output on each forward with
+    probability ``probability`` (1: always), from a seeded generator: an
+    attacker's patched node, not a mock. ``lies`` counts the forwards it
+    corrupted."""
+
+    def __init__(self, shard: ShardBackend, probability: float, seed: int) -> None:
+        self._shard = shard
+        self._probability = probability
+        self._rng = np.random.default_rng(seed)
+        self.lies = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shard, name)
+
+    def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        output = self._shard.forward(inputs, positions, cache)
+        if self._rng.random() < self._probability:
+            self.lies += 1
+            noise = self._rng.standard_normal(output.shape).astype(np.float32)
+            output = output + NOISE * float(output.std()) * noise
+        return output
+
+
+@dataclass
+class Node:
+    """A running node: its id, data address, engine and (if any) hop server."""
+
+    node: bytes
+    address: str
+    engine: Engine
+    span: tuple[int, int] | None = None
+    recipe: str = "fp32"
+
+    @property
+    def hop(self) -> HopServer:
+        assert self.engine.hop_server is not None
+        return self.engine.hop_server
+
+    def as_hop(self) -> Hop:
+        assert self.span is not None
+        return Hop(self.node.hex(), self.address, self.span)
+
+
+async def _serve_node(
+    shard: ShardBackend | None,
+    span: tuple[int, int] | None,
+    recipe: str,
+    *,
+    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    drops: Counter[str] = Counter()
+    identity = Identity.generate()
+    async with open_planes(LOOPBACK, LOOPBACK, drops=drops, keys=identity.plane_keys()) as (
+        _control,
+        data,
+    ):
+        hop = None
+        if shard is not None:
+            hop = HopServer(data, shard, model=MODEL, drops=drops, signer=identity)
+        engine = Engine(data, drops=drops, signer=identity, hop_server=hop)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            task_status.started(Node(data.keys.node_id, data.address, engine, span, recipe))
+
+
+async def start_node(
+    nursery: trio.Nursery,
+    shard: ShardBackend | None = None,
+    span: tuple[int, int] | None = None,
+    recipe: str = "fp32",
+) -> Node:
+    node: Node = await nursery.start(_serve_node, shard, span, recipe)
+    return node
+
+
+class StaticSwarm:
+    """The swarm as the entry's and the leader's checks read it
+    (`runtime.node.spot_check.SwarmReader`), from a fixed table of the
+    benchmark's nodes instead of gossip: every node alive, every span
+    served by each chain of its recipe class."""
+
+    def __init__(self, entry: bytes, nodes: Sequence[Node]) -> None:
+        self._entry = entry
+        self._nodes = {node.node: node for node in nodes}
+
+    @property
+    def node_id(self) -> bytes:
+        return self._entry
+
+    def coverage(self) -> CoverageMap:
+        by_class: dict[str, list[Node]] = {}
+        for node in self._nodes.values():
+            by_class.setdefault(recipe_class(node.recipe), []).append(node)
+        models: dict[CoverageKey, ModelCoverage] = {}
+        for klass, nodes in by_class.items():
+            replicas = [0] * LAYERS
+            serving = []
+            for node in nodes:
+                assert node.span is not None
+                for layer in range(*node.span):
+                    replicas[layer] += 1
+                serving.append(ServingNode(node.node, "alive", node.span, node.recipe, 1.0, 1.0))
+            entry = ModelCoverage(
+                model=MODEL,
+                manifest_digest="benchmark",
+                recipe_class=klass,
+                num_layers=LAYERS,
+                covered=((0, LAYERS),),
+                gaps=(),
+                replicas=tuple(replicas),
+                nodes=tuple(serving),
+                complete=True,
+            )
+            models[entry.key] = entry
+        return CoverageMap(models=models, excluded={})
+
+    def record(self, node: bytes) -> NodeRecord | None:
+        found = self._nodes.get(node)
+        if found is None:
+            return None
+        return NodeRecord(addresses=Addresses(found.address, found.address), started_at=0.0)
+
+
+# --- requests and checks -----------------------------------------------------------
+
+
+@dataclass
+class Served:
+    """One request as served and checked."""
+
+    transcript: Transcript
+    served_us: int
+    served_wall_s: float
+    replay_us: int = 0
+    check_wall_s: float = 0.0
+    divergences: Counter[str] = field(default_factory=Counter)
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+def _seed(rng: np.random.Generator) -> int:
+    """A sampling or projection seed, as an entry draws one (64 bits)."""
+    return int(rng.integers(SEED_MODULUS, dtype=np.uint64))
+
+
+def _request(rng: np.random.Generator, index: int, vocab: int) -> tuple[list[int], SamplingParams]:
+    length = int(rng.integers(PROMPT_TOKENS[0], PROMPT_TOKENS[1] + 1))
+    prompt = [int(t) for t in rng.integers(0, vocab, length)]
+    return prompt, SAMPLED if index % 2 else GREEDY
+
+
+async def serve_and_check(
+    pipeline: Pipeline,
+    checker: SpotChecker,
+    reported: list[Evidence],
+    chain: Sequence[Hop],
+    checkers: Sequence[Node],
+    prompt: Sequence[int],
+    params: SamplingParams,
+    seed: int,
+) -> Served:
+    """Serve one request on ``chain`` and spot-check it, as an entry does
+    when it draws the request for a check (``SpotChecker.check``)."""
+    timing = ChainTiming()
+    transcript = Transcript()
+    began = time.perf_counter()
+    stream = pipeline.generate(
+        MODEL, chain, prompt, params, seed=seed, timing=timing, transcript=transcript
+    )
+    async with aclosing(stream) as tokens:
+        async for _ in tokens:
+            pass
+    served_wall = time.perf_counter() - began
+    with trio.fail_after(5):  # a middle hop's last commitment may trail the last token
+        while len(transcript.commitments) < len(chain) * len(transcript.steps()):
+            await trio.sleep(0.002)
+    served = Served(transcript, sum(timing.prefill_us) + sum(timing.decode_us), served_wall)
+    before_counters = Counter(checker.counters)
+    before_us = _prefill_us(checkers)
+    began = time.perf_counter()
+    await checker.check(transcript)
+    served.check_wall_s = time.perf_counter() - began
+    served.replay_us = _prefill_us(checkers) - before_us
+    after = checker.counters - before_counters
+    if not after["checked"]:
+        raise RuntimeError(f"the check did not run: {dict(after)}")
+    served.divergences = Counter(
+        {k.removeprefix("divergence."): v for k, v in after.items() if k.startswith("divergence.")}
+    )
+    served.evidence = reported[:]
+    reported.clear()
+    return served
+
+
+def _prefill_us(nodes: Sequence[Node]) -> int:
+    return round(sum(node.hop.stats.prefill_compute_s for node in nodes) * 1e6)
+
+
+async def _chains(
+    nursery: trio.Nursery,
+    shards: Sequence[ShardBackend],
+    recipe: str,
+    liar: LyingShard | None = None,
+) -> tuple[list[Node], list[Node]]:
+    """Two chains over SPANS (replicas of each other): the first serves
+    with ``liar`` in its middle when given, the second is honest. Replicas
+    share the loaded shard objects (same weights, same recipe; each session
+    has its own cache, and one forward runs at a time in this process)."""
+    served_shards = list(shards)
+    if liar is not None:
+        served_shards[LIAR_HOP] = cast(ShardBackend, liar)
+    served = [
+        await start_node(nursery, shard, span, recipe)
+        for shard, span in zip(served_shards, SPANS, strict=True)
+    ]
+    honest = [
+        await start_node(nursery, shard, span, recipe)
+        for shard, span in zip(shards, SPANS, strict=True)
+    ]
+    return served, honest
+
+
+def _checker(entry: Node, nodes: Sequence[Node], reported: list[Evidence]) -> SpotChecker:
+    async def report(evidence: Evidence) -> bool:
+        reported.append(evidence)
+        return True
+
+    return SpotChecker(
+        swarm=StaticSwarm(entry.node, nodes),
+        pipeline=entry.engine.pipeline,
+        fraction=lambda: 1.0,  # every request: p_detect is per *checked* request
+        report=report,
+    )
+
+
+async def honest_run(
+    entry: Node, shards: Sequence[ShardBackend], recipe: str, requests: int, seed: int
+) -> list[Served]:
+    """``requests`` honest requests in ``recipe``, alternately on each
+    chain, each checked on the other (the same recipe class, as an entry's
+    check stays in the checked chain's coverage variant)."""
+    reported: list[Evidence] = []
+    rng = np.random.default_rng([seed, RECIPES.index(recipe)])
+    out = []
+    async with trio.open_nursery() as nursery:
+        first, second = await _chains(nursery, shards, recipe)
+        checker = _checker(entry, [*first, *second], reported)
+        vocab = shards[-1].vocab_size
+        for i in range(requests):
+            serving, checking = (first, second) if i % 2 == 0 else (second, first)
+            prompt, params = _request(rng, i, vocab)
+            result = await serve_and_check(
+                entry.engine.pipeline,
+                checker,
+                reported,
+                [n.as_hop() for n in serving],
+                checking,
+                prompt,
+                replace(params, max_tokens=HONEST_TOKENS),
+                _seed(rng),
+            )
+            out.append(result)
+            if result.divergences:
+                say(f"  {recipe} request {i}: DIVERGENCE {dict(result.divergences)}")
+            if (i + 1) % 100 == 0 or i + 1 == requests:
+                say(f"  {recipe}: {i + 1}/{requests} honest requests served and checked")
+        nursery.cancel_scope.cancel()
+    return out
+
+
+@dataclass
+class LiarRun:
+    """A detection run: per checked request, whether it named the liar and
+    whether the liar lied in it; the leader's verdicts on some evidence."""
+
+    probability: float
+    caught: list[bool] = field(default_factory=list)
+    lied: list[bool] = field(default_factory=list)
+    kinds: Counter[str] = field(default_factory=Counter)
+    wrongly_accused: int = 0
+    verdicts: list[bool | None] = field(default_factory=list)
+    adjudication_s: list[float] = field(default_factory=list)
+    wall_s: float = 0.0
+
+
+async def liar_run(
+    entry: Node, shards: Sequence[ShardBackend], probability: float, requests: int, seed: int
+) -> LiarRun:
+    """``requests`` requests served by a chain whose middle hop lies on each
+    forward with ``probability``, every one checked on an honest replica;
+    then the leader judges the first ``ADJUDICATE`` pieces of evidence."""
+    began = time.perf_counter()
+    liar = LyingShard(shards[LIAR_HOP], probability, seed)
+    run = LiarRun(probability)
+    reported: list[Evidence] = []
+    kept: list[Evidence] = []
+    rng = np.random.default_rng([seed, 99])
+    label = "always" if probability >= 1 else f"p={probability:g}"
+    async with trio.open_nursery() as nursery:
+        served, honest = await _chains(nursery, shards, "fp32", liar)
+        nodes = [*served, *honest]
+        checker = _checker(entry, nodes, reported)
+        liar_id = served[LIAR_HOP].node
+        chain = [n.as_hop() for n in served]
+        for i in range(requests):
+            lies = liar.lies
+            prompt, params = _request(rng, i, shards[-1].vocab_size)
+            result = await serve_and_check(
+                entry.engine.pipeline,
+                checker,
+                reported,
+                chain,
+                honest,
+                prompt,
+                replace(params, max_tokens=DETECT_TOKENS),
+                _seed(rng),
+            )
+            run.lied.append(liar.lies > lies)
+            run.caught.append(any(e.accused == liar_id for e in result.evidence))
+            run.wrongly_accused += sum(e.accused != liar_id for e in result.evidence)
+            run.kinds.update(result.divergences)
+            # As the leader's API takes it: JSON, checked on arrival.
+            kept += [Evidence.from_json(e.to_json()) for e in result.evidence]
+            if (i + 1) % 25 == 0 or i + 1 == requests:
+                say(
+                    f"  liar {label}: {i + 1}/{requests} checked, "
+                    f"caught {sum(run.caught)}, lied in {sum(run.lied)}"
+                )
+        verdicts: list[Verdict] = []
+
+        async def propose(verdict: Verdict) -> bool:
+            verdicts.append(verdict)
+            return True
+
+        adjudicator = Adjudicator(
+            swarm=StaticSwarm(entry.node, nodes), pipeline=entry.engine.pipeline, propose=propose
+        )
+        for evidence in kept[:ADJUDICATE]:
+            t0 = time.perf_counter()
+            guilty = await adjudicator.judge(evidence)
+            run.adjudication_s.append(time.perf_counter() - t0)
+            run.verdicts.append(guilty)
+        assert all(v.accused == liar_id for v in verdicts if v.guilty)
+        nursery.cancel_scope.cancel()
+    run.wall_s = time.perf_counter() - began
+    return run
+
+
+# --- detection arithmetic ----------------------------------------------------------
+
+
+def p99_requests(p: float) -> int | None:
+    """The p99 of requests until detection when each request catches the
+    liar with probability ``p`` independently (geometric): the least n with
+    1 - (1 - p)^n >= 0.99. None: never (p = 0)."""
+    if p <= 0:
+        return None
+    if p >= 1:
+        return 1
+    return math.ceil(math.log(1 - P99) / math.log1p(-p))
+
+
+def monte_carlo(caught: Sequence[bool], fraction: float, trials: int, seed: int) -> dict[str, Any]:
+    """Simulate the process itself: each trial serves requests until the
+    liar is caught; a request is checked with probability ``fraction``, and
+    a checked one catches the liar as a measured checked request drawn at
+    random did. Quantiles of the requests served (the catching one
+    included); None when some trial ran past MONTE_CARLO_CAP."""
+    outcomes = np.asarray(caught, dtype=bool)
+    if fraction <= 0 or not outcomes.any():
+        return {"trials": trials, "p50": None, "p99": None, "mean": None}
+    rng = np.random.default_rng(seed)
+    until = np.zeros(trials, dtype=np.int64)
+    alive = np.arange(trials)
+    served = 0
+    while alive.size and served < MONTE_CARLO_CAP:
+        served += 1
+        checked = rng.random(alive.size) < fraction
+        drawn = outcomes[rng.integers(0, outcomes.size, alive.size)]
+        done = checked & drawn
+        until[alive[done]] = served
+        alive = alive[~done]
+    if alive.size:
+        return {"trials": trials, "p50": None, "p99": None, "mean": None}
+    return {
+        "trials": trials,
+        "p50": int(np.quantile(until, 0.5, method="inverted_cdf")),
+        "p99": int(np.quantile(until, P99, method="inverted_cdf")),
+        "mean": round(float(until.mean()), 2),
+    }
+
+
+def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95% Wilson interval of a proportion (sound at 0 and at n)."""
+    if n == 0:
+        return (0.0, 1.0)
+    phat = successes / n
+    centre = (phat + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def detection(run: LiarRun, fraction: float, trials: int, seed: int) -> dict[str, Any]:
+    checked = len(run.caught)
+    caught = sum(run.caught)
+    p_detect = caught / checked if checked else 0.0
+    low, high = wilson(caught, checked)
+    lied = sum(run.lied)
+    caught_when_lied = sum(c for c, lie in zip(run.caught, run.lied, strict=True) if lie)
+    return {
+        "lie_probability_per_forward": run.probability,
+        "tokens_per_request": DETECT_TOKENS,
+        "checked_requests": checked,
+        "caught": caught,
+        "p_detect": round(p_detect, 4),
+        "p_detect_95ci": [round(low, 4), round(high, 4)],
+        "requests_lied_in": lied,
+        "p_detect_given_lied": round(caught_when_lied / lied, 4) if lied else None,
+        "caught_without_a_lie": sum(
+            c and not lie for c, lie in zip(run.caught, run.lied, strict=True)
+        ),
+        "wrongly_accused": run.wrongly_accused,
+        "divergence_kinds": dict(run.kinds),
+        "verify_fraction": fraction,
+        "p_per_request": round(fraction * p_detect, 5),
+        "p99_requests": p99_requests(fraction * p_detect),
+        "p99_requests_95ci": [p99_requests(fraction * high), p99_requests(fraction * low)],
+        "monte_carlo": monte_carlo(run.caught, fraction, trials, seed),
+        "quarantine": {
+            "adjudicated": len(run.verdicts),
+            "guilty": sum(v is True for v in run.verdicts),
+            "false_report": sum(v is False for v in run.verdicts),
+            "no_verdict": sum(v is None for v in run.verdicts),
+            "adjudication_s": [round(s, 4) for s in run.adjudication_s],
+            "extra_requests": 0,
+        },
+        "wall_s": round(run.wall_s, 1),
+    }
+
+
+# --- sketch cost and a realistic shard's overhead ----------------------------------
+
+
+def _spans(layers: int, hops: int) -> list[tuple[int, int]]:
+    cuts = [round(i * layers / hops) for i in range(hops + 1)]
+    return list(itertools.pairwise(cuts))
+
+
+LARGE_PROMPT: Final = 16
+"""Prompt positions before the timed decode steps on the wide model."""
+TIMING_REPEATS: Final = 3
+"""Replays of the history timed per shard (the median kept): one prefill
+is a single sample on a shared 2-core machine."""
+
+
+def wide_model(root: Path, counts: Counts, seed: int) -> dict[str, Any]:
+    """Decode steps on every shard of a wide model: each forward timed
+    against the commitment a hop makes for it (sketches and signature, as
+    `HopServer._compute_step`); and the request's compute as served
+    (prefill of the prompt, then decode steps) against one replay prefill
+    of its history."""
+    began = time.perf_counter()
+    model_dir = make_tiny_model(
+        root / "wide",
+        layers=counts.sketch_layers,
+        hidden_size=counts.sketch_hidden,
+        intermediate_size=counts.sketch_intermediate,
+        with_manifest=False,
+    )
+    rng = np.random.default_rng(seed)
+    identity = Identity.generate()
+    hops: list[dict[str, Any]] = []
+    served_s = replay_s = 0.0
+    steps = counts.sketch_steps
+    served_tokens = min(DETECT_TOKENS, steps)
+    for span in _spans(counts.sketch_layers, len(SPANS)):
+        shard = load_shard(ShardSpec(model_dir, span[0], span[1], "fp32"), BACKEND)
+        total = LARGE_PROMPT + steps
+
+        def rows(count: int, shard: ShardBackend = shard) -> np.ndarray:
+            if shard.is_first:
+                return rng.integers(0, shard.vocab_size, count).astype(np.int64)
+            return rng.standard_normal((count, shard.hidden_size)).astype(np.float32)
+
+        inputs = rows(total)
+        shard.forward(inputs[:2], np.arange(2, dtype=np.int64), shard.new_cache())  # warm-up
+        cache = shard.new_cache()
+        t0 = time.perf_counter()
+        shard.forward(inputs[:LARGE_PROMPT], np.arange(LARGE_PROMPT, dtype=np.int64), cache)
+        prefill = time.perf_counter() - t0
+        forward_s, commit_s = [], []
+        for step in range(steps):
+            pos = LARGE_PROMPT + step
+            row = inputs[pos : pos + 1]
+            t0 = time.perf_counter()
+            output = shard.forward(row, np.array([pos], dtype=np.int64), cache)
+            t1 = time.perf_counter()
+            seed_ = _seed(rng)
+            Commitment(
+                hop=identity.node_id,
+                entry=identity.node_id,
+                session="ab" * 16,
+                model=MODEL,
+                layers=span,
+                sketch_seed=seed_,
+                step=step,
+                pos=pos,
+                count=1,
+                inputs_digest=ids_digest(row) if shard.is_first else b"",
+                inputs=np.zeros((0, 8), np.float32) if shard.is_first else sketch(row, seed_),
+                outputs=sketch(output[-1:], seed_),
+                token=0 if shard.is_last else None,
+            ).signed(identity)
+            t2 = time.perf_counter()
+            forward_s.append(t1 - t0)
+            commit_s.append(t2 - t1)
+        history = LARGE_PROMPT + served_tokens - 1
+        replays = []
+        for _ in range(TIMING_REPEATS):
+            t0 = time.perf_counter()
+            shard.forward(inputs[:history], np.arange(history, dtype=np.int64), shard.new_cache())
+            replays.append(time.perf_counter() - t0)
+        served = prefill + sum(forward_s[: served_tokens - 1])
+        served_s += served
+        replay_s += statistics.median(replays)
+        forward_med = statistics.median(forward_s)
+        commit_med = statistics.median(commit_s)
+        hops.append(
+            {
+                "layers": list(span),
+                "decode_forward_ms_median": round(forward_med * 1e3, 3),
+                "commitment_ms_median": round(commit_med * 1e3, 4),
+                "commitment_fraction_median": round(commit_med / forward_med, 5),
+                "commitment_fraction_mean": round(sum(commit_s) / sum(forward_s), 5),
+                "request_served_ms": round(served * 1e3, 2),
+                "replay_prefill_ms": round(statistics.median(replays) * 1e3, 2),
+            }
+        )
+        say(f"  wide model hop {span}: {json.dumps(hops[-1])}")
+        del shard
+    return {
+        "model": {
+            "layers": counts.sketch_layers,
+            "hidden": counts.sketch_hidden,
+            "intermediate": counts.sketch_intermediate,
+            "recipe": "fp32",
+            "backend": BACKEND,
+        },
+        "decode_steps_per_hop": steps,
+        "hops": hops,
+        "sketch_cost_fraction": max(h["commitment_fraction_median"] for h in hops),
+        "request": {"prompt": LARGE_PROMPT, "tokens": served_tokens},
+        "replay_over_served": round(replay_s / served_s, 5),
+        "wall_s": round(time.perf_counter() - began, 1),
+    }
+
+
+# --- the run -----------------------------------------------------------------------
+
+
+def _load(model_dir: Path, span: tuple[int, int], recipe: str) -> ShardBackend:
+    shard = load_shard(ShardSpec(model_dir, span[0], span[1], recipe), BACKEND)
+    inputs = np.zeros(1, np.int64) if shard.is_first else np.zeros((1, shard.hidden_size), "f4")
+    shard.forward(inputs, np.zeros(1, np.int64), shard.new_cache())  # warm-up
+    return shard
+
+
+async def swarm_runs(
+    model_dir: Path, counts: Counts, seed: int
+) -> tuple[LiarRun, LiarRun, dict[str, list[Served]]]:
+    shards = {r: [_load(model_dir, span, r) for span in SPANS] for r in RECIPES}
+    async with trio.open_nursery() as nursery:
+        entry = await start_node(nursery)
+        say(f"liar, always: {counts.always_requests} checked requests ...")
+        always = await liar_run(entry, shards["fp32"], 1.0, counts.always_requests, seed)
+        say(f"liar, 1% of forwards: {counts.one_percent_requests} checked requests ...")
+        one = await liar_run(
+            entry, shards["fp32"], ONE_PERCENT, counts.one_percent_requests, seed + 1
+        )
+        honest: dict[str, list[Served]] = {}
+        for i, recipe in enumerate(RECIPES):
+            share = counts.honest_requests // len(RECIPES)
+            share += i < counts.honest_requests % len(RECIPES)
+            say(f"honest, {recipe}: {share} requests, every one checked ...")
+            honest[recipe] = await honest_run(entry, shards[recipe], recipe, share, seed)
+        nursery.cancel_scope.cancel()
+    return always, one, honest
+
+
+def _honest_json(runs: Sequence[Served], fraction: float) -> dict[str, Any]:
+    served_us = sum(r.served_us for r in runs)
+    replay_us = sum(r.replay_us for r in runs)
+    served_wall = sum(r.served_wall_s for r in runs)
+    check_wall = sum(r.check_wall_s for r in runs)
+    kinds: Counter[str] = Counter()
+    for r in runs:
+        kinds.update(r.divergences)
+    return {
+        "requests": len(runs),
+        "checked": len(runs),
+        "tokens_per_request": HONEST_TOKENS,
+        "divergences": sum(kinds.values()),
+        "divergence_kinds": dict(kinds),
+        "served_compute_s": round(served_us / 1e6, 3),
+        "replay_compute_s": round(replay_us / 1e6, 3),
+        "replay_over_served_compute": round(replay_us / served_us, 5) if served_us else None,
+        "served_wall_s": round(served_wall, 2),
+        "check_wall_s": round(check_wall, 2),
+        "replay_over_served_wall": round(check_wall / served_wall, 5) if served_wall else None,
+        "overhead_fraction": round(fraction * replay_us / served_us, 5) if served_us else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--quick", action="store_true", help="small counts (the test's mode)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args(argv)
+    result = run(QUICK if args.quick else FULL, args.seed, quick=args.quick)
+    if not args.json:
+        say(json.dumps(result, indent=2))
+    print(json.dumps(result))
+    return 0
+
+
+def run(counts: Counts, seed: int, *, quick: bool = False) -> dict[str, Any]:
+    """Every measurement; the benchmark's JSON object."""
+    started = time.perf_counter()
+    fraction = PlacementSettings().verify_fraction
+    with tempfile.TemporaryDirectory(prefix="shardmesh-verify-") as tmp:
+        root = Path(tmp)
+        say(f"sketch cost: wide model, hidden {counts.sketch_hidden} ...")
+        wide = wide_model(root, counts, seed)
+        model_dir = make_tiny_model(root / MODEL, layers=LAYERS, name=MODEL)
+        t0 = time.perf_counter()
+        always, one, honest = trio.run(swarm_runs, model_dir, counts, seed)
+        swarm_wall = time.perf_counter() - t0
+    always_json = detection(always, fraction, counts.monte_carlo_trials, seed)
+    one_json = detection(one, fraction, counts.monte_carlo_trials, seed + 1)
+    every = [r for runs in honest.values() for r in runs]
+    honest_json = {recipe: _honest_json(runs, fraction) for recipe, runs in honest.items()}
+    overall = _honest_json(every, fraction)
+    false_quarantines = overall["divergences"]
+    overhead = overall["overhead_fraction"]
+    figures = {
+        "detect_requests_p99_always": always_json["p99_requests"],
+        "detect_requests_p99_one_percent": one_json["p99_requests"],
+        "false_quarantines": false_quarantines,
+        "verify_overhead_fraction": overhead,
+        "sketch_cost_fraction": wide["sketch_cost_fraction"],
+    }
+
+    def met(name: str) -> bool:
+        value = figures[name]
+        return value is not None and value <= TARGETS[name]
+
+    p_always = always_json["p_detect"]
+    p_one = one_json["p_detect"]
+    return {
+        "benchmark": "verify",
+        "mode": "quick" if quick else "full",
+        **figures,
+        "detect_requests_p99_always_monte_carlo": always_json["monte_carlo"]["p99"],
+        "detect_requests_p99_one_percent_monte_carlo": one_json["monte_carlo"]["p99"],
+        "p_detect_always": p_always,
+        "p_detect_one_percent": p_one,
+        "verify_fraction": fraction,
+        "honest_requests": len(every),
+        "verify_overhead_fraction_wide_model": round(fraction * wide["replay_over_served"], 5),
+        "targets": TARGETS,
+        "targets_met": {name: met(name) for name in TARGETS},
+        "anchors": {
+            "petals": {
+                "detect_requests_p99_always": None,
+                "detect_requests_p99_one_percent": None,
+                "verify_overhead_fraction": 0.0,
+                "note": "no verification: peers can modify outputs and nothing detects it "
+                "(detection never)",
+            },
+            "boinc_redundancy": {
+                "detect_requests_p99_always": p99_requests(p_always),
+                "detect_requests_p99_one_percent": p99_requests(p_one),
+                "verify_overhead_fraction": 1.0,
+                "note": "every work unit computed twice and compared: a lie is caught on the "
+                "first request it is in (fraction 1, the same per-request p_detect)",
+            },
+        },
+        "detection": {
+            "derivation": "each request is checked with probability f = verify_fraction, "
+            "independently; a checked request names the liar with probability p_detect "
+            "(measured); requests until detection N ~ Geometric(p = f * p_detect), so "
+            "P(N <= n) = 1 - (1 - p)^n and p99 = ceil(ln(0.01) / ln(1 - p)). monte_carlo "
+            "simulates that process, a checked request's outcome drawn from the measured ones. "
+            "Quarantine: one adjudication (a recomputation by the leader) after the detecting "
+            "check, no further request.",
+            "always": always_json,
+            "one_percent": one_json,
+        },
+        "honest": {"by_recipe": honest_json, "all": overall},
+        "overhead": {
+            "verify_fraction": fraction,
+            "swarm_tiny_model": {
+                k: overall[k]
+                for k in (
+                    "served_compute_s",
+                    "replay_compute_s",
+                    "replay_over_served_compute",
+                    "replay_over_served_wall",
+                )
+            },
+            "wide_model": {
+                "replay_over_served": wide["replay_over_served"],
+                "overhead_fraction": round(fraction * wide["replay_over_served"], 5),
+                "request": wide["request"],
+            },
+            "note": "compute by the hops' own clocks (ChainTiming compute_us for the served "
+            "request, HopStats.prefill_compute_s on the checking hops for the replay); the "
+            "wide model's is one shard at a time in this process (prefill of the prompt plus "
+            "decode steps, against one prefill of the history)",
+        },
+        "sketch": wide,
+        "swarm": {
+            "model": MODEL,
+            "layers": LAYERS,
+            "spans": [list(s) for s in SPANS],
+            "liar_hop": LIAR_HOP,
+            "noise": NOISE,
+            "recipes": list(RECIPES),
+            "backend": BACKEND,
+            "wall_s": round(swarm_wall, 1),
+        },
+        "seed": seed,
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

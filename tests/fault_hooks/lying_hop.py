@@ -1,0 +1,69 @@
+"""Fault: a hop that lies in what it serves, after its doctor admitted it honestly.
+
+``SHARDMESH_TEST_FAULT=lying_hop:<mode>`` patches the node's hop server, the
+code that serves chat steps: the doctor (which loads and probes the shard
+itself) and the capability re-checks see an honest shard, as they would on
+a node patched by someone who knows what the doctor tests. Modes, the
+issue's cases:
+
+* ``noise``: every step's output gets noise of half its own spread (a);
+* ``rare:<p>``: each step lies so with probability p, e.g. ``rare:0.01`` (b);
+* ``swap``: the last hop emits the next token id instead of the one it
+  sampled, and signs that (c);
+* ``late:<n>``: honest for its first n served steps, then ``noise`` (d).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from runtime.inference import hop_server
+
+NOISE = 0.5
+"""Relative to the output's own spread: garbage text, as in the issue."""
+
+
+class _LyingShard:
+    """The real shard, whose forward lies on the steps ``lies`` picks."""
+
+    def __init__(self, shard: Any, lies: Any) -> None:
+        self._shard = shard
+        self._lies = lies
+        self._served = 0
+        self._rng = np.random.default_rng(7)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._shard, name)
+
+    def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
+        output = self._shard.forward(inputs, positions, cache)
+        served, self._served = self._served, self._served + 1
+        if not self._lies(served, self._rng):
+            return output
+        noise = self._rng.standard_normal(output.shape).astype(np.float32)
+        return output + NOISE * float(output.std()) * noise
+
+
+def install(argument: str) -> None:
+    mode, _, value = argument.partition(":")
+    if mode == "swap":
+        honest_sample = hop_server.sample
+
+        def swapped(logits: np.ndarray, params: Any, *, seed: int, step: int) -> int:
+            return (honest_sample(logits, params, seed=seed, step=step) + 1) % logits.shape[0]
+
+        hop_server.sample = swapped
+        return
+    lies = {
+        "noise": lambda served, rng: True,
+        "rare": lambda served, rng: rng.random() < float(value),
+        "late": lambda served, rng: served >= int(value),
+    }[mode]
+    honest_init = hop_server.HopServer.__init__
+
+    def lying_init(self: Any, plane: Any, shard: Any, **kwargs: Any) -> None:
+        honest_init(self, plane, _LyingShard(shard, lies), **kwargs)
+
+    hop_server.HopServer.__init__ = lying_init  # type: ignore[method-assign]
