@@ -25,6 +25,7 @@ import trio
 from runtime.inference.chain import Hop, Pipeline, replay
 from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.hop_server import HopServer
+from runtime.inference.protocol import encode_message
 from runtime.inference.transcript import Transcript, find_divergence, judge_step, rows_agree
 from runtime.model.backends.base import ShardBackend
 from runtime.model.sampling import SamplingParams, sample
@@ -299,3 +300,50 @@ def test_greedy_token_margin_is_zero_for_the_argmax() -> None:
     for step in range(20):
         drawn = sample(logits, SAMPLED, seed=3, step=step)
         assert token_margin(logits, SAMPLED, drawn, seed=3, step=step) == 0
+
+
+class FloodingHop(HopServer):
+    """A middle hop that also sends commitments no step of the session
+    made: far beyond its budget, with sketches of the wrong shape, and
+    with garbage for a signature field. The entry must file none of them
+    and lose nothing."""
+
+    def _push(self, session: Any, work: Any, result: Any) -> None:
+        super()._push(session, work, result)
+        rows = np.zeros((2, SKETCH_DIMS), np.float32)
+        base = {"op": "commit", "session": session.id, "pos": 0, "count": 1, "in_rows": 1}
+        bogus = [
+            ({**base, "step": 10**6, "in_digest": b"", "sig": b"x" * 64}, rows),
+            ({**base, "step": 0, "in_digest": b"", "sig": b"x" * 64}, np.zeros((2, 3), "f4")),
+            ({**base, "step": 0, "in_digest": b"", "sig": "text"}, rows),
+        ]
+        for header, payload in bogus:
+            self.plane.send(session.reply, encode_message(header, payload), peer=session.entry)
+
+
+async def test_bogus_commitments_are_counted_and_never_filed(
+    shards: dict[tuple[int, int], ShardBackend],
+) -> None:
+    async with trio.open_nursery() as nursery:
+        entry = await start_node(nursery, "entry")
+        hops = [
+            await start_node(
+                nursery, f"hop{i}", shards[s], hop_class=FloodingHop if i == 1 else None
+            )
+            for i, s in enumerate(SPANS)
+        ]
+        chain = [node.as_hop() for node in hops]
+        transcript = await _generate(entry.engine.pipeline, chain, GREEDY)
+        assert len(transcript.tokens) == GREEDY.max_tokens
+        steps = len(transcript.steps())
+        assert len(transcript.commitments) == len(chain) * steps
+        assert all(c.verified() for c in transcript.commitments.values())
+        with trio.fail_after(5):
+            while (
+                entry.drops["engine.bad_commitment"] + entry.drops["engine.bad_field"] < 3 * steps
+            ):
+                await trio.sleep(0.01)
+        assert entry.drops["engine.bad_commitment"] == 2 * steps
+        assert entry.drops["engine.bad_field"] == steps
+        assert transcript.refused == 0
+        nursery.cancel_scope.cancel()

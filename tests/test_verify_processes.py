@@ -15,14 +15,20 @@ replicas are never quarantined, and the evidence is in the status.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import httpx
+import numpy as np
 import pytest
 
+from mesh.identity import Identity
 from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
+from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest
+from runtime.model.sampling import SamplingParams
 from runtime.model.tiny import make_tiny_model
+from runtime.node.spot_check import EVIDENCE_PATH, Evidence
 from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, wait_for
 
 MODEL = "tiny"
@@ -117,3 +123,71 @@ async def test_each_kind_of_liar_is_quarantined_and_routed_around(
     verify = status["verify"]
     assert verify["verdicts"].get("guilty", 0) == len(LIARS), verify
     assert not verify["verdicts"].get("false_report"), verify
+
+
+async def test_evidence_is_taken_only_well_formed_from_its_reporter(swarm: LocalSwarm) -> None:
+    """`POST /v1/network/evidence`: unsigned, malformed, forged or someone
+    else's evidence is refused with a reason; well-formed evidence is queued
+    for the leader's recomputation, which, with no other node serving the
+    accused's span, reaches no verdict (and says so) rather than guessing."""
+    leader, member = swarm.new_node("leader"), swarm.new_node("member")
+    await swarm.start_ready(leader)
+    await swarm.start_ready(member, [leader.seed])
+    hop = Identity.generate()
+    commitment = Commitment(
+        hop=hop.node_id,
+        entry=bytes.fromhex(member.node_id),
+        session="ab" * 16,
+        model=MODEL,
+        layers=(0, 4),
+        sketch_seed=1,
+        step=0,
+        pos=0,
+        count=2,
+        inputs_digest=ids_digest(np.array([5, 6])),
+        inputs=np.zeros((0, SKETCH_DIMS), np.float32),
+        outputs=np.ones((1, SKETCH_DIMS), np.float32),
+        token=7,
+    ).signed(hop)
+    evidence = Evidence(
+        reporter=bytes.fromhex(member.node_id),
+        kind="output",
+        hop_index=0,
+        model=MODEL,
+        prompt=(5, 6),
+        tokens=(7,),
+        sampling=SamplingParams(temperature=0.0),
+        seed=0,
+        layers=((0, 4),),
+        commitment=commitment,
+    )
+    good = json.dumps(evidence.to_json()).encode()
+    forged_body = evidence.to_json()
+    forged_body["commitment"]["token"] = 8  # no longer what the hop signed
+    forged = json.dumps(forged_body).encode()
+    url = leader.api + EVIDENCE_PATH
+
+    async def post(body: bytes, signer: LocalNode | None) -> httpx.Response:
+        headers = {"content-type": "application/json"}
+        if signer is not None:
+            headers = signer.signed_headers(EVIDENCE_PATH, body)
+        async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
+            return await client.post(url, content=body, headers=headers)
+
+    assert (await post(good, None)).status_code == 403  # no signature
+    malformed = await post(b'{"kind": "output"}', member)
+    assert malformed.status_code == 400 and "malformed evidence" in malformed.text
+    refused = await post(forged, member)
+    assert refused.status_code == 400 and "signature" in refused.text
+    assert (await post(good, leader)).status_code == 403  # not the reporter
+    queued = await post(good, member)
+    assert queued.status_code == 202, queued.text
+    assert queued.json()["digest"] == evidence.digest().hex()
+
+    def judged(views: Views) -> bool:
+        verdicts = (views.get(leader.name) or {}).get("verify", {}).get("verdicts", {})
+        return verdicts.get("no_independent_chain", 0) >= 1
+
+    await wait_for(swarm, [leader], judged, QUARANTINE_WAIT_S, "the evidence judged")
+    status = await swarm.status(leader)
+    assert status is not None and status["quarantined"] == []

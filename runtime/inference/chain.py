@@ -251,6 +251,7 @@ class _Filing:
     model: str
     layers: tuple[int, int]
     sketch_seed: int
+    budget: int  # positions the session may use: no step or position lies beyond
 
 
 class _StepFailed(Exception):
@@ -289,9 +290,8 @@ class _Attempt:
         self.sketch_seeds = list(sketch_seeds or [secrets.randbelow(SEED_MODULUS) for _ in chain])
         transcript.restart([h.node for h in chain], [h.layers for h in chain], self.sketch_seeds)
         for index, (session, hop) in enumerate(zip(self.sessions, chain, strict=True)):
-            filing = _Filing(
-                transcript, index, hop.node, model, hop.layers, self.sketch_seeds[index]
-            )
+            seed_of_hop = self.sketch_seeds[index]
+            filing = _Filing(transcript, index, hop.node, model, hop.layers, seed_of_hop, budget)
             pipeline.file_commitments(session, filing)
         self.node_of = {s: hop.node_id for s, hop in zip(self.sessions, chain, strict=True)}
         self.nodes = frozenset(hop.node_id for hop in chain)
@@ -638,8 +638,13 @@ def _commitment(
         raise BadMessage(R_BAD_FIELD, "sig must be bytes")
     if dtype != "float32" or len(shape) != 2 or shape[1] != SKETCH_DIMS:
         raise BadMessage(R_BAD_COMMITMENT, f"sketches must be float32 [n, {SKETCH_DIMS}]")
-    if count < 1 or in_rows not in (0, count) or shape[0] <= in_rows:
+    step, pos = uint_field(header, "step"), uint_field(header, "pos")
+    if count < 1 or in_rows not in (0, count) or shape[0] <= in_rows or shape[0] > 2 * count:
         raise BadMessage(R_BAD_COMMITMENT, "sketch rows do not match the step")
+    if step >= filing.budget or pos + count > filing.budget:
+        # A transcript holds one commitment per hop and step of a budget:
+        # steps beyond it would let a hop grow the entry's memory at will.
+        raise BadMessage(R_BAD_COMMITMENT, "step or positions beyond the session's budget")
     rows = np.frombuffer(raw, dtype=np.float32).reshape(shape)
     token = header.get("token")
     return Commitment(
@@ -649,8 +654,8 @@ def _commitment(
         model=filing.model,
         layers=filing.layers,
         sketch_seed=filing.sketch_seed,
-        step=uint_field(header, "step"),
-        pos=uint_field(header, "pos"),
+        step=step,
+        pos=pos,
         count=count,
         inputs_digest=digest,
         inputs=rows[:in_rows],
