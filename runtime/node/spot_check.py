@@ -16,9 +16,10 @@ The first position where a commitment disagrees names a suspect
 suspect at once, for ``DISTRUST_S``, and when the suspect signed the
 disagreeing commitment and the check was independent, sends the
 :class:`Evidence` to the leader (``POST /v1/network/evidence``). A span no
-other node serves is replayed on its own node: that catches a hop whose
-lies are not repeatable (noise), but it is not independent, so it is only
-acted on locally (``unchecked``).
+other node serves is replayed on its own node when other spans can be
+checked (a divergence there is acted on locally only: it is not
+independent); a request none of whose spans another node serves goes
+unchecked (counted as ``unchecked``).
 
 **Leader** (:class:`Adjudicator`). Evidence is judged by one more
 recomputation, on a chain that avoids both the accused and the reporter,
@@ -427,6 +428,11 @@ class SpotChecker:
             checking = _checking_chain(self._swarm, variant, layers, avoid, frozenset())
         if checking is None or variant is None:
             self.counters["no_checking_chain"] += 1
+            return None
+        if not any(checking.independent):
+            # Only the same nodes again: a replay would cost them a prefill
+            # and prove nothing a third party could check.
+            self.counters["unchecked"] += 1
             return None
         seeds = transcript.sketch_seeds
         try:
