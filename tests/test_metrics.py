@@ -75,6 +75,10 @@ def status(**overrides: Any) -> dict[str, Any]:
             },
         },
         "admission": {"state": "admitted"},
+        "verify": {
+            "checks": {"checked": 3, "clean": 2, "reported": 1, "distrusted": ["ab" * 32]},
+            "verdicts": {"guilty": 1, "false_report": 0},
+        },
     }
     return base | overrides
 
@@ -105,6 +109,9 @@ def test_every_figure_parses_back_as_the_status_says() -> None:
     assert got[("shardmesh_admission_state", (("state", "failed"),))] == 0
     assert got[("shardmesh_chat_requests_total", (("outcome", "rate_limited"),))] == 2
     assert got[("shardmesh_chat_requests_total", (("outcome", "swarm_lost"),))] == 0
+    assert got[("shardmesh_spot_checks_total", (("result", "reported"),))] == 1
+    assert ("shardmesh_spot_checks_total", (("result", "distrusted"),)) not in got  # a list
+    assert got[("shardmesh_verdicts_total", (("outcome", "guilty"),))] == 1
 
 
 def test_latency_histograms_parse_back_cumulative_with_sum_and_count() -> None:

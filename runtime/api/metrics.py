@@ -176,6 +176,22 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
     ):
         if key in chat:
             out.histogram(name, help_text, [({}, chat[key])])
+    verify = status.get("verify") or {}
+    checks = {k: v for k, v in (verify.get("checks") or {}).items() if isinstance(v, int)}
+    out.family(
+        "spot_checks",
+        "counter",
+        "This entry's spot checks of finished requests, by what came of them "
+        "(checked, clean, skipped, unchecked, reported, divergence.output, ...).",
+        [({"result": result}, count) for result, count in sorted(checks.items())],
+    )
+    out.family(
+        "verdicts",
+        "counter",
+        "Evidence this node judged as the leader, by outcome "
+        "(guilty, false_report, undecided, no_independent_chain, ...).",
+        [({"outcome": k}, v) for k, v in sorted((verify.get("verdicts") or {}).items())],
+    )
     hop = status.get("hop")
     if hop is not None:
         for name, field, help_text in (
