@@ -50,6 +50,19 @@ async def start_swarm(swarm: LocalSwarm, n: int, *, eligible: bool = True) -> li
     return nodes
 
 
+def serving(observer: LocalNode, model: str, nodes: Sequence[LocalNode]) -> Callable[[Views], bool]:
+    """A wait_for check: `observer` routes over a complete `model` with
+    every one of `nodes` in its coverage."""
+
+    def check(views: Views) -> bool:
+        coverage = (views.get(observer.name) or {}).get("coverage", {}).get(model)
+        if coverage is None or coverage["gaps"]:
+            return False
+        return {node.node_id for node in nodes} <= {n["node_id"] for n in coverage["nodes"]}
+
+    return check
+
+
 async def assert_no_internal_errors(swarm: LocalSwarm, nodes: Sequence[LocalNode]) -> None:
     for name, view in (await swarm.views(nodes)).items():
         assert view is not None, f"{name} stopped answering"

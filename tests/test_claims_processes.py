@@ -12,14 +12,13 @@ that gets it observed, and the honest replica the rest.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
+from runtime.cli.localswarm import LocalSwarm
 from runtime.model.tiny import make_tiny_model
-from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, wait_for
+from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, serving, wait_for
 
 MODEL = "tiny"
 LIAR_CLAIM = 5.4e11
@@ -34,19 +33,6 @@ cap its claim by); from then on it is caught overclaiming."""
 REQUEST_TIMEOUT_S = 30.0
 
 
-def both_serving(entry: LocalNode, replicas: list[LocalNode]) -> Any:
-    """The entry routes over a complete model with both replicas in it."""
-
-    def check(views: Views) -> bool:
-        coverage = (views.get(entry.name) or {}).get("coverage", {}).get(MODEL)
-        if coverage is None or coverage["gaps"]:
-            return False
-        serving = {node["node_id"] for node in coverage["nodes"]}
-        return {node.node_id for node in replicas} <= serving
-
-    return check
-
-
 @pytest.mark.slow
 async def test_a_node_claiming_absurd_throughput_does_not_attract_the_traffic(
     swarm: LocalSwarm, tmp_path: Path
@@ -59,7 +45,7 @@ async def test_a_node_claiming_absurd_throughput_does_not_attract_the_traffic(
     await swarm.start_ready(entry, timeout=START_TIMEOUT_S)
     await swarm.start_many([honest, liar], [entry.seed], timeout=START_TIMEOUT_S)
     await wait_for(
-        swarm, [entry], both_serving(entry, [honest, liar]), ADMIT_TIMEOUT_S, "both replicas"
+        swarm, [entry], serving(entry, MODEL, [honest, liar]), ADMIT_TIMEOUT_S, "both replicas"
     )
 
     status = await swarm.status(entry)

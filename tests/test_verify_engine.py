@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import trio
 
+from mesh.identity import Identity
 from runtime.inference.chain import Hop, Pipeline, replay
 from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.hop_server import HopServer
@@ -251,33 +252,44 @@ def test_sketches_detect_noise_and_pass_rounding() -> None:
     assert not np.allclose(sketch(hidden, 43), base)  # another seed, other directions
 
 
-def test_a_commitment_binds_every_field_it_signs() -> None:
-    from mesh.identity import Identity
-
-    hop, entry = Identity.generate(), Identity.generate()
-    rows = np.ones((2, SKETCH_DIMS), np.float32)
-    commitment = Commitment(
+def signed_commitment(
+    hop: Identity,
+    entry: bytes,
+    *,
+    layers: tuple[int, int],
+    ids: Sequence[int],
+    token: int | None,
+    model: str = MODEL,
+) -> Commitment:
+    """A first hop's commitment to ``ids`` made up by a test and signed by
+    ``hop``: well formed, but no shard computed it."""
+    return Commitment(
         hop=hop.node_id,
-        entry=entry.node_id,
+        entry=entry,
         session="ab" * 16,
-        model=MODEL,
-        layers=(0, 3),
+        model=model,
+        layers=layers,
         sketch_seed=5,
         step=0,
         pos=0,
-        count=2,
-        inputs_digest=ids_digest(np.array([1, 2])),
+        count=len(ids),
+        inputs_digest=ids_digest(np.array(ids)),
         inputs=np.zeros((0, SKETCH_DIMS), np.float32),
-        outputs=rows,
-        token=None,
+        outputs=np.ones((1 if token is not None else len(ids), SKETCH_DIMS), np.float32),
+        token=token,
     ).signed(hop)
+
+
+def test_a_commitment_binds_every_field_it_signs() -> None:
+    hop, entry = Identity.generate(), Identity.generate()
+    commitment = signed_commitment(hop, entry.node_id, layers=(0, 3), ids=[1, 2], token=None)
     assert commitment.verified()
     assert Commitment.from_json(commitment.to_json()).verified()
     for field, value in [
         ("entry", hop.node_id),
         ("step", 1),
         ("layers", (0, 4)),
-        ("outputs", rows * 2),
+        ("outputs", commitment.outputs * 2),
         ("inputs_digest", ids_digest(np.array([1, 3]))),
     ]:
         assert not Commitment(**{**_fields(commitment), field: value}).verified(), field

@@ -20,16 +20,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import numpy as np
 import pytest
 
 from mesh.identity import Identity
 from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
-from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest
 from runtime.model.sampling import SamplingParams
 from runtime.model.tiny import make_tiny_model
 from runtime.node.spot_check import EVIDENCE_PATH, Evidence
-from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, wait_for
+from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, serving, wait_for
+from tests.test_verify_engine import signed_commitment
 
 MODEL = "tiny"
 MAX_TOKENS = 16
@@ -43,16 +42,6 @@ one time in six; the late one first serves 40 honest steps."""
 QUARANTINE_WAIT_S = 20.0
 """From the last request to the verdict: two replays at the entry, two at
 the leader, one commit, on a loaded 2-core machine."""
-
-
-def serving(entry: LocalNode, nodes: list[LocalNode]) -> Any:
-    def check(views: Views) -> bool:
-        coverage = (views.get(entry.name) or {}).get("coverage", {}).get(MODEL)
-        if coverage is None or coverage["gaps"]:
-            return False
-        return {node.node_id for node in nodes} <= {n["node_id"] for n in coverage["nodes"]}
-
-    return check
 
 
 def quarantined(entry: LocalNode, node: LocalNode) -> Any:
@@ -85,7 +74,7 @@ async def test_each_kind_of_liar_is_quarantined_and_routed_around(
     honest = [swarm.new_node(f"honest{i}", args=serve) for i in range(2)]
     await swarm.start_ready(entry, timeout=START_TIMEOUT_S)
     await swarm.start_many(honest, [entry.seed], timeout=START_TIMEOUT_S)
-    await wait_for(swarm, [entry], serving(entry, honest), ADMIT_TIMEOUT_S, "two replicas")
+    await wait_for(swarm, [entry], serving(entry, MODEL, honest), ADMIT_TIMEOUT_S, "two replicas")
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
         reply = await client.post(
             entry.api + "/v1/network/policy",
@@ -98,7 +87,7 @@ async def test_each_kind_of_liar_is_quarantined_and_routed_around(
             name = "liar-" + mode.split(":")[0]
             liar = swarm.new_node(name, args=serve, env=fault_env("lying_hop", mode))
             await swarm.start_ready(liar, [entry.seed], timeout=START_TIMEOUT_S)
-            await wait_for(swarm, [entry], serving(entry, [liar]), ADMIT_TIMEOUT_S, name)
+            await wait_for(swarm, [entry], serving(entry, MODEL, [liar]), ADMIT_TIMEOUT_S, name)
             for _ in range(allowed):
                 await _chat(client, entry, requests)
                 requests += 1
@@ -134,21 +123,8 @@ async def test_evidence_is_taken_only_well_formed_from_its_reporter(swarm: Local
     await swarm.start_ready(leader)
     await swarm.start_ready(member, [leader.seed])
     hop = Identity.generate()
-    commitment = Commitment(
-        hop=hop.node_id,
-        entry=bytes.fromhex(member.node_id),
-        session="ab" * 16,
-        model=MODEL,
-        layers=(0, 4),
-        sketch_seed=1,
-        step=0,
-        pos=0,
-        count=2,
-        inputs_digest=ids_digest(np.array([5, 6])),
-        inputs=np.zeros((0, SKETCH_DIMS), np.float32),
-        outputs=np.ones((1, SKETCH_DIMS), np.float32),
-        token=7,
-    ).signed(hop)
+    member_id = bytes.fromhex(member.node_id)
+    commitment = signed_commitment(hop, member_id, layers=(0, 4), ids=[5, 6], token=7, model=MODEL)
     evidence = Evidence(
         reporter=bytes.fromhex(member.node_id),
         kind="output",

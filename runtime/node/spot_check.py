@@ -435,14 +435,29 @@ class SpotChecker:
             self.counters["unchecked"] += 1
             return None
         seeds = transcript.sketch_seeds
-        try:
-            result = await replay(self._pipeline, checking.chain, transcript, sketch_seeds=seeds)
-        except PipelineError as exc:
-            self.counters["replay_failed"] += 1
-            log.info("spot check replay failed: %s", exc)
+        result = await _replay(self._pipeline, checking.chain, transcript, seeds, self.counters)
+        if result is None:
             return None
         recipes = [*checking.recipes, *_recipes(variant, transcript.chain_nodes)]
         return find_divergence(transcript, result, tolerance(recipes)), checking, result
+
+
+async def _replay(
+    pipeline: Pipeline,
+    chain: list[Hop],
+    transcript: Transcript,
+    seeds: Sequence[int],
+    counters: Counter[str],
+) -> Replay | None:
+    """:func:`runtime.inference.chain.replay`, or None (counted as
+    ``replay_failed``) when the checking chain fails: a check that cannot
+    run accuses nobody."""
+    try:
+        return await replay(pipeline, chain, transcript, sketch_seeds=seeds)
+    except PipelineError as exc:
+        counters["replay_failed"] += 1
+        log.info("replay for a check failed: %s", exc)
+        return None
 
 
 def _expected(transcript: Transcript) -> int:
@@ -539,11 +554,8 @@ class Adjudicator:
         seeds = [secrets.randbelow(SEED_MODULUS) for _ in checking.chain]
         seeds[evidence.hop_index] = evidence.commitment.sketch_seed
         transcript = evidence.transcript(checking.chain)
-        try:
-            result = await replay(self._pipeline, checking.chain, transcript, sketch_seeds=seeds)
-        except PipelineError as exc:
-            self.counters["replay_failed"] += 1
-            log.info("adjudication replay failed: %s", exc)
+        result = await _replay(self._pipeline, checking.chain, transcript, seeds, self.counters)
+        if result is None:
             return None
         accused_recipe = _recipes(variant, [evidence.accused]) or checking.recipes
         limit = tolerance([*checking.recipes, *accused_recipe])
