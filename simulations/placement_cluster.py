@@ -22,15 +22,40 @@ What is modelled, so that a run over minutes of demand costs seconds:
   `DOCTOR_S`; a worker built with `fails_doctor` fails it, as a node with a
   corrupt copy would.
 * **Demand**: chat requests arrive per model as a Poisson process at the
-  configured rate. A request is served when the admitted shards of live
-  workers cover every layer; either way it counts as demand, flushed to the
-  leader every `DEMAND_FLUSH_S` as the entry nodes' batching does.
+  configured rate, each at one of `ENTRIES` entry nodes (members that serve
+  no shard; each has its own latency to every worker, so entries route
+  differently, as a real swarm's do). A request is served when the entry
+  finds a route (`mesh.routes.find_route`) over the coverage map
+  (`mesh.coverage.build_coverage`: admitted shards of live workers, less
+  the nodes the ledger holds quarantined); either way it counts as demand,
+  flushed to the leader every `DEMAND_FLUSH_S` as the entry nodes'
+  batching does.
+* **Liars and spot checks** (`runtime.node.spot_check`, issue 18): a served
+  request takes `STEPS_PER_REQUEST` decode steps of the route's estimated
+  step time, and is *correct* unless some hop lies on some step: a worker
+  built with `Lies` lies on each step from `from_s` on with probability
+  `rate`. The entry checks a finished request with the policy's
+  `verify_fraction`, by a replay of `REPLAY_S`, modelled as honest; the
+  first lie (earliest step, then earliest hop) names the accused, as the
+  first diverging commitment does. The check is independent evidence only
+  when another node serves the accused's exact span; otherwise the request
+  is `unchecked`. Evidence makes the entry avoid the accused for
+  `DISTRUST_S` at once and reaches the leader, which judges it by one more
+  replay (`REPLAY_S`, on a node other than the accused) and commits a guilty
+  `consensus.ledger.Verdict` through Raft. From its commit the ledger holds
+  the node quarantined: coverage leaves it out of every route and the
+  policy releases its managed shard. Entries read the most advanced
+  replica's ledger at once (the leader's notice and the pull that follows
+  take about a gossip spread, not modelled here); the runtime's bounds on
+  pending checks and verdicts are not modelled either. Entries are honest:
+  false reports are not modelled.
 
 Invariants, checked as it runs (`violations`) and by `check`: Raft's own
 (one leader per term, agreeing committed logs); every replica's ledger
 equal at equal applied index; a pinned shard, once recorded, never changes;
 every managed assignment a leader proposes goes to a worker its view holds
-alive, spare and holding the model. (A leader cut off from a quorum keeps
+alive, spare and holding the model; no request is routed through a node
+the ledger holds quarantined. (A leader cut off from a quorum keeps
 its role until CheckQuorum steps it down, as in the node; what it proposes
 meanwhile never commits, which the agreeing ledgers show.) Same seed, same
 run: `trace_digest` covers Raft's trace and this module's events.
@@ -40,12 +65,20 @@ from __future__ import annotations
 
 import hashlib
 import math
+import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from consensus.ledger import Assign, PlacementLedger, RecordDemand, Release, encode_command
+from consensus.ledger import (
+    Assign,
+    PlacementLedger,
+    RecordDemand,
+    Release,
+    Verdict,
+    encode_command,
+)
 from consensus.log import Entry, EntryKind
 from consensus.placement import (
     Announced,
@@ -59,8 +92,19 @@ from consensus.placement import (
     upkeep,
 )
 from consensus.settings import PlacementSettings
+from mesh.coverage import CoverageMap, ModelCoverage, build_coverage
 from mesh.fields import one_of
-from mesh.records import RECIPES, TIERS, Assignment
+from mesh.member_table import MemberState
+from mesh.records import (
+    RECIPES,
+    TIERS,
+    Addresses,
+    Assignment,
+    BackendKind,
+    CapabilityReport,
+    NodeRecord,
+)
+from mesh.routes import Hop, Route, RouteInputs, find_route
 from simulations.network import NetworkConfig
 from simulations.raft_cluster import Proposal, RaftCluster
 from simulations.seeds import component_rng
@@ -85,11 +129,75 @@ LOAD_BYTES_PER_S: Final[Mapping[str, float]] = {
 """Shard load speed per hardware class, the cost model's one knob per class."""
 DETECT_S: Final = 10.0
 """Crash to "dead" at the leader: the LAN profile's median at 1,000 nodes."""
+DECODE_LAYERS_PER_S: Final[Mapping[str, float]] = {
+    "gpu": 32 * 40.0,  # a 7-8B model's 32 layers at ~40 tokens/s on a consumer GPU
+    "mac": 32 * 20.0,  # ~20 tokens/s on Apple silicon
+    "cpu": 32 * 4.0,  # ~4 tokens/s on a volunteer's CPU
+}
+"""Decode steps times layers per second, per hardware class: a doctor's
+claim for a span is this over its layer count (`decode_tokens_per_s`),
+which routes price a hop by."""
+ENTRIES: Final = 16
+"""Entry nodes the requests arrive at, uniformly. Routes tie-break to the
+smallest node ids, so entries that agreed on every latency would all use
+one chain; their own latencies (`ENTRY_LATENCY_S`) spread the traffic over
+the replicas as clients spread over a real swarm. Sixteen make a worker
+that no entry routes through rare: (1 - 1/replicas)**16, 1% at 4 replicas."""
+ENTRY_LATENCY_S: Final = (0.005, 0.08)
+"""One-way latency from an entry to a worker, uniform in this range per
+(entry, worker): a volunteer swarm across a continent, next door to 80 ms."""
+STEPS_PER_REQUEST: Final = 32
+"""Decode steps of one simulated answer. Shorter than a typical chat answer
+(~200 tokens: `consensus.settings`); it sets how likely a hop lying on a
+fraction r of steps spoils an answer, 1 - (1 - r)**32: 27% at r = 1%."""
+REPLAY_S: Final = 1.0
+"""One replay of a finished request: a prefill of its history (prompt and
+`STEPS_PER_REQUEST` tokens) through a chain of volunteer nodes, WAN hops
+included. A prefill costs a few percent of the decode steps it replays
+(`consensus.settings.PlacementSettings.verify_fraction`), so a second
+covers it and the round trips. The entry's check takes one, the leader's
+judgement one more: a lie is quarantined about two replays and a Raft
+commit after the answer it spoiled ends."""
+DISTRUST_S: Final = 600.0
+"""How long an entry avoids a node its own check caught, before any verdict
+(runtime.node.spot_check.DISTRUST_S)."""
+BACKENDS: Final[Mapping[str, BackendKind]] = {"gpu": "torch", "mac": "mlx", "cpu": "torch"}
+"""The backend a hardware class's doctor reports."""
+REPORT_EXPIRES_AT: Final = sys.float_info.max
+"""A node refreshes its capability report before it expires
+(`runtime.node.admission`); the refresh is not simulated, so a simulated
+report never expires."""
+CHECK_OUTCOMES: Final = ("checked", "clean", "caught", "unchecked", "chain_gone", "not_judged")
+"""What became of the spot checks, counted in the metrics: `checked`, the
+finished requests an entry picked (a `verify_fraction` of those served);
+of these, `clean` (no hop lied), `caught` (a lie, replayed on another node
+of the liar's span: evidence for the leader), `unchecked` (a lie, but no
+other node serves the liar's span, so no independent replay), `chain_gone`
+(a hop left coverage before the replay, as a quarantined liar does: the
+runtime finds no variant to replay in); and of the caught, `not_judged`
+(no leader, or none could propose, or no other node left to recompute on)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Lies:
+    """A worker that returns wrong outputs (a faulty card, a tampered build,
+    a cheat saving compute): on each decode step it runs from `from_s` on,
+    with probability `rate`."""
+
+    rate: float
+    from_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.rate <= 1:
+            raise ValueError(f"a liar's rate must be in (0, 1], not {self.rate!r}")
+        if not 0 <= self.from_s < math.inf:
+            raise ValueError(f"a liar's from_s must be a time >= 0, not {self.from_s!r}")
 
 
 @dataclass(frozen=True, slots=True)
 class WorkerSpec:
-    """A node that may serve: its memory, store, hardware, and operator pin."""
+    """A node that may serve: its memory, store, hardware, operator pin, and
+    whether it lies."""
 
     memory_gb: float
     models: tuple[str, ...] = ()
@@ -97,6 +205,7 @@ class WorkerSpec:
     """An operator pinned it to the whole of this model (`--model`)."""
     hardware: str = "gpu"
     fails_doctor: bool = False
+    lies: Lies | None = None
 
     def __post_init__(self) -> None:
         if self.hardware not in LOAD_BYTES_PER_S:
@@ -136,6 +245,43 @@ class _Leading:
     until: float = 0.0
 
 
+@dataclass
+class LiarStats:
+    """What one lying worker did: its first lie, the requests routed
+    through it, and the answers it spoiled."""
+
+    first_lie_at: float | None = None
+    routed: list[tuple[float, float]] = field(default_factory=list)
+    """When each request routed through it started and ended."""
+    wrong: int = 0
+
+
+@dataclass
+class _Entry:
+    """An entry node: its latency to each worker, and the nodes its own
+    checks caught, avoided until a time."""
+
+    node: bytes
+    latency_s: dict[bytes, float]
+    distrusted: dict[bytes, float] = field(default_factory=dict)
+
+    def inputs(self, now: float) -> RouteInputs:
+        avoid = frozenset(node for node, until in self.distrusted.items() if until > now)
+        return RouteInputs(self.node, latency_s=self.latency_s, avoid=avoid)
+
+
+@dataclass(frozen=True)
+class _Check:
+    """A finished request an entry replays: which, over what route, and
+    the hop of its first lie (None: a correct answer)."""
+
+    number: int
+    model: str
+    entry: _Entry
+    route: Route
+    lie: int | None
+
+
 class PlacementCluster:
     """`voters` Raft voters placing `models` on `workers` (see the module doc)."""
 
@@ -156,7 +302,7 @@ class PlacementCluster:
         self.detect_s = detect_s
         self.raft = RaftCluster(voters, seed, network=network, keep_trace=keep_trace)
         self.loop = self.raft.loop
-        self.policy = policy
+        self.policy = policy or PlacementSettings()
         self.ledgers = [PlacementLedger() for _ in range(voters)]
         self.histories = [PlacementHistory() for _ in range(voters)]
         self.raft.on_commit = self._apply
@@ -176,6 +322,24 @@ class PlacementCluster:
         self._counted_index = 0
         self._leading = [_Leading() for _ in range(voters)]
         self._rng = component_rng(seed, "placement", "workload")
+        self.answers: list[tuple[float, bool]] = []
+        """Every served request: (time, correct)."""
+        self.checks: Counter[str] = Counter()
+        """Spot checks by outcome (`CHECK_OUTCOMES`)."""
+        self.liars = {i: LiarStats() for i, w in enumerate(self.workers) if w.spec.lies is not None}
+        self.quarantined_at: dict[int, float] = {}
+        """Worker -> when the first guilty verdict against it committed."""
+        self._serving = component_rng(seed, "placement", "serving")
+        latencies = component_rng(seed, "placement", "entries")
+        self._entries = [
+            _Entry(
+                bytes([0xEE, *i.to_bytes(31, "big")]),
+                {w.node: latencies.uniform(*ENTRY_LATENCY_S) for w in self.workers},
+            )
+            for i in range(ENTRIES)
+        ]
+        self._digests = {name: hashlib.sha256(name.encode()).hexdigest() for name in self.models}
+        self._coverage: tuple[object, CoverageMap] | None = None
         self._trace = hashlib.sha256()
         self._lines: list[str] | None = [] if keep_trace else None
         for worker in self.workers:
@@ -274,8 +438,48 @@ class PlacementCluster:
                 }
                 for name, s in sorted(self.stats.items())
             },
+            "verification": self._verification(),
             "violations": len(self.violations),
             "trace_digest": self.trace_digest(),
+        }
+
+    def _verification(self) -> dict[str, object]:
+        """What the spot checks caught and what the clients got (see the
+        module doc and `CHECK_OUTCOMES`)."""
+        wrong = sum(not correct for _, correct in self.answers)
+        served = len(self.answers)
+        honest = [i for i in self.quarantined_at if self.workers[i].spec.lies is None]
+        return {
+            "served_correct_fraction": (served - wrong) / served if served else None,
+            "wrong_answers": wrong,
+            **{outcome: self.checks[outcome] for outcome in CHECK_OUTCOMES},
+            "false_quarantines": len(honest),
+            "liars": [self._liar_report(i, stats) for i, stats in sorted(self.liars.items())],
+        }
+
+    def _liar_report(self, index: int, stats: LiarStats) -> dict[str, object]:
+        """One liar's story. `detection_s` runs from its first lie to the
+        commit of its quarantine; `requests_until_quarantine` counts the
+        requests routed through it that were still running at its first lie
+        or started after it, before its quarantine (before the run's end,
+        when it was never quarantined). None: it never lied."""
+        lies = self.workers[index].spec.lies
+        assert lies is not None
+        until = self.quarantined_at.get(index)
+        first = stats.first_lie_at
+        served = None
+        if first is not None:
+            before = math.inf if until is None else until
+            served = sum(1 for start, end in stats.routed if end >= first and start < before)
+        return {
+            "worker": index,
+            "rate": lies.rate,
+            "from_s": lies.from_s,
+            "first_lie_at": stats.first_lie_at,
+            "quarantined_at": until,
+            "detection_s": _since(stats.first_lie_at, until),
+            "requests_until_quarantine": served,
+            "wrong_answers": stats.wrong,
         }
 
     # --- the leader's round (runtime.node.placement_driver._place) -------------------------
@@ -378,6 +582,8 @@ class PlacementCluster:
                 self.violations.append(f"pinned shard of {command.node.hex()[:8]} changed")
         elif isinstance(command, Release) and command.node in self._pinned_recorded:
             self.violations.append(f"pinned shard of {command.node.hex()[:8]} released")
+        elif isinstance(command, Verdict) and command.guilty:
+            self.quarantined_at.setdefault(self._index[command.accused], self.now)
 
     # --- workers ---------------------------------------------------------------------
 
@@ -410,24 +616,32 @@ class PlacementCluster:
             if worker.spec.pinned is not None:
                 continue
             held = ledger.assignment(worker.node)
-            wanted = None
-            if held is not None and held.tier != "operator":
-                # The ledger checked recipe and tier; one_of narrows their types.
-                wanted = Assignment(
-                    held.model,
-                    held.layers,
-                    one_of(held.recipe, "recipe", RECIPES),
-                    one_of(held.tier, "tier", TIERS),
-                    held.managed,
-                    held.epoch,
-                )
-            if wanted == worker.serving:
+            if held is None or held.tier == "operator":
+                if worker.serving is not None:
+                    worker.serving, worker.verdict = None, "none"
+                    self._note(f"unload {self._index[worker.node]}")
                 continue
-            if wanted is None:
-                worker.serving, worker.verdict = None, "none"
-                self._note(f"unload {self._index[worker.node]}")
-            else:
-                self._load(worker, wanted)
+            serving = worker.serving
+            shard = (held.model, held.layers, held.recipe, held.tier, held.managed, held.epoch)
+            if serving is not None and shard == (
+                serving.model,
+                serving.layers,
+                serving.recipe,
+                serving.tier,
+                serving.managed,
+                serving.epoch,
+            ):
+                continue  # field by field: an Assignment built every round cost a fifth of a run
+            # The ledger checked recipe and tier; one_of narrows their types.
+            wanted = Assignment(
+                held.model,
+                held.layers,
+                one_of(held.recipe, "recipe", RECIPES),
+                one_of(held.tier, "tier", TIERS),
+                held.managed,
+                held.epoch,
+            )
+            self._load(worker, wanted)
 
     def _crash(self, index: int) -> None:
         worker = self.workers[index]
@@ -450,27 +664,151 @@ class PlacementCluster:
         if stats.first_request_at is None:
             stats.first_request_at = self.now
         self._demand[model] += 1
-        served = self.servable(model)
-        self.requests.append((self.now, model, served))
-        if served:
+        entry = self._entries[self._serving.randrange(ENTRIES)]
+        route = self._route(model, entry.inputs(self.now))
+        self.requests.append((self.now, model, route is not None))
+        if route is not None:
             stats.served += 1
             if stats.first_served_at is None:
                 stats.first_served_at = self.now
+            self._serve(model, entry, route)
 
     def servable(self, model: str) -> bool:
-        """Admitted shards of live workers cover every layer of `model`."""
-        spans = sorted(
-            w.serving.layers
-            for w in self.workers
-            if w.alive and w.verdict == "admitted" and w.serving is not None
-            and w.serving.model == model
-        )  # fmt: skip
-        reached = 0
-        for start, end in spans:
-            if start > reached:
-                return False
-            reached = max(reached, end)
-        return reached >= self.models[model].num_layers
+        """A route over every layer of `model` exists through admitted
+        shards of live workers the ledger does not hold quarantined."""
+        return self._route(model, RouteInputs(self._entries[0].node)) is not None
+
+    def _route(self, model: str, inputs: RouteInputs) -> Route | None:
+        """The route an entry with `inputs` takes (`mesh.routes`), or None."""
+        variant = self.coverage().best(model)
+        found = None if variant is None else find_route(variant, inputs)
+        return found if isinstance(found, Route) else None
+
+    def coverage(self) -> CoverageMap:
+        """What the entries route over (`mesh.coverage`): each worker's record,
+        less the nodes the ledger holds quarantined now. Rebuilt only when a
+        worker's state or the quarantined set changed."""
+        quarantined = frozenset(self.ledger().quarantined(self.now))
+        key = (quarantined, tuple((w.alive, w.serving, w.verdict) for w in self.workers))
+        if self._coverage is None or self._coverage[0] != key:
+            members = [
+                (w.node, MemberState.ALIVE if w.alive else MemberState.DEAD, self._record(w))
+                for w in self.workers
+            ]
+            lengths = {name: facts.num_layers for name, facts in self.models.items()}
+            built = build_coverage(members, self.now, lengths, quarantined=quarantined)
+            self._coverage = (key, built)
+        return self._coverage[1]
+
+    def _record(self, worker: _Worker) -> NodeRecord:
+        """The record a worker gossips: its shard and its doctor's report,
+        claiming its hardware class's decode rate for the span."""
+        index = self._index[worker.node]
+        shard = worker.serving
+        capability = None
+        if shard is not None and worker.verdict != "none":
+            admitted = worker.verdict == "admitted"
+            hardware = worker.spec.hardware
+            layers = shard.layers[1] - shard.layers[0]
+            capability = CapabilityReport(
+                result="admitted" if admitted else "failed",
+                model=shard.model,
+                manifest_digest=self._digests[shard.model],
+                layers=shard.layers,
+                recipe=shard.recipe,
+                backend=BACKENDS[hardware],
+                prefill_tokens_per_s=0.0,  # routes price decode steps only
+                decode_tokens_per_s=DECODE_LAYERS_PER_S[hardware] / layers,
+                validated_at=worker.ready_at,
+                expires_at=REPORT_EXPIRES_AT,
+                failure=None if admitted else "doctor failed",
+                num_layers=self.models[shard.model].num_layers,
+            )
+        address = f"sim:worker-{index}"
+        return NodeRecord(
+            Addresses(address, address), worker.since, assignment=shard, capability=capability
+        )
+
+    # --- serving and spot checks (runtime.node.spot_check) ---------------------------
+
+    def _serve(self, model: str, entry: _Entry, route: Route) -> None:
+        """Run the answer over `route`: note whether a hop lied, and have the
+        entry check it with the policy's `verify_fraction`."""
+        if not self.ledger().quarantined(self.now).keys().isdisjoint(route.node_ids):
+            self.violations.append(f"{self.now:.3f}: a route through a quarantined node")
+        lie = self._first_lie(route)
+        done = self.now + STEPS_PER_REQUEST * route.cost_s
+        self.answers.append((self.now, lie is None))
+        for node in route.node_ids:
+            liar = self.liars.get(self._index[node])
+            if liar is not None:
+                liar.routed.append((self.now, done))
+        if lie is not None:
+            hop, at = lie
+            liar = self.liars[self._index[route.hops[hop].node_id]]
+            liar.wrong += 1
+            if liar.first_lie_at is None or at < liar.first_lie_at:
+                liar.first_lie_at = at
+        if self._serving.random() < self.policy.verify_fraction:
+            self.checks["checked"] += 1
+            check = _Check(len(self.answers), model, entry, route, None if lie is None else lie[0])
+            self.loop.call_at(done + REPLAY_S, self._spot_check, check)
+
+    def _first_lie(self, route: Route) -> tuple[int, float] | None:
+        """The first lie in the answer (hop index, time): the earliest step,
+        then the earliest hop, as the first diverging commitment names it.
+        Step k runs k estimated step times (`route.cost_s`) after the start."""
+        liars = []
+        for hop, node in enumerate(route.node_ids):
+            lies = self.workers[self._index[node]].spec.lies
+            if lies is not None:
+                liars.append((hop, lies))
+        if not liars:
+            return None
+        for step in range(STEPS_PER_REQUEST):
+            at = self.now + step * route.cost_s
+            for hop, lies in liars:
+                if at >= lies.from_s and self._serving.random() < lies.rate:
+                    return hop, at
+        return None
+
+    def _spot_check(self, check: _Check) -> None:
+        """The entry's replay has run: act on the first lie, when another node
+        of the liar's span replayed it (see `CHECK_OUTCOMES`)."""
+        variant = self.coverage().best(check.model)
+        serving = set() if variant is None else {n.node_id for n in variant.nodes}
+        if variant is None or not serving.issuperset(check.route.node_ids):
+            self.checks["chain_gone"] += 1
+            return
+        if check.lie is None:
+            self.checks["clean"] += 1
+            return
+        accused = check.route.hops[check.lie]
+        worker = self._index[accused.node_id]
+        if not _replicated(variant, accused):
+            self.checks["unchecked"] += 1
+            self._note(f"unchecked lie of {worker}")
+            return
+        self.checks["caught"] += 1
+        check.entry.distrusted[accused.node_id] = self.now + DISTRUST_S
+        self._note(f"caught {worker}")
+        self.loop.call_later(REPLAY_S, self._judge, check)
+
+    def _judge(self, check: _Check) -> None:
+        """The leader's recomputation has run, on another node of the
+        accused's span: it finds the accused's step wrong (the check did),
+        and the leader proposes a guilty verdict."""
+        assert check.lie is not None
+        accused = check.route.hops[check.lie]
+        leader = self.raft.leader()
+        variant = self.coverage().best(check.model)
+        if leader is None or variant is None or not _replicated(variant, accused):
+            self.checks["not_judged"] += 1
+            return
+        evidence = hashlib.sha256(f"evidence for answer {check.number}".encode()).digest()
+        verdict = Verdict(accused.node_id, check.entry.node, evidence, guilty=True, at=self.now)
+        if self.raft.propose(encode_command(verdict), on=leader) is None:
+            self.checks["not_judged"] += 1
 
     def _flush(self) -> None:
         self.loop.call_later(DEMAND_FLUSH_S, self._flush)
@@ -500,6 +838,12 @@ class PlacementCluster:
         self._trace.update(text.encode() + b"\n")
         if self._lines is not None:
             self._lines.append(text)
+
+
+def _replicated(variant: ModelCoverage, hop: Hop) -> bool:
+    """Another node of `variant` serves exactly `hop`'s span: a replay of the
+    span there is independent of the hop."""
+    return any(n.layers == hop.layers and n.node_id != hop.node_id for n in variant.nodes)
 
 
 def _since(start: float | None, end: float | None) -> float | None:

@@ -10,6 +10,9 @@ Example::
     voters = 3                 # Raft voters (default 3)
     # detect_s = 10.0          # crash -> "dead" at the leader
 
+    [placement.policy]         # the policy's knobs (consensus.settings)
+    verify_fraction = 0.25     # share of answers the entries spot-check
+
     [[placement.models]]
     name = "y"
     layers = 32
@@ -23,6 +26,7 @@ Example::
     # hardware = "gpu"         # gpu | mac | cpu: how fast it loads
     # pinned = "y"             # an operator pinned it to the whole model
     # fails_doctor = true
+    # lies = {rate = 0.01, from_s = 60.0}  # wrong on 1% of decode steps from 60 s
 
     [[placement.demand]]
     model = "y"
@@ -43,6 +47,8 @@ Example::
 
 Workers are numbered in the order the tables list them (a `count` of n
 takes n numbers), voters from 0. `simulations.schema` checks every key.
+The metrics' `verification` says what liars cost and how soon the spot
+checks had them quarantined (`PlacementCluster.metrics`).
 """
 
 from __future__ import annotations
@@ -52,8 +58,9 @@ from pathlib import Path
 from typing import Any
 
 from consensus.placement import ModelFacts
-from simulations.placement_cluster import GB, PlacementCluster, WorkerSpec
-from simulations.report import write_placement_plot
+from consensus.settings import PlacementSettings, with_settings
+from simulations.placement_cluster import GB, Lies, PlacementCluster, WorkerSpec
+from simulations.report import write_placement_plot, write_verification_plot
 
 PLACEMENT_FAULTS = ("crash", "restart", "partition")
 
@@ -68,7 +75,7 @@ def run_placement_scenario(
 ) -> dict[str, Any]:
     """Run a resolved placement scenario (`simulations.schema.resolve`); its
     metrics (`PlacementCluster.metrics`). Given a `plots` folder, draws
-    `placement.png` there."""
+    `placement.png` and `verification.png` there."""
     table = resolved["placement"]
     models = {
         m["name"]: ModelFacts(m["layers"], int(m["layer_gb"] * GB), recipe=m["recipe"])
@@ -81,6 +88,7 @@ def run_placement_scenario(
             pinned=w["pinned"],
             hardware=w["hardware"],
             fails_doctor=w["fails_doctor"],
+            lies=None if w["lies"] is None else Lies(w["lies"]["rate"], w["lies"]["from_s"]),
         )
         for w in table["workers"]
         for _ in range(w["count"])
@@ -90,6 +98,7 @@ def run_placement_scenario(
         workers,
         models,
         voters=table["voters"],
+        policy=with_settings(PlacementSettings(), table["policy"]),
         detect_s=table["detect_s"],
         keep_trace=timeline is not None,
     )
@@ -103,6 +112,7 @@ def run_placement_scenario(
         timeline.extend(cluster.timeline())
     if plots is not None:
         write_placement_plot(cluster, plots)
+        write_verification_plot(cluster, plots)
     try:
         cluster.check()
     except AssertionError as exc:  # a finding, not a crash: reported in the metrics

@@ -15,6 +15,11 @@ after a partition or a burst of crashes:
 * ``spread``: for each ``publish`` fault, the fraction of running nodes
   holding the new record against seconds since it was published.
 
+A placement run draws ``placement`` (requests and those served, with the
+commands that changed what serves them) and ``verification``: the
+fraction of served answers that were correct over time, with each liar's
+first lie and quarantine marked. A liar's dip ends at its quarantine.
+
 Each figure is written as PNG (for a quick look), SVG and PDF (for a
 paper), with the plotted series beside it as CSV, so a figure can be
 redrawn in any style without running the simulation again.
@@ -53,6 +58,14 @@ FIGURE_SIZE_IN: Final = (9.0, 4.0)
 FIGURE_DPI: Final = 200
 """Sharp enough to print at the figure's size; the SVG and PDF scale freely."""
 FORMATS: Final = ("png", "svg", "pdf")
+VERIFY_BIN_S: Final = 10.0
+"""Seconds per point of the served-correct fraction. Liars are caught within
+tens of seconds, so a wider bin would smear a dip and the recovery after a
+quarantine into one step; at tens of requests a minute a bin still holds
+several answers (a bin with none is a gap in the line)."""
+LIAR_COLOURS: Final = ("tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink")
+"""One per liar, in turn: its first lie and its quarantine share a colour,
+none of them the served-correct line's blue."""
 
 
 def plots_unavailable() -> str | None:
@@ -84,9 +97,14 @@ def sample_step(duration: float) -> float:
 def run_sampled(cluster: MembershipCluster, until: float, step: float) -> Samples:
     """Run `cluster` to `until` in steps of `step`, sampling its traffic."""
     samples = Samples(step)
-    while cluster.now < until:
+    start = cluster.now
+    # Boundaries by multiplication, not by adding `step` up: a sum drifts
+    # (250 additions of 0.08 fall short of 20.0) and would add a sliver of
+    # a last sample.
+    count = int(-(-(until - start) // step)) if until > start else 0  # exact ceil
+    for k in range(1, count + 1):
         mark = cluster.traffic_mark()
-        cluster.run_until(min(until, cluster.now + step))
+        cluster.run_until(until if k == count else min(until, start + k * step))
         traffic = cluster.traffic(mark)
         samples.times.append(cluster.now)
         samples.mean_messages.append(traffic["messages_per_node_second"])
@@ -212,6 +230,56 @@ def write_placement_plot(cluster: PlacementCluster, out: Path) -> Path:
     rows = [[at, model, int(ok)] for at, model, ok in cluster.requests]
     _write_csv(out / "placement.csv", ["time_s", "model", "served"], rows)
     return out / "placement.png"
+
+
+def served_correct(
+    answers: Sequence[tuple[float, bool]], step: float, end: float
+) -> list[tuple[float, int, int]]:
+    """(start, served, correct) for each bin of `step` seconds from 0 to
+    `end`, over (time, correct) answers."""
+    count = max(1, math.ceil(end / step))
+    served, correct = [0] * count, [0] * count
+    for at, ok in answers:
+        index = min(int(at // step), count - 1)
+        served[index] += 1
+        correct[index] += ok
+    return [(i * step, served[i], correct[i]) for i in range(count)]
+
+
+def write_verification_plot(cluster: PlacementCluster, out: Path) -> Path:
+    """`verification`: per `VERIFY_BIN_S`, the fraction of served answers
+    that were correct (a gap where none was served), with each liar's first
+    lie (dotted) and quarantine (solid) marked; in every format, with
+    `verification.csv` (each bin: start, served, correct)."""
+    out.mkdir(parents=True, exist_ok=True)
+    written: list[Path] = []
+    bins = served_correct(cluster.answers, VERIFY_BIN_S, cluster.now)
+    with _figure(out, "verification", written) as axes:
+        starts = [start for start, _, _ in bins]
+        fractions = [correct / served if served else math.nan for _, served, correct in bins]
+        axes.step([*starts, starts[-1] + VERIFY_BIN_S], [*fractions, fractions[-1]],
+                  where="post", label="served answers correct")  # fmt: skip
+        colours = itertools.cycle(LIAR_COLOURS)
+        for index, stats in sorted(cluster.liars.items()):
+            colour = next(colours)
+            if stats.first_lie_at is not None:
+                axes.axvline(stats.first_lie_at, color=colour, linewidth=0.8, linestyle=":",
+                             label=f"worker {index} first lies")  # fmt: skip
+            quarantined = cluster.quarantined_at.get(index)
+            if quarantined is not None:
+                axes.axvline(quarantined, color=colour, linewidth=1.2,
+                             label=f"worker {index} quarantined")  # fmt: skip
+        axes.set_xlim(0, cluster.now)
+        axes.set_ylim(0, 1.02)
+        axes.set_xlabel("virtual seconds")
+        axes.set_ylabel(f"fraction correct, per {VERIFY_BIN_S:g} s")
+        fraction = cluster.policy.verify_fraction
+        axes.set_title(f"spot checks of {fraction:g} of answers, {len(cluster.liars)} liars, "
+                       f"seed {cluster.seed}")  # fmt: skip
+        axes.legend(loc="lower right")
+    rows = [list(row) for row in bins]
+    _write_csv(out / "verification.csv", ["time_s", "served", "correct"], rows)
+    return out / "verification.png"
 
 
 def _draw_membership(axes: Any, cluster: MembershipCluster, samples: Samples) -> Rows:

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from consensus.settings import POLICY_FIELDS, PlacementSettings, settings_error
 from mesh.config import MembershipConfig
 from mesh.records import RECIPES
 from simulations.cluster import DEFAULT_RECORD_SIZE, DEFAULT_SEEDS, DEFAULT_STAGGER
@@ -109,6 +110,19 @@ def _overrides(cls: type, skip: frozenset[str]) -> dict[str, Key]:
         else:
             raise TypeError(f"{cls.__name__}.{item.name}: no scenario kind for {hint!r}")
     return keys
+
+
+def _policy_keys() -> dict[str, Key]:
+    """A key per placement policy knob, defaulting to the swarm's default;
+    `settings_error` checks the values together (`_check_placement`), as
+    the ledger does an operator's."""
+    docs = _field_docs(PlacementSettings)
+    defaults = PlacementSettings()
+    kinds = {int: "integer", float: "number"}
+    return {
+        name: Key(kinds[kind], docs[name], getattr(defaults, name))
+        for name, kind in POLICY_FIELDS.items()
+    }
 
 
 AT: Final = _number("when it happens, simulated seconds in [0, duration]", 0.0, low=0.0)
@@ -274,6 +288,18 @@ PLACEMENT: Final[dict[str, Key]] = {
                 "choice", "how fast it loads a shard", "gpu", choices=("gpu", "mac", "cpu")
             ),
             "fails_doctor": Key("boolean", "its copy is corrupt: every doctor fails", False),
+            "lies": Key(
+                "table",
+                "it returns wrong outputs, e.g. `{rate = 0.01, from_s = 120.0}`; entries "
+                "spot-check answers (`placement.policy.verify_fraction`)",
+                None,
+                keys={
+                    "from_s": _number("when it starts lying, simulated seconds", 0.0, low=0.0),
+                    "rate": _number(
+                        "the fraction of its decode steps it lies on", positive=True, high=1.0
+                    ),
+                },
+            ),
         },
     ),
     "demand": Key(
@@ -286,6 +312,12 @@ PLACEMENT: Final[dict[str, Key]] = {
             "from": _number("when it starts", 0.0, low=0.0),
             "until": _number("when it stops", RUN_END, low=0.0),
         },
+    ),
+    "policy": Key(
+        "table",
+        "the placement policy's knobs (`consensus.settings`), as an operator sets them",
+        {},
+        keys=_policy_keys(),
     ),
 }
 """The `[placement]` table: a placement scenario has it and no [nodes],
@@ -373,8 +405,15 @@ def _in_range(value: float, key: Key, path: str) -> float:
     if math.isnan(value) or (key.positive and value <= 0):
         raise ScenarioError(f"{path}: {value!r} must be positive")
     if (key.low is not None and value < key.low) or (key.high is not None and value > key.high):
-        raise ScenarioError(f"{path}: {value!r} is not in [{key.low}, {key.high}]")
+        raise ScenarioError(f"{path}: {value!r} is not in {_interval(key)}")
     return value
+
+
+def _interval(key: Key) -> str:
+    """The values `key` allows, e.g. [0.0, 1.0] or (0, 1.0]."""
+    low = f"[{key.low}" if key.low is not None else "(0" if key.positive else "(-inf"
+    high = f"{key.high}]" if key.high is not None else "inf)"
+    return f"{low}, {high}"
 
 
 def _check_boolean(value: object, key: Key, path: str) -> bool:
@@ -530,6 +569,15 @@ def _check_placement(resolved: dict[str, Any], duration: float) -> None:
                     f"placement.workers[{i}]: a worker names model {name!r}, "
                     "not in [[placement.models]]"
                 )
+        lies = worker["lies"]
+        if lies is not None and lies["from_s"] >= duration:
+            raise ScenarioError(
+                f"placement.workers[{i}].lies.from_s: {lies['from_s']} is not before "
+                f"the run ends ({duration}): it would never lie"
+            )
+    problem = settings_error(placement["policy"], PlacementSettings())
+    if problem is not None:
+        raise ScenarioError(f"placement.policy: {problem}")
     for i, demand in enumerate(placement["demand"]):
         if demand["model"] not in models:
             raise ScenarioError(f"placement.demand[{i}].model: {demand['model']!r} is not a model")
