@@ -49,6 +49,20 @@ For each model:
   back to back (`hot_ms`) and after sleeping as long as the 3-hop chain's
   middle hop waits between its steps (`after_idle_ms`).
 
+One more scenario, `slow_hop` (in this process, real shards of the tiny
+model on real loopback planes): a 512-token prompt through a 3-hop chain
+whose middle hop is 20 times slower per token than the others, each hop's
+speed emulated by a `PacedShard` (the real forward, then a sleep per
+position: 1 ms for the others, 20 ms for the slow one, the class of an MLX
+hop on a laptop's CPU). Each hop's speed is measured as its doctor measures
+it (`runtime.model.doctor.measure_throughput`), and the chain's deadlines
+follow from those figures as a chat entry's do from capability reports
+(`runtime.inference.deadlines.expected_pace`). `slow_hop_512_completed`
+says whether the generation completed; `slow_hop` holds the measured
+rates, the prefill deadline the rule gave, the time to first token, and the
+same prompt under the fixed timeouts the entry had before (2 s + 5 ms per
+prompt token for a prefill, whatever the hops), which it outlasts.
+
 Swarm rates are measured at the client from the streamed chunks: (tokens -
 1) / (time of the last chunk - time of the first), the median over
 `--requests` requests after one warm-up request. The swarms run the `local`
@@ -76,7 +90,10 @@ import statistics
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import aclosing
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -85,7 +102,17 @@ import numpy as np
 import trio
 
 from benchmarks.runtime import transformers_greedy
+from mesh.identity import Identity
+from mesh.transport import open_planes
 from runtime.cli.localswarm import LocalSwarm
+from runtime.inference.chain import Hop, PipelineError
+from runtime.inference.deadlines import DEFAULT_DEADLINES, Deadlines, HopPace, expected_pace
+from runtime.inference.dispatch import Engine
+from runtime.inference.hop_server import HopServer
+from runtime.model.backends import load_shard
+from runtime.model.backends.base import KVCache, ShardBackend, ShardSpec
+from runtime.model.doctor import measure_throughput
+from runtime.model.sampling import SamplingParams
 from runtime.model.tiny import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
@@ -365,6 +392,195 @@ def measure(
     }
 
 
+SLOW_HOP_PROMPT_TOKENS = 512
+SLOW_HOP_FACTOR = 20
+FAST_HOP_S_PER_TOKEN = 0.001
+"""The emulated speed of the chain's other hops: 1000 positions a second
+through their span, a prefill on a modest GPU; the slow hop takes
+`SLOW_HOP_FACTOR` times as long (50 a second, an MLX hop on a laptop CPU)."""
+SLOW_HOP_NEW_TOKENS = 16
+SLOW_HOP_SEED = 7
+LOOPBACK = "tcp://127.0.0.1:0"
+
+FIXED_PREFILL_BASE_S = 2.0
+FIXED_PREFILL_PER_TOKEN_S = 0.005
+"""The entry's timeouts before issue 15: 2 s + 5 ms per token for a prefill
+(and 2 s for a decode step), whatever the hops' speed."""
+
+
+class PacedShard:
+    """A real shard made slower: its forward, then `s_per_token` seconds
+    of sleep per position computed. Emulates a slower machine in one
+    process (the sleep releases the GIL, like a device computing)."""
+
+    def __init__(self, shard: ShardBackend, s_per_token: float) -> None:
+        self.shard = shard
+        self.s_per_token = s_per_token
+        self.name = shard.name
+        self.device = shard.device
+        self.spec = shard.spec
+        self.num_layers = shard.num_layers
+        self.hidden_size = shard.hidden_size
+        self.vocab_size = shard.vocab_size
+
+    @property
+    def is_first(self) -> bool:
+        return self.shard.is_first
+
+    @property
+    def is_last(self) -> bool:
+        return self.shard.is_last
+
+    def new_cache(self) -> KVCache:
+        return self.shard.new_cache()
+
+    def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: KVCache) -> np.ndarray:
+        out = self.shard.forward(inputs, positions, cache)
+        time.sleep(self.s_per_token * len(positions))
+        return out
+
+    def info(self) -> dict[str, Any]:
+        return {**self.shard.info(), "s_per_token": self.s_per_token}
+
+
+def measured_pace(shard: ShardBackend) -> tuple[HopPace, dict[str, float]]:
+    """What an entry expects of a node with this shard before it has
+    observed it: the pace its capability report (the doctor's measurement)
+    gives, and the measured rates."""
+    throughput = measure_throughput(shard)
+    pace = expected_pace(
+        claimed_prefill_tokens_per_s=throughput.prefill_tok_s,
+        claimed_decode_tokens_per_s=throughput.decode_tok_s,
+    )
+    rates = {"prefill_tok_s": throughput.prefill_tok_s, "decode_tok_s": throughput.decode_tok_s}
+    return pace, {k: round(v, 1) for k, v in rates.items()}
+
+
+def fixed_timeouts(chain: Sequence[Hop]) -> tuple[list[Hop], Deadlines]:
+    """The fixed timeouts the entry had before issue 15, as the deadline
+    rule: factor 1 on a 2 s floor, every hop expected to take its share of
+    5 ms per prompt token and nothing per decode step, so a prefill of T
+    tokens gets 2 + 0.005 T seconds and a decode step 2 s, whatever the hops."""
+    share = HopPace(FIXED_PREFILL_PER_TOKEN_S / len(chain), 0.0)
+    deadlines = Deadlines(floor_s=FIXED_PREFILL_BASE_S, factor=1.0)
+    return [replace(hop, pace=share) for hop in chain], deadlines
+
+
+async def _serve(
+    shard: ShardBackend | None,
+    model: str,
+    *,
+    task_status: trio.TaskStatus[Engine] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """One node in this process: its planes on loopback, its engine, and a
+    hop server when it holds a shard; runs until cancelled."""
+    drops: Counter[str] = Counter()
+    identity = Identity.generate()
+    async with open_planes(LOOPBACK, LOOPBACK, drops=drops, keys=identity.plane_keys()) as (
+        _control,
+        data,
+    ):
+        hop = None
+        if shard is not None:
+            hop = HopServer(data, shard, model=model, drops=drops, signer=identity)
+        engine = Engine(data, drops=drops, signer=identity, hop_server=hop)
+        async with trio.open_nursery() as nursery:
+            await nursery.start(engine.run)
+            task_status.started(engine)
+
+
+async def _generate(
+    entry: Engine, model: str, chain: Sequence[Hop], prompt: Sequence[int], deadlines: Deadlines
+) -> dict[str, Any]:
+    """One greedy generation, timed by this process's clock."""
+    params = SamplingParams(temperature=0.0, max_tokens=SLOW_HOP_NEW_TOKENS)
+    began = time.perf_counter()
+    got: list[float] = []
+    error = None
+    stream = entry.pipeline.generate(
+        model, chain, prompt, params, seed=SLOW_HOP_SEED, deadlines=deadlines
+    )
+    try:
+        async with aclosing(stream) as tokens:
+            async for _token in tokens:
+                got.append(time.perf_counter() - began)
+    except PipelineError as exc:
+        error = str(exc)
+    return {
+        "completed": error is None and len(got) == SLOW_HOP_NEW_TOKENS,
+        "tokens": len(got),
+        "ttft_s": round(got[0], 3) if got else None,
+        "decode_tok_s": round((len(got) - 1) / (got[-1] - got[0]), 2) if len(got) > 1 else None,
+        "ended_after_s": round(time.perf_counter() - began, 3),
+        "error": error,
+    }
+
+
+async def _slow_hop(model_dir: Path, model: str) -> dict[str, Any]:
+    layers = MODELS["tiny"][0]
+    paced = [FAST_HOP_S_PER_TOKEN, FAST_HOP_S_PER_TOKEN * SLOW_HOP_FACTOR, FAST_HOP_S_PER_TOKEN]
+    shards = [
+        PacedShard(load_shard(ShardSpec(model_dir, a, b, "fp32"), "torch"), s_per_token)
+        for (a, b), s_per_token in zip(spans(layers, len(paced)), paced, strict=True)
+    ]
+    measured = [measured_pace(shard) for shard in shards]
+    rng = np.random.default_rng(SLOW_HOP_SEED)
+    prompt = rng.integers(0, shards[0].vocab_size, SLOW_HOP_PROMPT_TOKENS).tolist()
+    async with trio.open_nursery() as nursery:
+        entry: Engine = await nursery.start(_serve, None, model)
+        chain = []
+        for shard, (pace, _rates) in zip(shards, measured, strict=True):
+            node: Engine = await nursery.start(_serve, shard, model)
+            node_id = node.plane.keys.node_id.hex()
+            span = (shard.spec.start, shard.spec.end)
+            chain.append(Hop(node_id, node.plane.address, span, pace))
+        expected = [hop.pace.step_s(len(prompt), prefill=True) for hop in chain]
+        run = await _generate(entry, model, chain, prompt, DEFAULT_DEADLINES)
+        fixed_chain, fixed = fixed_timeouts(chain)
+        before = await _generate(entry, model, fixed_chain, prompt, fixed)
+        nursery.cancel_scope.cancel()
+    rates = [r for _pace, r in measured]
+    return {
+        "prompt_tokens": len(prompt),
+        "new_tokens": SLOW_HOP_NEW_TOKENS,
+        "emulated_s_per_token": paced,
+        "measured": rates,
+        "measured_prefill_slowdown": round(
+            rates[0]["prefill_tok_s"] / rates[1]["prefill_tok_s"], 1
+        ),
+        "expected_prefill_s": [round(e, 3) for e in expected],
+        "prefill_deadline_s": round(DEFAULT_DEADLINES.step_s(expected), 3),
+        **run,
+        "fixed_timeouts": {
+            "prefill_deadline_s": round(
+                FIXED_PREFILL_BASE_S + FIXED_PREFILL_PER_TOKEN_S * len(prompt), 3
+            ),
+            **before,
+        },
+    }
+
+
+def slow_hop(root: Path) -> dict[str, Any]:
+    """The `slow_hop` scenario (see the module docstring), its shards
+    computing with the tiny model's threads, like a node of the swarm."""
+    import torch
+
+    layers, hidden, intermediate, threads = MODELS["tiny"]
+    model_dir = make_tiny_model(
+        root / "slow-hop",
+        layers=layers,
+        name="tiny",
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+    )
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return trio.run(_slow_hop, model_dir, "tiny")
+    finally:
+        torch.set_num_threads(saved_threads)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -393,8 +609,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         large = (
             None if args.skip_large else measure(root, "large", args.tokens, args.requests, pinned)
         )
+        slow = slow_hop(root)
     result: dict[str, Any] = {
         "benchmark": "pipeline",
+        "slow_hop_512_completed": slow["completed"],
+        "slow_hop": slow,
         **{k: v for k, v in tiny.items() if k != "model"},
         "tiny_model": tiny["model"],
         "large": large,

@@ -1,4 +1,4 @@
-"""What each hop's decode steps took, as an entry node saw them.
+"""What each hop's decode steps and prefills took, as an entry node saw them.
 
 A node's capability report states the decode rate its doctor measured, but
 the report is the node's own word: a node that states 5.4e11 tokens/s wins
@@ -37,8 +37,19 @@ excess is charged to the chain's hops evenly, so there a figure includes its
 share of the network: what this entry sees end to end. A hop may hide up to
 the allowance per step.
 
-Smoothing. Each node's figure is an exponentially weighted moving average
-over generations (`OBSERVATION_WEIGHT`), and the table keeps at most
+Prefill. The step that began a generation's chain (its prompt, or the
+replay after a failover) gives each hop's seconds per prompt token: its
+own report over the step's length, the reports scaled down as in rule 1
+when they add up to more than the entry's clock saw the step take. Time
+the reports leave unexplained is not charged: a step's fixed costs
+(messages, wake-ups) are what a decode step costs, which the deadlines
+count apart (`runtime.inference.deadlines`). The figure sets the hop's
+prefill deadlines, not its routes; a hop that under-reports shortens its
+own expected time, and a step that then runs out is put down to the hop
+that held it the most times its expected time: itself.
+
+Smoothing. Each node's figures are exponentially weighted moving averages
+over generations (`OBSERVATION_WEIGHT`), and each table keeps at most
 `MAX_OBSERVED_NODES` nodes, dropping the one observed least recently.
 
 Sans-IO: no clock, randomness or I/O; the caller passes the times.
@@ -75,7 +86,8 @@ the node observed least recently is forgotten and priced by its claim again
 
 class ObservedSpeeds:
     """Per node: the smoothed seconds one decode step through its span took,
-    as this entry observed it (see the module docstring for the rule)."""
+    and one prompt token of a prefill, as this entry observed them (see the
+    module docstring for the rules)."""
 
     def __init__(self, capacity: int = MAX_OBSERVED_NODES) -> None:
         if capacity < 1:
@@ -83,6 +95,8 @@ class ObservedSpeeds:
         self.capacity = capacity
         self._step_s: OrderedDict[bytes, float] = OrderedDict()
         """node id -> smoothed seconds per step, least recently observed first."""
+        self._prefill_s: OrderedDict[bytes, float] = OrderedDict()
+        """node id -> smoothed seconds per prefill token, least recently observed first."""
 
     def observe(
         self,
@@ -117,20 +131,48 @@ class ObservedSpeeds:
         allowance = NETWORK_ALLOWANCE_S * (len(nodes) + 1)
         share = max(0.0, wall - total - allowance) / len(nodes)
         for node, own in zip(nodes, reported, strict=True):
-            self._update(node, own + share)
+            self._update(self._step_s, node, own + share)
         return True
 
-    def _update(self, node: bytes, step_s: float) -> None:
-        known = self._step_s.pop(node, None)
+    def observe_prefill(
+        self, nodes: Sequence[bytes], prefill_us: Sequence[int], tokens: int, wall_s: float
+    ) -> bool:
+        """Feed the prefill a finished generation's chain began with; True
+        when it was used (not for a step of no tokens: the chain's timing
+        had no report of it).
+
+        `nodes` and `prefill_us` are the hops in chain order and each one's
+        reported compute for the step, `tokens` its length, `wall_s` what
+        the entry's clock saw it take (sent to token)."""
+        if len(nodes) != len(prefill_us) or not nodes:
+            raise ValueError("one reported time per hop is needed")
+        if wall_s < 0 or min(prefill_us) < 0:
+            raise ValueError("times cannot be negative")
+        if tokens < 1:
+            return False
+        reported = [us / 1e6 for us in prefill_us]
+        total = sum(reported)
+        if total > wall_s:
+            reported = [r * wall_s / total for r in reported]
+        for node, own in zip(nodes, reported, strict=True):
+            self._update(self._prefill_s, node, own / tokens)
+        return True
+
+    def _update(self, table: OrderedDict[bytes, float], node: bytes, value: float) -> None:
+        known = table.pop(node, None)
         if known is not None:
-            step_s = known + OBSERVATION_WEIGHT * (step_s - known)
-        self._step_s[node] = step_s
-        while len(self._step_s) > self.capacity:
-            self._step_s.popitem(last=False)
+            value = known + OBSERVATION_WEIGHT * (value - known)
+        table[node] = value
+        while len(table) > self.capacity:
+            table.popitem(last=False)
 
     def step_s(self) -> Mapping[bytes, float]:
         """node id -> observed seconds per decode step: `RouteInputs.observed_step_s`."""
         return dict(self._step_s)
+
+    def prefill_s_per_token(self) -> Mapping[bytes, float]:
+        """node id -> observed seconds per prompt token of a prefill."""
+        return dict(self._prefill_s)
 
     def to_json(self) -> dict[str, float]:
         """For the status document: hex node id -> observed milliseconds per

@@ -35,7 +35,8 @@ import trio
 from mesh.identity import Identity, PlaneKeys
 from mesh.transport import Plane, open_planes
 from mesh.wire import decode_tensor
-from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError, Timeouts
+from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
+from runtime.inference.deadlines import Deadlines
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import MAX_SESSION_SHARE, HopServer
 from runtime.inference.protocol import encode_message, new_session_id
@@ -54,12 +55,14 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
 SAMPLED = SamplingParams(temperature=0.9, top_p=0.95, top_k=50, max_tokens=NEW_TOKENS)
 SEED = 1234
 LOOPBACK = "tcp://127.0.0.1:0"
-# Tight enough that a dead hop is noticed in a fraction of a second, loose
-# enough for a loaded 2-core CI box (a tiny-model step takes ~1-3 ms).
-FAST = Timeouts(open_s=2.0, prefill_base_s=2.0, decode_step_s=0.5)
+# Tight enough that a dead hop is noticed within about a second (the hops
+# carry no measured pace here, so each is expected at UNMEASURED_PACE: a
+# decode step's deadline is 0.5 + 4 * 3 * 0.05 = 1.1 s), loose enough for a
+# loaded 2-core CI box (a tiny-model step takes ~1-3 ms).
+FAST = Deadlines(floor_s=0.5)
 # For the attack scenarios, which assert that nothing fails: a step that is
 # merely slow on a loaded box must not look like an attack that succeeded.
-PATIENT = Timeouts()
+PATIENT = Deadlines()
 SCENARIO_S = 10.0  # bounds a whole attack scenario (about a second unloaded)
 # How long to wait for asynchronous effects (a close reaching a hop).
 SETTLE_S = 5.0
@@ -184,7 +187,7 @@ async def collect(
     params: SamplingParams = GREEDY,
     **kwargs: Any,
 ) -> list[int]:
-    kwargs.setdefault("timeouts", FAST)
+    kwargs.setdefault("deadlines", FAST)
     stream = pipeline.generate(MODEL, chain, prompt, params, seed=SEED, **kwargs)
     async with aclosing(stream) as tokens:
         return [token async for token in tokens]
@@ -318,7 +321,7 @@ async def test_consumer_stopping_early_closes_every_session(
         entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
         pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
-        stream = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=FAST)
+        stream = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, deadlines=FAST)
         got = []
         async with aclosing(stream) as tokens:
             async for token in tokens:
@@ -413,7 +416,7 @@ async def test_busy_when_the_session_limit_is_reached(
         entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS], max_sessions=1)
         pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
-        first = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=FAST)
+        first = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, deadlines=FAST)
         async with aclosing(first) as tokens:
             assert await anext(tokens) == reference[PROMPT][0]  # holds one session per hop
             seen: list[Failure] = []
@@ -445,7 +448,7 @@ async def test_idle_sessions_are_reaped(
         )
         pipeline = entry.engine.pipeline
         chain = [node.as_hop() for node in hops]
-        stream = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=FAST)
+        stream = pipeline.generate(MODEL, chain, PROMPT, GREEDY, seed=SEED, deadlines=FAST)
         async with aclosing(stream) as tokens:
             await anext(tokens)
             assert [node.hop.sessions for node in hops] == [1, 1, 1]
@@ -635,7 +638,7 @@ async def test_failover_mid_stream_continues_with_identical_tokens(
             params,
             seed=SEED,
             reroute=reroute,
-            timeouts=FAST,
+            deadlines=FAST,
             timing=timing,
         )
         got: list[int] = []
@@ -649,6 +652,11 @@ async def test_failover_mid_stream_continues_with_identical_tokens(
         assert len(failures) == 1
         assert failures[0].step == kill_after
         assert failures[0].nodes == {a.node_id, b1.node_id, c.node_id}
+        # The step's reports name the dead hop: the one before it reported
+        # the step, it never did.
+        assert failures[0].suspects == {b1.node_id}
+        stall = failures[0].stall
+        assert stall is not None and (stall.index, stall.silent) == (1, True)
         # Timing describes the chain that finished: the replay was its prefill.
         assert timing.nodes == [a.node_id, b2.node_id, c.node_id]
         assert timing.decode_steps == NEW_TOKENS - kill_after - 1
@@ -666,7 +674,7 @@ async def test_failure_without_reroute_raises(
         chain = [node.as_hop() for node in hops]
         hops[2].stop()
         with pytest.raises(PipelineError, match="open timed out") as info:
-            await collect(pipeline, chain, timeouts=Timeouts(open_s=0.3))
+            await collect(pipeline, chain, deadlines=Deadlines(open_s=0.3))
         assert info.value.failure.suspects == {hops[2].node_id}
         await settle(hops[:2])
         nursery.cancel_scope.cancel()
@@ -717,7 +725,7 @@ async def test_a_route_naming_the_wrong_node_for_an_address_never_delivers(
         claims = [hops[0].as_hop(), Hop(impostor, hops[1].address, (3, 6)), hops[2].as_hop()]
         with trio.fail_after(SETTLE_S):
             with pytest.raises(PipelineError, match="open timed out") as info:
-                await collect(pipeline, claims, timeouts=Timeouts(open_s=0.5))
+                await collect(pipeline, claims, deadlines=Deadlines(open_s=0.5))
             assert info.value.failure.suspects == {impostor}
             while not entry.drops["data.handshake_failed"]:
                 await trio.sleep(0.01)
@@ -784,7 +792,7 @@ async def attack_mid_generation(
         mallory = await start_node(nursery, "mallory")
         chain = [node.as_hop() for node in hops]
         stream = entry.engine.pipeline.generate(
-            MODEL, chain, PROMPT, GREEDY, seed=SEED, timeouts=PATIENT
+            MODEL, chain, PROMPT, GREEDY, seed=SEED, deadlines=PATIENT
         )
         with trio.fail_after(SCENARIO_S):
             async with aclosing(stream) as tokens:

@@ -123,3 +123,45 @@ def test_the_entry_clock_bounds_what_one_generation_charges(
     allowance = NETWORK_ALLOWANCE_S * (len(nodes) + 1)
     expected = max(min(total, wall), wall - allowance)
     assert sum(charged.values()) == pytest.approx(expected, rel=1e-9, abs=1e-12)
+
+
+# --- prefill ------------------------------------------------------------------------
+
+
+def test_a_prefill_gives_each_hop_its_own_seconds_per_prompt_token() -> None:
+    speeds = ObservedSpeeds()
+    # 100 tokens: A reported 50 ms, B 2 s; the entry saw 2.2 s (the rest is
+    # network and the step's fixed costs, which the decode figure covers).
+    assert speeds.observe_prefill([A, B], [50_000, 2_000_000], 100, wall_s=2.2)
+    assert speeds.prefill_s_per_token() == {A: pytest.approx(0.0005), B: pytest.approx(0.02)}
+    assert speeds.step_s() == {}  # routes price decode steps only
+
+
+def test_prefill_reports_beyond_the_entry_clock_are_scaled_down_to_it() -> None:
+    speeds = ObservedSpeeds()
+    # Inflated reports (8 s in all) for a step the entry saw take 2 s.
+    speeds.observe_prefill([A, B], [2_000_000, 6_000_000], 100, wall_s=2.0)
+    assert speeds.prefill_s_per_token() == {A: pytest.approx(0.005), B: pytest.approx(0.015)}
+
+
+def test_prefill_figures_are_smoothed_and_bounded_like_decode_ones() -> None:
+    speeds = ObservedSpeeds(capacity=2)
+    speeds.observe_prefill([A], [100_000], 10, wall_s=1.0)
+    speeds.observe_prefill([A], [200_000], 10, wall_s=1.0)
+    assert speeds.prefill_s_per_token()[A] == pytest.approx(0.01 + OBSERVATION_WEIGHT * 0.01)
+    speeds.observe_prefill([B], [1_000], 1, wall_s=1.0)
+    speeds.observe_prefill([C], [1_000], 1, wall_s=1.0)
+    assert set(speeds.prefill_s_per_token()) == {B, C}
+
+
+def test_a_prefill_without_tokens_is_skipped_and_malformed_ones_refused() -> None:
+    speeds = ObservedSpeeds()
+    # The chain's timing had no report of its first step (a hop did not report).
+    assert not speeds.observe_prefill([A], [0], 0, wall_s=0.0)
+    assert speeds.prefill_s_per_token() == {}
+    with pytest.raises(ValueError):
+        speeds.observe_prefill([A, B], [1], 1, wall_s=0.1)
+    with pytest.raises(ValueError):
+        speeds.observe_prefill([A], [-1], 1, wall_s=0.1)
+    with pytest.raises(ValueError):
+        speeds.observe_prefill([A], [1], 1, wall_s=-0.1)

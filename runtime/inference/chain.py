@@ -9,15 +9,20 @@ message schema is in :mod:`runtime.inference.protocol`.
 Failover
 ========
 A step *fails* when a hop answers ``error`` (or ``busy`` at open), or when
-no token arrives within the step's timeout (:class:`Timeouts`). The entry
-then cannot always tell which hop died: a token that never came could have
-been lost at any hop. So it does not guess: it closes the failed chain's
-sessions and hands the caller a :class:`Failure` with *all* of the chain's
-node ids plus a hint (``suspects``: the hop that reported the error or was
-busy, or the hops that never answered ``open``; empty after a plain
-timeout). The caller's ``reroute`` decides with what it knows — membership
-marks a dead process suspect within a probe interval or two — and returns a
-new chain, or ``None`` to give up. On the new chain the entry opens fresh
+no token arrives by the step's deadline. Deadlines follow from what each
+hop of the chain is expected to take (:class:`Hop.pace`, the rule in
+:mod:`runtime.inference.deadlines`), so a hop measured slow is given the
+time it needs and a fast chain notices a dead hop within seconds. The
+entry closes the failed chain's sessions and hands the caller a
+:class:`Failure` with *all* of the chain's node ids and the ones it holds
+responsible (``suspects``): the hop that reported the error or was busy,
+the hops that never answered ``open``, or, after a deadline passed, the hop
+that held the step up (``stall``): from when each hop's commitment for the
+step arrived, the one that held it the most times its expected time, which
+is either late (it reported) or silent (dead, or still computing). The
+caller's ``reroute`` decides with what it knows besides (membership marks a
+dead process suspect within a probe interval or two) and returns a new
+chain, or ``None`` to give up. On the new chain the entry opens fresh
 sessions and *replays* the prompt plus every token generated so far as one
 prefill, so the new hops rebuild their caches; the replay's ``step`` is the
 index of the next token, so the stream continues exactly where it stopped:
@@ -50,6 +55,14 @@ import trio
 
 from mesh.transport import Plane
 from runtime.inference.commitment import DIGEST_BYTES, SKETCH_DIMS, Commitment
+from runtime.inference.deadlines import (
+    DEFAULT_DEADLINES,
+    UNMEASURED_PACE,
+    Deadlines,
+    HopPace,
+    Stall,
+    find_stall,
+)
 from runtime.inference.protocol import (
     MAX_REASON_CHARS,
     OP_BUSY,
@@ -75,7 +88,6 @@ from runtime.model.sampling import SEED_MODULUS, SamplingParams
 
 __all__ = [
     "COMMIT_WAIT_S",
-    "DEFAULT_TIMEOUTS",
     "MAX_REROUTES",
     "ChainTiming",
     "Failure",
@@ -83,7 +95,6 @@ __all__ = [
     "Pipeline",
     "PipelineError",
     "Reroute",
-    "Timeouts",
     "replay",
 ]
 
@@ -113,11 +124,13 @@ sessions of the generations a node keeps for spot checks at once."""
 
 @dataclass(frozen=True, slots=True)
 class Hop:
-    """One node in a chain: who, where its data plane listens, which layers."""
+    """One node in a chain: who, where its data plane listens, which layers,
+    and what it is expected to take per step (its steps' deadlines follow)."""
 
     node_id: str
     address: str
     layers: tuple[int, int]
+    pace: HopPace = UNMEASURED_PACE
 
     @property
     def node(self) -> bytes:
@@ -129,16 +142,18 @@ class Hop:
 class Failure:
     """Why a step failed, for the caller's ``reroute``.
 
-    ``nodes`` are every node of the failed chain (the entry cannot always
-    tell which one died); ``suspects`` is a hint, possibly empty: the node
-    that reported an error or was busy, or the nodes that never answered
-    ``open``. ``step`` is the index of the token that was being produced.
+    ``nodes`` are every node of the failed chain; ``suspects`` the ones the
+    entry holds responsible (never empty): the node that reported an error
+    or was busy, the nodes that never answered ``open``, or the node that
+    held up a step past its deadline, which ``stall`` then describes.
+    ``step`` is the index of the token that was being produced.
     """
 
     nodes: frozenset[str]
     suspects: frozenset[str]
     reason: str
     step: int
+    stall: Stall | None = None
 
 
 Reroute = Callable[[Failure], Awaitable[Sequence[Hop] | None]]
@@ -152,29 +167,41 @@ class ChainTiming:
     It describes the chain that produced the last token: a failover starts
     it afresh, since the new chain may have other hops. ``prefill_us`` is
     per hop for the step that produced the chain's first token (the prompt,
-    or the replay after a failover); ``decode_us`` sums the one-token steps
-    after it, ``decode_steps`` counts them.
+    or the replay after a failover), which was ``prefill_tokens`` long and
+    took ``prefill_wall_s`` by the entry's clock (sent to token);
+    ``decode_us`` sums the one-token steps after it, ``decode_steps`` counts
+    them.
     """
 
     nodes: list[str] = field(default_factory=list)
     prefill_us: list[int] = field(default_factory=list)
     decode_us: list[int] = field(default_factory=list)
     decode_steps: int = 0
+    prefill_tokens: int = 0
+    prefill_wall_s: float = 0.0
 
     def restart(self, chain: Sequence[Hop]) -> None:
         self.nodes = [hop.node_id for hop in chain]
         self.prefill_us = [0] * len(chain)
         self.decode_us = [0] * len(chain)
         self.decode_steps = 0
+        self.prefill_tokens = 0
+        self.prefill_wall_s = 0.0
 
-    def add(self, compute_us: Sequence[int], *, prefill: bool) -> None:
+    def add_prefill(self, compute_us: Sequence[int], tokens: int, wall_s: float) -> None:
+        """The chain's first step: its reports, its length, its wall time."""
         if len(compute_us) != len(self.nodes):
             return  # a hop that did not report: nothing to attribute
-        if prefill:
-            self.prefill_us = list(compute_us)
-        else:
-            self.decode_us = [a + b for a, b in zip(self.decode_us, compute_us, strict=True)]
-            self.decode_steps += 1
+        self.prefill_us = list(compute_us)
+        self.prefill_tokens = tokens
+        self.prefill_wall_s = wall_s
+
+    def add(self, compute_us: Sequence[int]) -> None:
+        """A decode step's reports."""
+        if len(compute_us) != len(self.nodes):
+            return  # a hop that did not report: nothing to attribute
+        self.decode_us = [a + b for a, b in zip(self.decode_us, compute_us, strict=True)]
+        self.decode_steps += 1
 
 
 class PipelineError(Exception):
@@ -184,47 +211,6 @@ class PipelineError(Exception):
     def __init__(self, failure: Failure) -> None:
         super().__init__(f"step {failure.step} failed: {failure.reason}")
         self.failure = failure
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """How long the entry waits before it declares a step failed.
-
-    open_s:
-        For every hop of a chain to answer ``open`` (one round trip each,
-        all in parallel, plus allocating an empty cache).
-    prefill_base_s / prefill_per_token_s:
-        A prefill of T tokens (the prompt, or a replay) may take
-        ``prefill_base_s + T * prefill_per_token_s``: the base covers the
-        chain's latency and a decode-sized step, the per-token part a slow
-        volunteer's prefill throughput (5 ms per token is 200 tokens/s through
-        the whole chain, a 7B-class model on a modest GPU).
-    decode_step_s:
-        One decode step through the whole chain. Healthy steps take tens of
-        milliseconds; 2 s tolerates a loaded node and a WAN hop or two while
-        keeping the stall a dead node causes short enough that a streaming
-        client sees a pause, not a hang.
-    Lower values fail over sooner but risk abandoning a slow, healthy chain
-    (the replay then costs more than waiting would have).
-    """
-
-    open_s: float = 2.0
-    prefill_base_s: float = 2.0
-    prefill_per_token_s: float = 0.005
-    decode_step_s: float = 2.0
-
-    def __post_init__(self) -> None:
-        for name in ("open_s", "prefill_base_s", "decode_step_s"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"Timeouts.{name} must be positive")
-        if not self.prefill_per_token_s >= 0:
-            raise ValueError("Timeouts.prefill_per_token_s must be >= 0")
-
-    def prefill_s(self, tokens: int) -> float:
-        return self.prefill_base_s + tokens * self.prefill_per_token_s
-
-
-DEFAULT_TIMEOUTS: Final = Timeouts()
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,10 +226,29 @@ class _Reply:
     margins: tuple[float, ...] = ()
 
 
+@dataclass(slots=True)
+class _StepReports:
+    """When each hop's commitment for the step in flight reached the entry
+    (hop index -> the entry's clock): which hop held up a late step
+    (:func:`find_stall`). Only the step in flight is kept."""
+
+    step: int = -1
+    at: dict[int, float] = field(default_factory=dict)
+
+    def start(self, step: int) -> None:
+        self.step = step
+        self.at = {}
+
+    def add(self, index: int, step: int, now: float) -> None:
+        if step == self.step:
+            self.at.setdefault(index, now)
+
+
 @dataclass(frozen=True, slots=True)
 class _Filing:
     """Where a session's commitments go: which hop of which transcript,
-    and what the entry told that hop (the commitment's unsigned context)."""
+    and what the entry told that hop (the commitment's unsigned context);
+    ``reports`` takes when the commitment of the step in flight arrived."""
 
     transcript: Transcript
     index: int
@@ -252,13 +257,15 @@ class _Filing:
     layers: tuple[int, int]
     sketch_seed: int
     budget: int  # positions the session may use: no step or position lies beyond
+    reports: _StepReports
 
 
 class _StepFailed(Exception):
-    def __init__(self, suspects: frozenset[str], reason: str) -> None:
+    def __init__(self, suspects: frozenset[str], reason: str, stall: Stall | None = None) -> None:
         super().__init__(reason)
         self.suspects = suspects
         self.reason = reason
+        self.stall = stall
 
 
 class _Attempt:
@@ -273,6 +280,7 @@ class _Attempt:
         params: SamplingParams,
         seed: int,
         transcript: Transcript,
+        deadlines: Deadlines,
         *,
         check: dict[str, Any] | None = None,
         sketch_seeds: Sequence[int] | None = None,
@@ -283,22 +291,29 @@ class _Attempt:
         self.budget = budget
         self.params = params
         self.seed = seed
+        self.deadlines = deadlines
         self.check = check
         self.sessions = [new_session_id() for _ in chain]
+        self.reports = _StepReports()
+        # The step in flight: when it was sent, what each hop is expected to take.
+        self.sent_at = 0.0
+        self.expected: list[float] = []
         # Drawn here, told to each hop alone: a hop cannot know the
         # projection its neighbours sketch with (runtime.inference.commitment).
         self.sketch_seeds = list(sketch_seeds or [secrets.randbelow(SEED_MODULUS) for _ in chain])
         transcript.restart([h.node for h in chain], [h.layers for h in chain], self.sketch_seeds)
         for index, (session, hop) in enumerate(zip(self.sessions, chain, strict=True)):
             seed_of_hop = self.sketch_seeds[index]
-            filing = _Filing(transcript, index, hop.node, model, hop.layers, seed_of_hop, budget)
+            filing = _Filing(
+                transcript, index, hop.node, model, hop.layers, seed_of_hop, budget, self.reports
+            )
             pipeline.file_commitments(session, filing)
         self.node_of = {s: hop.node_id for s, hop in zip(self.sessions, chain, strict=True)}
         self.nodes = frozenset(hop.node_id for hop in chain)
         self.inbox_send, self.inbox = trio.open_memory_channel[_Reply](MAILBOX_SIZE)
         self.prefilled = False
 
-    async def open(self, timeout: float) -> None:
+    async def open(self) -> None:
         """Open every hop's session; all must answer ``opened`` in time."""
         plane = self.pipeline.plane
         for session, hop in zip(self.sessions, self.chain, strict=True):
@@ -324,7 +339,7 @@ class _Attempt:
             }
             plane.send(hop.address, encode_message(header), peer=hop.node)
         waiting = set(self.sessions)
-        with trio.move_on_after(timeout):
+        with trio.move_on_after(self.deadlines.open_s):
             while waiting:
                 reply = await self.inbox.receive()
                 if reply.op == OP_OPENED:
@@ -338,29 +353,31 @@ class _Attempt:
         if waiting:
             raise _StepFailed(frozenset(self.node_of[s] for s in waiting), "open timed out")
 
-    def send_step(
-        self, prompt: Sequence[int], tokens: Sequence[int], timeouts: Timeouts
-    ) -> tuple[int, float]:
+    def send_step(self, prompt: Sequence[int], tokens: Sequence[int]) -> tuple[int, float]:
         """Start producing token ``len(tokens)``: a prefill of the whole
         history on this chain's first step (a replay after failover), else
-        one decode. Returns the step and how long to wait for its token."""
+        one decode. Returns the step and how long to wait for its token:
+        the deadline of what the hops are expected to take for it."""
         step = len(tokens)
-        if self.prefilled:
-            inputs = np.array(tokens[-1:], dtype=np.int64)
-            pos = len(prompt) + step - 1
-            timeout = timeouts.decode_step_s
-        else:
+        prefill = not self.prefilled
+        if prefill:
             inputs = np.array([*prompt, *tokens], dtype=np.int64)
             pos = 0
-            timeout = timeouts.prefill_s(len(inputs))
             self.prefilled = True
+        else:
+            inputs = np.array(tokens[-1:], dtype=np.int64)
+            pos = len(prompt) + step - 1
+        self.expected = [hop.pace.step_s(len(inputs), prefill=prefill) for hop in self.chain]
         header = {"op": OP_FORWARD, "session": self.sessions[0], "step": step, "pos": pos}
         first = self.chain[0]
+        self.sent_at = trio.current_time()
+        self.reports.start(step)
         self.pipeline.plane.send(first.address, encode_message(header, inputs), peer=first.node)
-        return step, timeout
+        return step, self.deadlines.step_s(self.expected)
 
     async def receive_token(self, step: int, timeout: float) -> _Reply:
-        """The ``token`` reply of ``step``, from the last hop."""
+        """The ``token`` reply of ``step``, from the last hop; past the
+        deadline, the hop that held the step up is the suspect."""
         last_session = self.sessions[-1]
         with trio.move_on_after(timeout):
             while True:
@@ -372,7 +389,16 @@ class _Attempt:
                         frozenset({self.node_of[reply.session]}), f"error: {reply.reason}"
                     )
                 self.pipeline._drops[f"engine.{R_STALE_REPLY}"] += 1
-        raise _StepFailed(frozenset(), f"no token within {timeout:.3g} s")
+        reported = [self.reports.at.get(i) for i in range(len(self.chain))]
+        nodes = [hop.node_id for hop in self.chain]
+        now = trio.current_time()
+        stall = find_stall(nodes, self.expected, self.sent_at, reported, now)
+        held = "has not reported after" if stall.silent else "took"
+        reason = (
+            f"no token within {timeout:.3g} s: hop {stall.index} ({stall.node[:12]}) "
+            f"{held} {stall.held_s:.3g} s, expected {stall.expected_s:.3g} s"
+        )
+        raise _StepFailed(frozenset({stall.node}), reason, stall)
 
     def close(self) -> None:
         """Close every session (synchronous: sends never block or raise)."""
@@ -437,6 +463,7 @@ class Pipeline:
                     filing, self.plane.keys.node_id, session, header, dtype, shape, raw
                 )
                 filing.transcript.add(filing.index, commitment)
+                filing.reports.add(filing.index, commitment.step, trio.current_time())
                 if op == OP_COMMIT:
                     return
                 reply = _Reply(
@@ -480,7 +507,7 @@ class Pipeline:
         seed: int,
         context_window: int | None = None,
         reroute: Reroute | None = None,
-        timeouts: Timeouts = DEFAULT_TIMEOUTS,
+        deadlines: Deadlines = DEFAULT_DEADLINES,
         max_reroutes: int = MAX_REROUTES,
         timing: ChainTiming | None = None,
         transcript: Transcript | None = None,
@@ -497,6 +524,9 @@ class Pipeline:
         sessions are closed. One step is always in flight while the caller
         holds a token (the next one is sent before it is yielded), so a
         caller that stops early has cost the chain one step more.
+
+        Each step's deadline is ``deadlines``' rule over what the chain's
+        hops are expected to take for it (their :attr:`Hop.pace`).
 
         ``timing``, when given, is kept up to date as tokens arrive, and so
         is ``transcript``: the chain, the tokens and every hop's signed
@@ -522,15 +552,20 @@ class Pipeline:
         timing = timing or ChainTiming()
         while len(tokens) < limit:
             budget = len(prompt) + limit
-            attempt = _Attempt(self, chain, model, budget, params, seed, transcript)
+            attempt = _Attempt(self, chain, model, budget, params, seed, transcript, deadlines)
             timing.restart(chain)
             try:
-                await attempt.open(timeouts.open_s)
-                pending = attempt.send_step(prompt, tokens, timeouts)
+                await attempt.open()
+                prefill_tokens = len(prompt) + len(tokens)
+                pending = attempt.send_step(prompt, tokens)
                 first_of_chain = True
                 while True:
                     reply = await attempt.receive_token(*pending)
-                    timing.add(reply.compute_us, prefill=first_of_chain)
+                    if first_of_chain:
+                        wall_s = trio.current_time() - attempt.sent_at
+                        timing.add_prefill(reply.compute_us, prefill_tokens, wall_s)
+                    else:
+                        timing.add(reply.compute_us)
                     first_of_chain = False
                     assert reply.token is not None
                     token = reply.token
@@ -542,12 +577,12 @@ class Pipeline:
                         # (an end-of-sequence token, a stop sequence), that
                         # step is wasted work, and its late token a
                         # stale_reply.
-                        pending = attempt.send_step(prompt, tokens, timeouts)
+                        pending = attempt.send_step(prompt, tokens)
                     yield token
                     if len(tokens) == limit:
                         return
             except _StepFailed as exc:
-                failure = Failure(attempt.nodes, exc.suspects, exc.reason, len(tokens))
+                failure = Failure(attempt.nodes, exc.suspects, exc.reason, len(tokens), exc.stall)
             finally:
                 attempt.close()
             reroutes += 1
@@ -572,7 +607,7 @@ async def replay(
     transcript: Transcript,
     *,
     sketch_seeds: Sequence[int],
-    timeouts: Timeouts = DEFAULT_TIMEOUTS,
+    deadlines: Deadlines = DEFAULT_DEADLINES,
 ) -> Replay:
     """Recompute a finished generation on ``chain`` (the same layer spans
     as the transcript's chain, other nodes where the swarm has them): the
@@ -595,17 +630,19 @@ async def replay(
         transcript.sampling,
         transcript.seed,
         collector,
+        deadlines,
         check=check,
         sketch_seeds=sketch_seeds,
     )
     try:
-        await attempt.open(timeouts.open_s)
-        reply = await attempt.receive_token(*attempt.send_step(ids, [], timeouts))
+        await attempt.open()
+        reply = await attempt.receive_token(*attempt.send_step(ids, []))
         with trio.move_on_after(COMMIT_WAIT_S):
             while len(collector.commitments) < len(chain):
                 await trio.sleep(COMMIT_POLL_S)
     except _StepFailed as exc:
-        raise PipelineError(Failure(attempt.nodes, exc.suspects, exc.reason, 0)) from None
+        failure = Failure(attempt.nodes, exc.suspects, exc.reason, 0, exc.stall)
+        raise PipelineError(failure) from None
     finally:
         attempt.close()
     missing = [hop.node_id for i, hop in enumerate(chain) if (i, 0) not in collector.commitments]

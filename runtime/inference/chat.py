@@ -16,10 +16,13 @@ Any node answers `POST /v1/chat/completions` for any model the swarm serves:
    digest the swarm routes by (`ArtifactStore`), so a lying peer cannot
    hand out a different tokenizer.
 4. **Route and generate** through `runtime.inference.chain`: the cheapest chain
-   (`mesh.routes.find_route`) over admitted nodes not in back-off. When a hop
-   fails mid-stream, `reroute` asks membership which chain node died,
-   backs it off and re-routes the broken span; the pipeline replays the
-   tokens so far, and the stream goes on.
+   (`mesh.routes.find_route`) over admitted nodes not in back-off, each hop
+   given the time its measured speed says it needs (`runtime.inference.deadlines`:
+   what this entry observed it take, else what its doctor measured). When
+   a hop fails mid-stream (an error, or a step past its deadline, put down
+   to the hop that held it up), `reroute` backs it off with any chain node
+   membership no longer sees alive and re-routes the broken span; the
+   pipeline replays the tokens so far, and the stream goes on.
 5. **Detokenize incrementally**, holding back an incomplete UTF-8 sequence
    and any text that might start a stop sequence (`StopScanner`), so a
    client never sees half a character or part of a stop string.
@@ -48,6 +51,7 @@ from mesh.observed_speed import ObservedSpeeds
 from mesh.records import NodeRecord
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
 from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
+from runtime.inference.deadlines import expected_pace
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from runtime.inference.transcript import Transcript
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
@@ -62,10 +66,12 @@ LOADING_RETRY_AFTER_S: Final = 5
 """What a 503 `model_loading` tells clients to wait: a weight load plus the
 doctor take seconds on a small model, and polling faster only adds load."""
 REROUTE_WAIT_S: Final = 6.0
-"""After a step times out with no hop named, wait this long for membership
-to mark one of the chain's nodes suspect or dead before re-routing blind:
-a killed process is suspected within a probe round or two (the local
-profile's 0.3 s probes, the lan profile's 1 s)."""
+"""How long membership gets to declare a hop that went silent (a step ran
+out of time before it reported it) suspect or dead, when no chain avoids
+it: declared, the generation is lost; still alive, it was only slower than
+expected and the generation goes on on the same chain. A killed process is
+suspected within a probe round or two (the local profile's 0.3 s probes,
+the lan profile's 1 s); a slow one never is."""
 REROUTE_POLL_S: Final = 0.05
 ARTIFACT_FETCH_TIMEOUT_S: Final = 30.0
 HOLD_BACK_REPLACEMENT: Final = "\ufffd"
@@ -616,13 +622,26 @@ class ChatService:
             observed_step_s=self.speeds.step_s(),
         )
 
-    def _chain(self, route: Route) -> list[Hop]:
+    def _chain(self, route: Route, slowed: Mapping[bytes, float]) -> list[Hop]:
+        """The pipeline's chain for `route`: each hop's address, and the pace
+        its deadlines follow: what this entry observed it take, else what its
+        capability report states, `slowed` times slower where a step showed
+        it that much slower in this generation (`_reroute`)."""
+        step_s, prefill_s = self.speeds.step_s(), self.speeds.prefill_s_per_token()
         chain = []
         for hop in route.hops:
             record = self.swarm.record(hop.node_id)
             if record is None:
                 raise ChatError(503, "a routed node has no record", code="model_loading")
-            chain.append(Hop(node_id_text(hop.node_id), record.addresses.data, hop.layers))
+            claim = record.capability
+            pace = expected_pace(
+                claimed_prefill_tokens_per_s=None if claim is None else claim.prefill_tokens_per_s,
+                claimed_decode_tokens_per_s=None if claim is None else claim.decode_tokens_per_s,
+                observed_prefill_s_per_token=prefill_s.get(hop.node_id),
+                observed_step_s=step_s.get(hop.node_id),
+            ).slowed(slowed.get(hop.node_id, 1.0))
+            address = record.addresses.data
+            chain.append(Hop(node_id_text(hop.node_id), address, hop.layers, pace))
         return chain
 
     def _artifact_sources(self, variant: ModelCoverage) -> list[str]:
@@ -643,16 +662,17 @@ class ChatService:
         generation: Generation,
     ) -> AsyncGenerator[str, None]:
         state = {"route": route}
+        slowed: dict[bytes, float] = {}  # hops this generation saw slower than expected
 
         async def on_failure(failure: Failure) -> list[Hop] | None:
-            new_route = await self._reroute(variant.model, state["route"], failure)
+            new_route = await self._reroute(variant.model, state["route"], failure, slowed)
             if new_route is None:
                 return None
             state["route"] = new_route
             self.counters["reroutes"] += 1
             generation.reroutes += 1
             generation.route = [node_id_text(n) for n in new_route.node_ids]
-            return self._chain(new_route)
+            return self._chain(new_route, slowed)
 
         seed = request.params.seed
         if seed is None:
@@ -663,7 +683,7 @@ class ChatService:
         transcript = Transcript()  # the hops' commitments, for a spot check
         stream = self._pipeline.generate(
             variant.model,
-            self._chain(route),
+            self._chain(route, slowed),
             prompt,
             request.params,
             seed=seed,
@@ -707,12 +727,17 @@ class ChatService:
         self.counters["completed"] += 1
         if self.checks is not None:
             self.checks.consider(transcript)
+        # Routes price hops by what they took, and deadlines follow it.
+        chain = generation.hops
+        nodes = [bytes.fromhex(node) for node in chain.nodes]
+        prefilled, wall_s = chain.prefill_tokens, chain.prefill_wall_s
+        self.speeds.observe_prefill(nodes, chain.prefill_us, prefilled, wall_s)
         first, last = generation.first_token_at, generation.last_token_at
-        if first is not None and last is not None:  # routes price hops by what they took
+        if first is not None and last is not None:
             self.speeds.observe(
-                [bytes.fromhex(node) for node in generation.hops.nodes],
-                generation.hops.decode_us,
-                generation.hops.decode_steps,
+                nodes,
+                chain.decode_us,
+                chain.decode_steps,
                 wall_s=last - first,
                 wall_steps=generation.completion_tokens - 1,
             )
@@ -730,34 +755,73 @@ class ChatService:
         if tail:
             yield tail
 
-    async def _reroute(self, model: str, route: Route, failure: Failure) -> Route | None:
-        """Which hop died? The pipeline's hint if it has one, else whichever
-        chain node membership declares suspect or dead within
-        REROUTE_WAIT_S; back those off and re-route around them."""
+    async def _reroute(
+        self, model: str, route: Route, failure: Failure, slowed: dict[bytes, float]
+    ) -> Route | None:
+        """A route around what failed: the hops the pipeline holds responsible
+        (it names one always: the hop that erred, was busy, did not answer
+        `open`, or held a step up past its deadline) and the chain's nodes
+        membership no longer sees alive, all of them backed off.
+
+        When a step ran out of time on a hop membership still sees alive and
+        no chain avoids it, that hop is only slower than its figures said:
+        the generation goes on on the same chain, expecting the hop as many
+        times slower as it showed (`slowed`, for `_chain`), and nothing is
+        backed off. A hop that went silent (it had not reported the step)
+        may be dead instead; membership gets REROUTE_WAIT_S to declare it
+        first, and a declared hop loses the generation. Returns None to give
+        up."""
         chain = [n for n in route.node_ids if n != self.swarm.node_id]
-        failed = {bytes.fromhex(s) for s in failure.suspects}
-        with trio.move_on_after(REROUTE_WAIT_S):
-            while not failed:
-                failed = {
-                    n for n in chain if self.swarm.member_state(n) not in (MemberState.ALIVE, None)
-                }
-                if not failed:
-                    await trio.sleep(REROUTE_POLL_S)
+        named = {bytes.fromhex(s) for s in failure.suspects}
+        declared = self._declared(chain)
+        failed = named | declared
+        variant = self.swarm.coverage().best(model)
+        found: Route | NoRoute | None = None
+        if variant is not None:
+            found = reroute(variant, route, failed, self._route_inputs(frozenset(failed)))
+        stall = failure.stall
+        if isinstance(found, NoRoute) and stall is not None and not declared:
+            if stall.silent:
+                declared = await self._declared_within(chain, REROUTE_WAIT_S)
+                failed |= declared
+            if not declared:
+                node = bytes.fromhex(stall.node)
+                slowed[node] = slowed.get(node, 1.0) * max(stall.slowdown, 1.0)
+                log.info(
+                    "no chain for %s avoids %s, alive and %.3g times slower than expected "
+                    "(%s at step %d): going on on the same chain",
+                    model,
+                    stall.node[:12],
+                    stall.slowdown,
+                    failure.reason,
+                    failure.step,
+                )
+                return route
         now = trio.current_time()
         for node in failed:
             self.backoff.record_failure(node, now)
         log.info(
             "re-routing %s around %s (%s at step %d)",
             model,
-            ", ".join(node_id_text(n)[:12] for n in failed) or "nothing named",
+            ", ".join(node_id_text(n)[:12] for n in failed),
             failure.reason,
             failure.step,
         )
-        variant = self.swarm.coverage().best(model)
-        if variant is None:
-            return None
-        found = reroute(variant, route, failed, self._route_inputs(frozenset(failed)))
-        return None if isinstance(found, NoRoute) else found
+        return found if isinstance(found, Route) else None
+
+    def _declared(self, nodes: Sequence[bytes]) -> set[bytes]:
+        """The nodes membership sees suspect or dead (not alive, not unknown)."""
+        return {n for n in nodes if self.swarm.member_state(n) not in (MemberState.ALIVE, None)}
+
+    async def _declared_within(self, nodes: Sequence[bytes], wait_s: float) -> set[bytes]:
+        """The nodes membership declares suspect or dead within `wait_s`
+        (empty when it declares none)."""
+        declared = self._declared(nodes)
+        with trio.move_on_after(wait_s):
+            while not declared:
+                await trio.sleep(REROUTE_POLL_S)
+                declared = self._declared(nodes)
+        return declared
 
 
 def _all_gap(layers: int | None) -> list[list[int]] | None:

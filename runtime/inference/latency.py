@@ -15,8 +15,10 @@ always equals the last cumulative bucket (only the sum can lag by one value).
 
 The buckets are fixed, so every node's series line up and can be summed
 across a swarm: 1, 2.5 and 5 per decade (each bucket 2-2.5x the last), from
-well below what the fastest case takes to above what any step waits before
-it is declared failed (`runtime.inference.chain.Timeouts`).
+well below what the fastest case takes to a minute. A step's deadline
+follows its hops' measured speed (`runtime.inference.deadlines`), so a
+long prompt through a slow hop may wait longer: that lands in the +Inf
+bucket, which the count still holds.
 """
 
 from __future__ import annotations
@@ -46,17 +48,16 @@ TTFT_BUCKETS_S: Final = (*one_two_five(0.01, 10.0), 30.0, 60.0)
 """Time to first token, at the entry: from accepting a request to its first
 token (routing, tokenizing, the prefill through every hop, the token back).
 A tiny model on loopback answers in 10-30 ms; a long prompt on volunteers'
-CPUs or a first request that fetches the model's tokenizer takes seconds; a
-prefill may take up to ~45 s before it is declared failed (2 s plus 5 ms a
-token for 8,192 positions), and a failover replays it: 60 s is the end."""
+CPUs or a first request that fetches the model's tokenizer takes seconds,
+a long one through a slow hop tens of seconds; past a minute is +Inf."""
 
 INTER_TOKEN_BUCKETS_S: Final = (*one_two_five(0.001, 10.0), 30.0)
 """Time between two tokens of one completion, at the entry: one decode step
 through the whole chain, plus detokenizing and sending the last token. A
 tiny model on loopback takes 1-3 ms; a healthy chain over a LAN or WAN tens
-to hundreds of ms; a step is declared failed after 2 s, and a failover
-(up to 6 s to learn which hop died, then a replay) shows as one gap of
-seconds to tens of seconds."""
+to hundreds of ms; a fast chain's step is declared failed after about 2 s
+(`runtime.inference.deadlines`), and a failover (a replay on another
+chain) shows as one gap of seconds to tens of seconds."""
 
 STEP_BUCKETS_S: Final = (*one_two_five(0.0001, 10.0), 30.0, 60.0)
 """One forward of this node's shard (with sampling on the last hop), by the

@@ -185,32 +185,47 @@ def _checked(logits: np.ndarray) -> np.ndarray:
 
 
 class _Draw(NamedTuple):
-    """One sampled step: the candidate ids, their cumulative weights, and
-    where on that scale the seeded draw fell."""
+    """One sampled step: the kept ids (id order) and their Gumbel scores."""
 
     ids: np.ndarray
-    cumulative: np.ndarray
-    point: float
+    scores: np.ndarray
 
     def pick(self) -> int:
-        index = int(np.searchsorted(self.cumulative, self.point, side="right"))
-        return int(self.ids[min(index, self.ids.shape[0] - 1)])
+        return int(self.ids[int(np.argmax(self.scores))])
 
 
-def _draw(values: np.ndarray, params: SamplingParams, seed: int, step: int) -> _Draw:
+def _gumbel(seed: int, step: int, size: int) -> np.ndarray:
+    """One Gumbel(0, 1) noise per token id, from a generator seeded by
+    (seed, step): the same noise for a token whatever else is kept."""
+    uniform = np.random.default_rng([seed % SEED_MODULUS, step]).random(size)
+    with np.errstate(divide="ignore"):
+        return -np.log(-np.log(uniform))  # uniform 0 gives -inf: never drawn
+
+
+def _kept(values: np.ndarray, params: SamplingParams) -> np.ndarray:
+    """Ids the filters keep (top_k, then the nucleus of mass top_p), in id order."""
     scaled = values.astype(np.float64) / params.temperature
     shifted = np.exp(scaled - scaled.max())  # softmax numerators, overflow-free
     size = scaled.shape[0]
     keep = params.top_k if 0 < params.top_k < size else size
     if params.top_p < 1:
-        ids = _nucleus(scaled, shifted, keep, params.top_p)
-    elif keep < size:
-        ids = _best(scaled, keep)
-    else:
-        ids = np.arange(size)  # no filtering: id order, no sort needed
-    generator = np.random.default_rng([seed % SEED_MODULUS, step])
-    cumulative = np.cumsum(shifted[ids])
-    return _Draw(ids, cumulative, generator.random() * float(cumulative[-1]))
+        return np.sort(_nucleus(scaled, shifted, keep, params.top_p))
+    if keep < size:
+        return np.sort(_best(scaled, keep))
+    return np.arange(size)
+
+
+def _draw(values: np.ndarray, params: SamplingParams, seed: int, step: int) -> _Draw:
+    """The Gumbel-max trick: the kept token with the highest logit /
+    temperature plus its seeded Gumbel noise is a draw from the softmax over
+    the kept tokens. Why not a draw on the cumulative mass: there, where a
+    token's share sits depends on every other token's, so logits rounded a
+    little differently elsewhere move the draw across many tokens; here a
+    token wins by a margin in logit units, and a spot check can tell an
+    honest draw from a swapped token by that margin (`token_margin`)."""
+    ids = _kept(values, params)
+    noise = _gumbel(seed, step, values.shape[0])[ids]
+    return _Draw(ids, values[ids].astype(np.float64) / params.temperature + noise)
 
 
 def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) -> int:
@@ -233,36 +248,73 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) 
     return _draw(values, params, seed, step).pick()
 
 
+FILTER_SEARCH_STEPS = 30
+"""Bisections when `token_margin` looks for the perturbation that moves a
+token through the filters: 2**-30 of the logits' range, far below any
+tolerance a recipe states."""
+
+
+def _perturbation_for(values: np.ndarray, params: SamplingParams, token: int, keep: bool) -> float:
+    """The smallest perturbation r (each logit moved by at most r) found to
+    make the filters keep `token` (``keep``) or drop it: the token and every
+    token ranked below it move by r one way, those ranked above it the other,
+    which is the most any such perturbation shifts the token's rank and its
+    share of the mass above it. Bisection over r (`_kept` is monotone in it)."""
+    original = values.astype(np.float64)
+    above = original > original[token]
+    sign = 1.0 if keep else -1.0
+
+    def decides(r: float) -> bool:
+        moved = np.where(above, original - sign * r, original + sign * r)
+        return (token in _kept(moved, params)) == keep
+
+    if decides(0.0):
+        return 0.0
+    low, high = 0.0, float(original.max() - original.min()) + 1.0
+    for _ in range(FILTER_SEARCH_STEPS):
+        middle = (low + high) / 2
+        low, high = (low, middle) if decides(middle) else (middle, high)
+    return high
+
+
 def token_margin(
     logits: np.ndarray, params: SamplingParams, token: int, *, seed: int, step: int
 ) -> float:
-    """How far `token` is from being what `sample` would emit from
-    `logits`: 0 when it is exactly that, growing with how wrong it is.
+    """How much `logits` must be perturbed for `sample` to emit `token`:
+    the smallest r found such that moving every logit by at most r (on the
+    scale of the largest logit, the doctor's `relative_error` scale) could
+    make `token` the draw. 0 when it is the draw already.
 
-    The spot check (`runtime.node.spot_check`) asks this of a recomputed step's
-    logits and the token a last hop claimed, and accepts a margin within its
-    recipe's tolerance: two honest replicas' logits differ by rounding, so a
-    near-tie may honestly break the other way. Greedy: the claimed token's
-    logit below the best one, on the scale of the largest logit. Sampled:
-    the distance from the seeded draw to the claimed token's share of the
-    kept mass, as a fraction of that mass; 1 for a token the filters
-    (top_k, top_p) drop, which no rounding explains.
+    The spot check (`runtime.node.spot_check`) asks this of a recomputed
+    step's logits and the token a last hop claimed, and accepts a margin
+    within its recipes' tolerance: two honest replicas' logits differ by
+    rounding, so a near-tie or a token at the edge of top_k or top_p may
+    honestly go the other way; a token no rounding within the tolerance
+    explains may not. Greedy: half the claimed token's gap to the best
+    logit. Sampled (Gumbel-max, see `_draw`): the claimed token must get
+    through the filters, and every kept token whose score beats it must
+    either fall behind it (half the score gap, in logits) or be filtered
+    out, whichever is nearer.
     """
     values = _checked(logits)
     if not 0 <= token < values.shape[0]:
-        return 1.0
+        return math.inf
+    scale = max(float(np.abs(values).max()), 1e-30)
     if params.temperature == 0:
-        scale = max(float(np.abs(values).max()), 1e-30)
-        return float(values.max() - values[token]) / scale
+        return float(values.max() - values[token]) / (2 * scale)
     draw = _draw(values, params, seed, step)
-    where = np.flatnonzero(draw.ids == token)
-    if where.shape[0] == 0:
-        return 1.0
-    index = int(where[0])
-    high = float(draw.cumulative[index])
-    low = float(draw.cumulative[index - 1]) if index else 0.0
-    total = float(draw.cumulative[-1])
-    return max(low - draw.point, draw.point - high, 0.0) / total
+    own = float(values[token]) / params.temperature + float(
+        _gumbel(seed, step, values.shape[0])[token]
+    )
+    needed = 0.0 if token in draw.ids else _perturbation_for(values, params, token, keep=True)
+    for other, score in zip(draw.ids.tolist(), draw.scores.tolist(), strict=True):
+        if other != token and score > own:
+            beat = (score - own) * params.temperature / 2
+            dropped = (
+                _perturbation_for(values, params, other, keep=False) if beat > needed else beat
+            )
+            needed = max(needed, min(beat, dropped))
+    return needed / scale
 
 
 class StopResult(NamedTuple):
