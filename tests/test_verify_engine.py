@@ -24,7 +24,7 @@ import trio
 
 from mesh.identity import Identity
 from runtime.inference.chain import Hop, Pipeline, replay
-from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest, sketch
+from runtime.inference.commitment import SIGN_EVERY, SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.hop_server import HopServer
 from runtime.inference.protocol import encode_message
 from runtime.inference.transcript import Transcript, find_divergence, judge_step, rows_agree
@@ -106,8 +106,8 @@ async def _generate(pipeline: Pipeline, chain: Sequence[Hop], params: SamplingPa
     async with aclosing(stream) as tokens:
         async for _ in tokens:
             pass
-    with trio.fail_after(5):  # a middle hop's last commitment may trail the last token
-        while len(transcript.commitments) < len(chain) * len(transcript.steps()):
+    with trio.fail_after(5):  # a middle hop's last commitment, and the seals, trail the token
+        while not transcript.complete():
             await trio.sleep(0.01)
     return transcript
 
@@ -145,8 +145,12 @@ async def test_an_honest_chain_agrees_with_its_replay_on_every_step(
         pipeline, chain, honest = await _swarm(nursery, shards, [shards[s] for s in SPANS])
         transcript = await _generate(pipeline, chain, params)
         assert len(transcript.tokens) == params.max_tokens
-        for (index, _), commitment in transcript.commitments.items():
-            assert commitment.verified() and commitment.hop == chain[index].node
+        signed = 0
+        for (index, step), commitment in transcript.commitments.items():
+            assert transcript.proven(index, step) and commitment.hop == chain[index].node
+            signed += bool(commitment.signature)
+        # One signature in SIGN_EVERY steps, plus each session's first and last.
+        assert signed <= len(chain) * (2 + len(transcript.steps()) // SIGN_EVERY)
         assert await _check(pipeline, transcript, honest) is None
         nursery.cancel_scope.cancel()
 
@@ -163,7 +167,7 @@ async def test_a_noisy_middle_hop_is_named_at_the_step_it_lied(
         found = await _check(pipeline, transcript, honest)
         assert found is not None
         assert (found.kind, found.hop_index, found.step) == ("output", 1, step)
-        assert found.commitment is not None and found.commitment.verified()
+        assert found.commitment is not None and transcript.proven(1, step)
         nursery.cancel_scope.cancel()
 
 
@@ -345,7 +349,14 @@ class FloodingHop(HopServer):
     def _push(self, session: Any, work: Any, result: Any) -> None:
         super()._push(session, work, result)
         rows = np.zeros((2, SKETCH_DIMS), np.float32)
-        base = {"op": "commit", "session": session.id, "pos": 0, "count": 1, "in_rows": 1}
+        base = {
+            "op": "commit",
+            "session": session.id,
+            "pos": 0,
+            "count": 1,
+            "in_rows": 1,
+            "prev": b"",
+        }
         bogus = [
             ({**base, "step": 10**6, "in_digest": b"", "sig": b"x" * 64}, rows),
             ({**base, "step": 0, "in_digest": b"", "sig": b"x" * 64}, np.zeros((2, 3), "f4")),
@@ -371,7 +382,7 @@ async def test_bogus_commitments_are_counted_and_never_filed(
         assert len(transcript.tokens) == GREEDY.max_tokens
         steps = len(transcript.steps())
         assert len(transcript.commitments) == len(chain) * steps
-        assert all(c.verified() for c in transcript.commitments.values())
+        assert all(transcript.proven(index, step) for index, step in transcript.commitments)
         with trio.fail_after(5):
             while (
                 entry.drops["engine.bad_commitment"] + entry.drops["engine.bad_field"] < 3 * steps
@@ -381,3 +392,30 @@ async def test_bogus_commitments_are_counted_and_never_filed(
         assert entry.drops["engine.bad_field"] == steps
         assert transcript.refused == 0
         nursery.cancel_scope.cancel()
+
+
+def test_an_unsigned_link_is_proven_only_by_an_intact_chain_to_a_signed_one() -> None:
+    hop, entry = Identity.generate(), Identity.generate()
+    first = signed_commitment(hop, entry.node_id, layers=(0, 3), ids=[1, 2], token=None)
+    fields = _fields(first)
+    middle = Commitment(
+        **{
+            **fields,
+            "step": 1,
+            "pos": 2,
+            "count": 1,
+            "signature": b"",
+            "previous": first.digest(),
+            "inputs_digest": ids_digest(np.array([3])),
+            "outputs": np.ones((1, SKETCH_DIMS), np.float32),
+        }
+    )
+    last = Commitment(**{**_fields(middle), "step": 2, "pos": 3, "previous": middle.digest()})
+    last = last.signed(hop)
+    assert not middle.verified() and middle.verified_through([last])
+    assert not middle.verified_through([])  # no signed link after it
+    altered = Commitment(**{**_fields(middle), "outputs": middle.outputs * 2})
+    assert not altered.verified_through([last])  # the chain no longer names it
+    stranger = Identity.generate()
+    forged = Commitment(**{**_fields(last), "hop": stranger.node_id}).signed(stranger)
+    assert not middle.verified_through([forged])  # another hop's signature proves nothing

@@ -53,8 +53,14 @@ from typing import Any, Final
 import numpy as np
 import trio
 
+from mesh.identity import SIGNATURE_BYTES
 from mesh.transport import Plane
-from runtime.inference.commitment import DIGEST_BYTES, SKETCH_DIMS, Commitment
+from runtime.inference.commitment import (
+    CHAIN_DIGEST_BYTES,
+    DIGEST_BYTES,
+    SKETCH_DIMS,
+    Commitment,
+)
 from runtime.inference.deadlines import (
     DEFAULT_DEADLINES,
     UNMEASURED_PACE,
@@ -72,6 +78,7 @@ from runtime.inference.protocol import (
     OP_FORWARD,
     OP_OPEN,
     OP_OPENED,
+    OP_SEAL,
     OP_TOKEN,
     R_BAD_FIELD,
     R_NOT_SESSION_PEER,
@@ -453,12 +460,16 @@ class Pipeline:
         try:
             session = session_field(header)
             reply = _Reply(op=op, session=session)
-            if op in (OP_TOKEN, OP_COMMIT):
+            if op in (OP_TOKEN, OP_COMMIT, OP_SEAL):
                 filing = self._filings.get(session)
                 if filing is None:
                     raise BadMessage(R_STALE_REPLY, "a session whose commitments are not kept")
                 if filing.hop != peer:
                     raise BadMessage(R_NOT_SESSION_PEER)
+                if op == OP_SEAL:
+                    signature = _bytes_field(header, "sig", (SIGNATURE_BYTES,))
+                    filing.transcript.seal(filing.index, uint_field(header, "step"), signature)
+                    return
                 commitment = _commitment(
                     filing, self.plane.keys.node_id, session, header, dtype, shape, raw
                 )
@@ -668,11 +679,10 @@ def _commitment(
     count = uint_field(header, "count")
     in_rows = uint_field(header, "in_rows")
     digest = header.get("in_digest")
-    signature = header.get("sig")
+    signature = _bytes_field(header, "sig", (0, SIGNATURE_BYTES))
+    previous = _bytes_field(header, "prev", (0, CHAIN_DIGEST_BYTES))
     if type(digest) is not bytes or len(digest) not in (0, DIGEST_BYTES):
         raise BadMessage(R_BAD_FIELD, "in_digest must be 0 or 16 bytes")
-    if type(signature) is not bytes:
-        raise BadMessage(R_BAD_FIELD, "sig must be bytes")
     if dtype != "float32" or len(shape) != 2 or shape[1] != SKETCH_DIMS:
         raise BadMessage(R_BAD_COMMITMENT, f"sketches must be float32 [n, {SKETCH_DIMS}]")
     step, pos = uint_field(header, "step"), uint_field(header, "pos")
@@ -698,8 +708,18 @@ def _commitment(
         inputs=rows[:in_rows],
         outputs=rows[in_rows:],
         token=token if isinstance(token, int) and not isinstance(token, bool) else None,
+        previous=previous,
         signature=signature,
     )
+
+
+def _bytes_field(header: Mapping[str, Any], key: str, sizes: tuple[int, ...]) -> bytes:
+    value = header.get(key)
+    if type(value) is not bytes or len(value) not in sizes:
+        raise BadMessage(
+            R_BAD_FIELD, f"{key} must be bytes of length {' or '.join(map(str, sizes))}"
+        )
+    return value
 
 
 def _ints(value: object) -> tuple[int, ...]:

@@ -28,13 +28,21 @@ What each hop sketches:
   logits and samples only the last row, so it sketches that row and commits
   the ``token`` it emitted.
 
-What is signed (canonical CBOR)::
+What is committed (canonical CBOR)::
 
     [COMMIT_DOMAIN, entry, session, model, [a, b], sketch_seed,
-     step, pos, count, inputs_digest, sha256(inputs || outputs), token]
+     step, pos, count, inputs_digest, sha256(inputs || outputs), token,
+     previous]
 
 ``entry`` binds the commitment to the node that opened the session, so a
-commitment cannot be presented as made for anyone else.
+commitment cannot be presented as made for anyone else. ``previous`` is the
+digest of the session's commitment before it (empty for the first), so a
+session's commitments form a hash chain and one signature covers every
+commitment before it: a hop signs its session's first commitment (the
+prefill), every ``SIGN_EVERY``-th after it, and the last one when the entry
+closes the session (a ``seal``). A commitment without a signature of its own
+is proven by the links after it up to a signed one
+(:meth:`Commitment.verified_through`).
 """
 
 from __future__ import annotations
@@ -42,7 +50,7 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -52,8 +60,10 @@ import numpy as np
 from mesh.identity import SIGNATURE_BYTES, Signer, verify
 
 __all__ = [
+    "CHAIN_DIGEST_BYTES",
     "COMMIT_DOMAIN",
     "DIGEST_BYTES",
+    "SIGN_EVERY",
     "SKETCH_DIMS",
     "Commitment",
     "ids_digest",
@@ -71,6 +81,16 @@ COMMIT_DOMAIN: Final = b"shardmesh-commit-v1"
 DIGEST_BYTES: Final = 16
 """blake2b digest of the first hop's token ids: exact, and 128 bits make a
 collision (another token sequence with the same digest) out of reach."""
+
+SIGN_EVERY: Final = 16
+"""Commitments per signature. An Ed25519 signature costs 50-100 us of CPU,
+a fifth to a half of a small model's decode step on a GPU; hashing the
+chain costs a few microseconds. Signing one step in 16 (and the last, at
+the close) leaves evidence for any step at most 15 links long (a few
+hundred bytes of decode-step sketches) for a sixteenth of the cost."""
+
+CHAIN_DIGEST_BYTES: Final = 32
+"""sha256 of a commitment: what the next one names as ``previous``."""
 
 _PROJECTIONS_CACHED: Final = 64
 """Projections kept ready (seed x width): one per open session of a hop,
@@ -126,6 +146,7 @@ class Commitment:
     inputs: np.ndarray
     outputs: np.ndarray
     token: int | None
+    previous: bytes = b""
     signature: bytes = b""
 
     def signed_bytes(self) -> bytes:
@@ -146,8 +167,13 @@ class Commitment:
             self.inputs_digest,
             sketches,
             -1 if self.token is None else self.token,
+            self.previous,
         ]
         return cbor2.dumps(value, canonical=True)
+
+    def digest(self) -> bytes:
+        """What the session's next commitment names as ``previous``."""
+        return hashlib.sha256(self.signed_bytes()).digest()
 
     def signed(self, signer: Signer) -> Commitment:
         return replace(self, signature=signer.sign(self.signed_bytes()))
@@ -157,6 +183,23 @@ class Commitment:
         return len(self.signature) == SIGNATURE_BYTES and verify(
             self.hop, self.signed_bytes(), self.signature
         )
+
+    def verified_through(self, links: Sequence[Commitment]) -> bool:
+        """True when ``hop`` signed this commitment, itself or through
+        ``links``: the session's commitments after it, each naming the one
+        before as ``previous``, up to one it signed."""
+        if self.verified():
+            return True
+        current: Commitment = self
+        for link in links:
+            if link.hop != self.hop or link.session != self.session:
+                return False
+            if link.previous != current.digest():
+                return False
+            if link.verified():
+                return True
+            current = link
+        return False
 
     @property
     def position_range(self) -> range:
@@ -174,6 +217,7 @@ class Commitment:
             "count": self.count,
             "in_rows": int(self.inputs.shape[0]),
             "in_digest": self.inputs_digest,
+            "prev": self.previous,
             "sig": self.signature,
         }
 
@@ -196,6 +240,7 @@ class Commitment:
             "inputs": _encode_rows(self.inputs),
             "outputs": _encode_rows(self.outputs),
             "token": self.token,
+            "previous": self.previous.hex(),
             "signature": self.signature.hex(),
         }
 
@@ -220,6 +265,7 @@ class Commitment:
                 inputs=_decode_rows(value["inputs"]),
                 outputs=_decode_rows(value["outputs"]),
                 token=None if token is None else int(token),
+                previous=bytes.fromhex(value["previous"]),
                 signature=bytes.fromhex(value["signature"]),
             )
         except (KeyError, TypeError, IndexError, ValueError) as exc:

@@ -44,7 +44,7 @@ import trio
 from mesh.identity import Signer
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS
-from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest, sketch
+from runtime.inference.commitment import SIGN_EVERY, SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.latency import STEP_BUCKETS_S, Histogram
 from runtime.inference.protocol import (
     MAX_NAME_CHARS,
@@ -53,6 +53,7 @@ from runtime.inference.protocol import (
     OP_FORWARD,
     OP_OPEN,
     OP_OPENED,
+    OP_SEAL,
     OP_TOKEN,
     R_BAD_FIELD,
     R_BAD_PAYLOAD,
@@ -240,6 +241,10 @@ class _Session:
     # and the session is not idle (a long prefill on slow hardware, or steps
     # waiting for a busy shard, are never reaped).
     queued: int = 0
+    # The session's latest commitment (the head of its hash chain), and how
+    # many were made since the last signed one.
+    last: Commitment | None = None
+    unsigned: int = 0
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     inbox: trio.MemorySendChannel[_Step] | None = None
 
@@ -346,6 +351,7 @@ class HopServer:
                 session = found
                 self._forward(session, header, dtype, shape, raw)
             else:
+                self._seal(found)
                 self._close(found)
         except BadMessage as exc:
             self._drops[f"engine.{exc.reason}"] += 1
@@ -445,6 +451,16 @@ class HopServer:
         session.scope.cancel()
         if session.inbox is not None:
             session.inbox.close()
+
+    def _seal(self, session: _Session) -> None:
+        """The entry closed the session: sign its last commitment, if that
+        one is not signed yet, so every commitment of it is proven."""
+        last = session.last
+        if last is None or last.signature:
+            return
+        signature = last.signed(self.signer).signature
+        header = {"op": OP_SEAL, "session": session.id, "step": last.step, "sig": signature}
+        self._send(session.reply, session.entry, header)
 
     def _reap(self, now: float) -> None:
         for session in list(self._sessions.values()):
@@ -622,7 +638,14 @@ class HopServer:
             inputs=_NO_ROWS if first else sketch(work.inputs, session.sketch_seed),
             outputs=committed_out,
             token=token,
-        ).signed(self.signer)
+            previous=b"" if session.last is None else session.last.digest(),
+        )
+        # The chain's first link and every SIGN_EVERY-th are signed; the
+        # last is signed when the entry closes the session (`_seal`).
+        session.unsigned = (session.unsigned + 1) % SIGN_EVERY
+        if session.last is None or session.unsigned == 0:
+            commitment = commitment.signed(self.signer)
+        session.last = commitment
         hidden = None if token is not None else output
         return _Result(hidden, token, round(took * 1e6), commitment, checked)
 

@@ -41,12 +41,17 @@ forward    → hop        session, step, pos, compute_us (optional, see below):
                         float32 [T, H] into the others
 token      hop → entry  session (the last hop's), token, compute_us, the
                         commitment's fields (step, pos, count, in_rows,
-                        in_digest, sig) and its sketches as payload (float32
-                        [in_rows + out rows, SKETCH_DIMS]); on a spot check
-                        also picks and margins (per judged position)
+                        in_digest, prev, sig; sig empty when unsigned) and
+                        its sketches as payload (float32 [in_rows + out
+                        rows, SKETCH_DIMS]); on a spot check also picks and
+                        margins (per judged position)
 commit     hop → entry  session, the commitment's fields and payload, as on
                         ``token``: every other hop's signed account of a step,
                         sent after its activations went on
+seal       hop → entry  session, step, sig: the signature of the session's
+                        last commitment, sent when the entry closes the
+                        session (commitments form a hash chain; see
+                        runtime.inference.commitment)
 error      hop → entry  session, step (or null), reason
 close      entry → hop  session (idempotent; no reply)
 =========  ===========  =========================================================
@@ -105,6 +110,7 @@ __all__ = [
     "OP_FORWARD",
     "OP_OPEN",
     "OP_OPENED",
+    "OP_SEAL",
     "OP_TOKEN",
     "R_BAD_FIELD",
     "R_BAD_PAYLOAD",
@@ -143,8 +149,9 @@ OP_TOKEN: Final = "token"
 OP_ERROR: Final = "error"
 OP_CLOSE: Final = "close"
 OP_COMMIT: Final = "commit"
+OP_SEAL: Final = "seal"
 HOP_OPS: Final = frozenset({OP_OPEN, OP_FORWARD, OP_CLOSE})
-ENTRY_OPS: Final = frozenset({OP_OPENED, OP_BUSY, OP_TOKEN, OP_ERROR, OP_COMMIT})
+ENTRY_OPS: Final = frozenset({OP_OPENED, OP_BUSY, OP_TOKEN, OP_ERROR, OP_COMMIT, OP_SEAL})
 
 # --- limits -------------------------------------------------------------------
 

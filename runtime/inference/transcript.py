@@ -27,7 +27,7 @@ and data: no I/O.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Final, Literal
 
 import numpy as np
@@ -101,6 +101,46 @@ class Transcript:
             self.refused += 1
             return
         self.commitments[key] = commitment
+
+    def seal(self, hop_index: int, step: int, signature: bytes) -> None:
+        """The hop's signature of its last commitment, sent at the close;
+        kept only for a commitment that has none yet (it is checked when
+        the commitment becomes evidence)."""
+        found = self.commitments.get((hop_index, step))
+        if found is not None and not found.signature:
+            self.commitments[(hop_index, step)] = replace(found, signature=signature)
+
+    def links(self, hop_index: int, step: int) -> tuple[Commitment, ...]:
+        """The hop's commitments after ``step``, up to its next signed one:
+        what proves an unsigned commitment (`Commitment.verified_through`)."""
+        chain = []
+        later = sorted(s for (i, s) in self.commitments if i == hop_index and s > step)
+        for following in later:
+            commitment = self.commitments[(hop_index, following)]
+            chain.append(commitment)
+            if commitment.signature:
+                break
+        return tuple(chain)
+
+    def complete(self) -> bool:
+        """Every hop's commitment for every step is in, and each hop's
+        latest one is signed (its seal came): the chains prove them all."""
+        hops = len(self.chain_nodes)
+        steps = self.steps()
+        if not steps or len(self.commitments) < hops * len(steps):
+            return False
+        latest: dict[int, int] = {}
+        for index, step in self.commitments:
+            latest[index] = max(step, latest.get(index, step))
+        return len(latest) == hops and all(
+            self.commitments[(index, step)].signature for index, step in latest.items()
+        )
+
+    def proven(self, hop_index: int, step: int) -> bool:
+        """The hop signed its commitment for ``step``, itself or through
+        the links after it."""
+        commitment = self.commitments[(hop_index, step)]
+        return commitment.verified_through(self.links(hop_index, step))
 
     def steps(self) -> list[int]:
         """The steps this chain ran, in order (from the first hop's commitments

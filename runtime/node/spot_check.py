@@ -51,7 +51,7 @@ from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import Signer, node_id_text
 from mesh.records import NodeRecord
 from runtime.inference.chain import Hop, Pipeline, PipelineError, replay
-from runtime.inference.commitment import Commitment
+from runtime.inference.commitment import SIGN_EVERY, Commitment
 from runtime.inference.transcript import (
     Divergence,
     Replay,
@@ -141,6 +141,9 @@ class Evidence:
     seed: int
     layers: tuple[tuple[int, int], ...]
     commitment: Commitment
+    links: tuple[Commitment, ...] = ()
+    """The accused's commitments after ``commitment`` up to a signed one,
+    when ``commitment`` itself is an unsigned link of its hash chain."""
 
     @property
     def accused(self) -> bytes:
@@ -163,6 +166,7 @@ class Evidence:
             "seed": self.seed,
             "layers": [list(span) for span in self.layers],
             "commitment": self.commitment.to_json(),
+            "links": [link.to_json() for link in self.links],
         }
 
     def digest(self) -> bytes:
@@ -193,6 +197,7 @@ class Evidence:
                 seed=int(value["seed"]) % SEED_MODULUS,
                 layers=tuple((int(a), int(b)) for a, b in value["layers"]),
                 commitment=Commitment.from_json(value["commitment"]),
+                links=tuple(Commitment.from_json(link) for link in value["links"][:SIGN_EVERY]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed evidence: {exc}") from None
@@ -215,8 +220,8 @@ class Evidence:
             return "the commitment covers positions past the request"
         if len(self.prompt) + len(self.tokens) > MAX_CHECKED_POSITIONS or not self.tokens:
             return "the request is empty or too long to recompute"
-        if not c.verified():
-            return "the commitment's signature does not verify"
+        if not c.verified_through(self.links):
+            return "the commitment's signature does not verify (nor its chain's)"
         return ""
 
     def transcript(self, chain: Sequence[Hop]) -> Transcript:
@@ -342,7 +347,7 @@ class SpotChecker:
         the liar, and an entry that reported on one replay would make every
         liar an accuser of the honest hops it happens to check."""
         with trio.move_on_after(COMMITMENTS_WAIT_S):
-            while len(transcript.commitments) < _expected(transcript):
+            while not transcript.complete():
                 await trio.sleep(0.02)
         nodes = transcript.chain_nodes
         variant = _variant(self._swarm.coverage(), transcript.model, nodes)
@@ -391,7 +396,8 @@ class SpotChecker:
             self._distrust(accused)
             return
         self._distrust(accused)
-        if not commitment.verified():
+        links = () if again is None else transcript.links(index, found.step)
+        if not commitment.verified_through(links):
             self.counters["unsigned"] += 1
             return
         evidence = Evidence(
@@ -405,6 +411,7 @@ class SpotChecker:
             seed=transcript.seed,
             layers=tuple(transcript.chain_layers),
             commitment=commitment,
+            links=links,
         )
         reported = await self._report(evidence)
         self.counters["reported" if reported else "report_failed"] += 1
@@ -458,10 +465,6 @@ async def _replay(
         counters["replay_failed"] += 1
         log.info("replay for a check failed: %s", exc)
         return None
-
-
-def _expected(transcript: Transcript) -> int:
-    return len(transcript.chain_nodes) * len(transcript.steps())
 
 
 def _recipes(variant: ModelCoverage, nodes: Sequence[bytes]) -> list[str]:
