@@ -248,29 +248,35 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) 
     return _draw(values, params, seed, step).pick()
 
 
-FILTER_SEARCH_STEPS = 30
+FILTER_SEARCH_STEPS = 20
 """Bisections when `token_margin` looks for the perturbation that moves a
-token through the filters: 2**-30 of the logits' range, far below any
+token through the filters: 2**-20 of the logits' range, far below any
 tolerance a recipe states."""
 
 
-def _perturbation_for(values: np.ndarray, params: SamplingParams, token: int, keep: bool) -> float:
+def _perturbation_for(
+    values: np.ndarray, params: SamplingParams, token: int, keep: bool, within: float = 0.0
+) -> float:
     """The smallest perturbation r (each logit moved by at most r) found to
-    make the filters keep `token` (``keep``) or drop it: the token and every
-    token ranked below it move by r one way, those ranked above it the other,
-    which is the most any such perturbation shifts the token's rank and its
-    share of the mass above it. Bisection over r (`_kept` is monotone in it)."""
+    make the filters keep `token` (``keep``) or drop it, by bisection over r
+    (`_kept` is monotone in it along these perturbations). To keep it: it
+    and every token below it rise by r, the rest (ties included) fall, so
+    it passes whom it can and the mass above it shrinks. To drop it: it
+    falls by r, and every token it could be passed by (within 2r below it,
+    ties and those above included) rises, the rest fall, so it is passed by
+    whom it can be and the mass above it grows."""
     original = values.astype(np.float64)
-    above = original > original[token]
-    sign = 1.0 if keep else -1.0
+    own = float(original[token])
 
     def decides(r: float) -> bool:
-        moved = np.where(above, original - sign * r, original + sign * r)
+        rising = original < own if keep else original >= own - 2 * r
+        rising[token] = keep
+        moved = np.where(rising, original + r, original - r)
         return (token in _kept(moved, params)) == keep
 
-    if decides(0.0):
-        return 0.0
-    low, high = 0.0, float(original.max() - original.min()) + 1.0
+    if decides(within):  # as small as the caller needs it: no closer look
+        return within
+    low, high = within, float(original.max() - original.min()) + 1.0
     for _ in range(FILTER_SEARCH_STEPS):
         middle = (low + high) / 2
         low, high = (low, middle) if decides(middle) else (middle, high)
@@ -307,12 +313,14 @@ def token_margin(
         _gumbel(seed, step, values.shape[0])[token]
     )
     needed = 0.0 if token in draw.ids else _perturbation_for(values, params, token, keep=True)
-    for other, score in zip(draw.ids.tolist(), draw.scores.tolist(), strict=True):
-        if other != token and score > own:
-            beat = (score - own) * params.temperature / 2
-            dropped = (
-                _perturbation_for(values, params, other, keep=False) if beat > needed else beat
-            )
+    beats = [
+        ((score - own) * params.temperature / 2, other)
+        for other, score in zip(draw.ids.tolist(), draw.scores.tolist(), strict=True)
+        if other != token and score > own
+    ]
+    for beat, other in sorted(beats, reverse=True):  # the hardest first: the rest rarely matter
+        if beat > needed:
+            dropped = _perturbation_for(values, params, other, False, within=needed)
             needed = max(needed, min(beat, dropped))
     return needed / scale
 
