@@ -110,7 +110,9 @@ async def test_each_kind_of_liar_is_quarantined_and_routed_around(
     assert status is not None
     assert not {node.node_id for node in honest} & set(status["quarantined"]), status
     verify = status["verify"]
-    assert verify["verdicts"].get("guilty", 0) == len(LIARS), verify
+    # At least one guilty verdict per liar (requests checked before the
+    # first verdict landed may bring more), and no report was false.
+    assert verify["verdicts"].get("guilty", 0) >= len(LIARS), verify
     assert not verify["verdicts"].get("false_report"), verify
 
 

@@ -306,6 +306,7 @@ class SpotChecker:
         self._random = random or (lambda: secrets.randbelow(2**53) / 2**53)
         self.counters: Counter[str] = Counter()
         self._distrusted: dict[bytes, float] = {}
+        self._reported: dict[bytes, float] = {}  # node -> until when not reported again
         self._send, self._receive = trio.open_memory_channel[Transcript](MAX_PENDING_CHECKS)
 
     def distrusted(self, now: float) -> frozenset[bytes]:
@@ -395,6 +396,12 @@ class SpotChecker:
             self.counters["unconfirmed"] += 1
             self._distrust(accused)
             return
+        now = trio.current_time()
+        if self._reported.get(accused, now) > now:
+            # Reported already (a request checked before the verdict landed):
+            # one report per episode, not one offence per request it lied in.
+            self.counters["already_reported"] += 1
+            return
         self._distrust(accused)
         links = () if again is None else transcript.links(index, found.step)
         if not commitment.verified_through(links):
@@ -415,6 +422,9 @@ class SpotChecker:
         )
         reported = await self._report(evidence)
         self.counters["reported" if reported else "report_failed"] += 1
+        if reported:
+            self._reported = {n: u for n, u in self._reported.items() if u > now}
+            self._reported[accused] = now + DISTRUST_S
 
     def _distrust(self, *nodes: bytes) -> None:
         until = trio.current_time() + DISTRUST_S
