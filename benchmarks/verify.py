@@ -599,10 +599,13 @@ async def liar_run(
         chains = await _replicas(nursery, shards, "fp32", liar)
         served = chains[0]
         nodes = [node for chain in chains for node in chain]
-        checker = _checker(entry, nodes, reported)
         liar_id = served[LIAR_HOP].node
         chain = [n.as_hop() for n in served]
         for i in range(requests):
+            # A checker per request: p_detect is what one checked request
+            # finds; an entry reports a node once per episode, so a checker
+            # kept across requests would stay quiet after its first report.
+            checker = _checker(entry, nodes, reported)
             lies = liar.lies
             prompt, params = _request(rng, i, shards[-1].vocab_size)
             result = await serve_and_check(
