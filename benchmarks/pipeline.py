@@ -466,7 +466,7 @@ def fixed_timeouts(chain: Sequence[Hop]) -> tuple[list[Hop], Deadlines]:
     return [replace(hop, pace=share) for hop in chain], deadlines
 
 
-async def _serve(
+async def serve_engine(
     shard: ShardBackend | None,
     model: str,
     *,
@@ -527,10 +527,10 @@ async def _slow_hop(model_dir: Path, model: str) -> dict[str, Any]:
     rng = np.random.default_rng(SLOW_HOP_SEED)
     prompt = rng.integers(0, shards[0].vocab_size, SLOW_HOP_PROMPT_TOKENS).tolist()
     async with trio.open_nursery() as nursery:
-        entry: Engine = await nursery.start(_serve, None, model)
+        entry: Engine = await nursery.start(serve_engine, None, model)
         chain = []
         for shard, (pace, _rates) in zip(shards, measured, strict=True):
-            node: Engine = await nursery.start(_serve, shard, model)
+            node: Engine = await nursery.start(serve_engine, shard, model)
             node_id = node.plane.keys.node_id.hex()
             span = (shard.spec.start, shard.spec.end)
             chain.append(Hop(node_id, node.plane.address, span, pace))

@@ -96,12 +96,12 @@ import numpy as np
 import torch
 import trio
 
+from benchmarks.pipeline import serve_engine
 from consensus.ledger import Verdict
 from consensus.settings import PlacementSettings
 from mesh.coverage import CoverageKey, CoverageMap, ModelCoverage, ServingNode, recipe_class
 from mesh.identity import Identity
 from mesh.records import Addresses, NodeRecord
-from mesh.transport import open_planes
 from runtime.inference.chain import ChainTiming, Hop, Pipeline
 from runtime.inference.commitment import SIGN_EVERY, SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.dispatch import Engine
@@ -271,35 +271,14 @@ class Node:
         return Hop(self.node.hex(), self.address, self.span)
 
 
-async def _serve_node(
-    shard: ShardBackend | None,
-    span: tuple[int, int] | None,
-    recipe: str,
-    *,
-    task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED,
-) -> None:
-    drops: Counter[str] = Counter()
-    identity = Identity.generate()
-    async with open_planes(LOOPBACK, LOOPBACK, drops=drops, keys=identity.plane_keys()) as (
-        _control,
-        data,
-    ):
-        hop = None
-        if shard is not None:
-            hop = HopServer(data, shard, model=MODEL, drops=drops, signer=identity)
-        engine = Engine(data, drops=drops, signer=identity, hop_server=hop)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(engine.run)
-            task_status.started(Node(data.keys.node_id, data.address, engine, span, recipe))
-
-
 async def start_node(
     nursery: trio.Nursery,
     shard: ShardBackend | None = None,
     span: tuple[int, int] | None = None,
     recipe: str = "fp32",
 ) -> Node:
-    node: Node = await nursery.start(_serve_node, shard, span, recipe)
+    engine: Engine = await nursery.start(serve_engine, shard, MODEL)
+    node = Node(engine.plane.keys.node_id, engine.plane.address, engine, span, recipe)
     return node
 
 
