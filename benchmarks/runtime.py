@@ -1,22 +1,47 @@
-"""Runtime benchmark: shard loading, the doctor, and backend throughput side
-by side with transformers' own full model, all measured in one run.
+"""Runtime benchmark: shard loading, the doctor, backend throughput side by
+side with transformers' own full model, and what the numeric recipes cost
+in memory and speed, all measured in one run.
 
-    python -m benchmarks.runtime [--json] [--layers N] [--decode N]
+    python -m benchmarks.runtime [--json] [--layers N] [--decode N] [--model DIR]
 
-Figures (tiny random models from runtime.model.tiny, built in a temp dir):
+Recipe figures, on the *recipe model*: the checkpoint in `--model DIR`, or
+by default one generated in SmolLM2-135M's shape (30 layers, hidden 576,
+MLP 1536, 49152-token tied embedding; random weights, and 9 KV heads where
+SmolLM2 has 3, tinymodel's pairing of heads), big enough that weights fill
+the memory and matmuls set the decode rate. `recipe_model` says which was
+measured. All on the torch backend on the CPU, whose q8/q4 kernels they
+measure:
+- `q8_rss_vs_fp32`, `q4_rss_vs_fp32`: the weights' share of the resident
+  memory, q8 (q4) over fp32: each shard is loaded in a fresh process, and
+  the figure is the process's peak resident memory during the load (Linux
+  VmHWM, reset just before it) less its resident memory just before; the
+  worst ratio over four spans, the whole model and its first, middle and
+  last thirds (`recipes.<recipe>.load_peak_bytes` has them all). Before
+  the load the process has run one small matmul of each kind, so the
+  libraries' one-off buffers, which any serving node pays at its first
+  forward, are not counted as weights. Null off Linux.
+- `q8_decode_vs_fp32`: greedy decode tokens/s of the whole model as one
+  shard, q8 over fp32, the three recipes taking turns for ROUNDS rounds in
+  one process (best of each), on RATE_THREADS thread; `recipes.<recipe>`
+  has the rates and whether the greedy tokens equal fp32's.
+- `doctor_s`: per recipe, the wall time of a full `run_doctor` of the whole
+  recipe model (digests, load, probe, throughput); null for a model
+  without a manifest (`recipes.<recipe>.doctor` says why).
+
+Other figures (tiny random models from runtime.model.tiny, built in a temp dir):
 - `load_bytes_ratio`: an 8-layer model's shard [2, 4) — a quarter of the
   layers — is loaded by each backend; bytes of tensor data it read (the
   safetensors reader's counter) ÷ bytes of the whole model file on disk.
   A quarter of the layers, and none of the embeddings or LM head, so below
   1/4: the point is that it is not 1.
-- `doctor_s`: wall time of one full `run_doctor` (every check, throughput
-  included) of the throughput model as one shard, per backend, the first
+- per backend, `doctor_s`: wall time of one full `run_doctor` (every check,
+  throughput included) of the throughput model as one shard, the first
   in the process (what a starting node pays once its libraries are
-  imported); `doctor_warm_s` is a second run. The top level figure is
-  torch's. On a shared machine torch's figures can be several times
-  slower in one run than the next: its OpenMP threads stall whenever other
-  processes hold the cores (mlx's CPU build suffers far less), so compare
-  `doctor_s` with `doctor_warm_s` before reading much into either.
+  imported); `doctor_warm_s` is a second run. On a shared machine torch's
+  figures can be several times slower in one run than the next: its
+  OpenMP threads stall whenever other processes hold the cores (mlx's CPU
+  build suffers far less), so compare `doctor_s` with `doctor_warm_s`
+  before reading much into either.
 - per backend (`torch`, `mlx`): `prefill_tok_s` and `decode_tok_s` of the
   whole throughput model as one shard [0, L), and `chain_*` the same through
   three shards chained in this process (what a 3-hop pipeline costs in
@@ -45,10 +70,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import multiprocessing
+import re
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +85,10 @@ import numpy as np
 from runtime.model.backends import BACKENDS, ShardSpec, backend_available, load_shard
 from runtime.model.backends.base import ShardBackend
 from runtime.model.doctor import run_doctor
+from runtime.model.manifest import MANIFEST_FILE
+from runtime.model.recipes import QUANT_GROUP_SIZE, RECIPES
 from runtime.model.tiny import HIDDEN_SIZE, INTERMEDIATE_SIZE, make_tiny_model
-from runtime.model.weights import SINGLE_FILE
+from runtime.model.weights import SINGLE_FILE, SafetensorsReader, read_config
 
 LOAD_LAYERS = 8
 LOAD_SPAN = (2, 4)
@@ -87,6 +117,47 @@ RECIPE = "fp32"
 comparison is of frameworks, not of numeric formats."""
 
 _PROMPT_SEED = 0
+
+RECIPE_MODEL_SHAPE: dict[str, Any] = {
+    "layers": 30,
+    "hidden_size": 576,
+    "intermediate_size": 1536,
+    "vocab_size": 49152,
+    "family": "llama",
+    "tie_embeddings": True,
+}
+"""SmolLM2-135M's geometry: the default recipe model (module docstring)."""
+
+COMPARED_RECIPES = ("fp32", "q8", "q4")
+"""Memory and decode rate are compared between fp32, the reference, and the
+quantized recipes."""
+
+RECIPE_DEVICE = "cpu"
+"""The recipe figures measure the CPU kernels; on a GPU the weights would
+not be in the process's resident memory at all."""
+
+RATE_THREADS = 1
+"""Threads of the recipes' decode-rate comparison. One, because the figure
+compares kernels, and on a shared machine multi-threaded rates measure the
+neighbours: with both of 2 cores' OpenMP threads, other processes' bursts
+moved one recipe's best-of-5 rate 4x against another's between runs, where
+one thread's q8/fp32 ratio stayed between 1.32 and 1.47 over three runs.
+It is also what a node gets per core."""
+
+SPAN_PARTS = 3
+"""Memory is measured for the whole recipe model and for each third: the
+first holds the embedding, the last the LM head, the middle neither."""
+
+WARM_UP_ROWS = 64
+WARM_UP_BITS = 8
+"""The small matmuls run before a memory baseline: a full row block of the
+int4 kernel, with q8's two planes (q4 runs a subset of that code)."""
+
+_PROC_STATUS = Path("/proc/self/status")
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+_RESET_PEAK = "5"
+"""Written to /proc/self/clear_refs, resets VmHWM (the process's peak
+resident memory) to its current resident memory (Linux >= 4.0)."""
 
 
 def load_ratio(model: Path) -> dict[str, Any]:
@@ -144,20 +215,35 @@ def transformers_greedy(
         return tokens, prefilled - began, time.perf_counter() - prefilled
 
 
+def transformers_rates(model: Path, device: str, prompt: np.ndarray, steps: int) -> dict[str, Any]:
+    """best_rates of transformers' full model on `device`, which is freed on
+    return (the recipe figures after it measure memory and speed)."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as transformers_logging
+
+    transformers_logging.disable_progress_bar()
+    full: Any = AutoModelForCausalLM.from_pretrained(model, attn_implementation="sdpa")
+    full = full.to(device).eval()
+    return best_rates(lambda: transformers_greedy(full, prompt, steps), len(prompt), steps)
+
+
 def best_rates(
     run: Callable[[], tuple[list[int], float, float]], prompt_len: int, steps: int
 ) -> dict[str, Any]:
-    """prefill/decode tokens per second, best of ROUNDS, and the tokens.
-    Decode counts the steps after the prefill's token (steps - 1 forwards)."""
-    tokens: list[int] = []
-    prefill_s = decode_s = float("inf")
-    for _ in range(ROUNDS):
-        tokens, prefill, decode = run()
-        prefill_s, decode_s = min(prefill_s, prefill), min(decode_s, decode)
+    """prefill/decode tokens per second, best of ROUNDS, and the tokens."""
+    return rates_of([run() for _ in range(ROUNDS)], prompt_len, steps)
+
+
+def rates_of(
+    runs: list[tuple[list[int], float, float]], prompt_len: int, steps: int
+) -> dict[str, Any]:
+    """prefill/decode tokens per second of the best of `runs` (tokens,
+    prefill s, decode s), and the last run's tokens. Decode counts the
+    steps after the prefill's token (steps - 1 forwards)."""
     return {
-        "prefill_tok_s": round(prompt_len / prefill_s, 1),
-        "decode_tok_s": round((steps - 1) / decode_s, 1),
-        "tokens": tokens,
+        "prefill_tok_s": round(prompt_len / min(run[1] for run in runs), 1),
+        "decode_tok_s": round((steps - 1) / min(run[2] for run in runs), 1),
+        "tokens": runs[-1][0],
     }
 
 
@@ -194,6 +280,165 @@ def backend_figures(
     }
 
 
+def recipe_spans(layers: int) -> list[tuple[int, int]]:
+    """The whole model, then its SPAN_PARTS parts in layer order."""
+    bounds = [round(k * layers / SPAN_PARTS) for k in range(SPAN_PARTS + 1)]
+    return [(0, layers), *itertools.pairwise(bounds)]
+
+
+def load_peak(model: str, start: int, end: int, recipe: str) -> dict[str, int]:
+    """Load shard [start, end) in `recipe` on the CPU and return how far the
+    process's resident memory rose at its peak, with the shard's own count
+    of its weight bytes. Meant for a fresh process (`run_in_fresh_process`),
+    whose memory holds nothing else; see the module docstring for the
+    warm-up."""
+    import torch
+
+    from runtime.model.backends.torch_backend import (
+        Int4KernelLinear,
+        load_torch_shard,
+        quantize_rows,
+    )
+
+    warm = torch.randn(WARM_UP_ROWS, QUANT_GROUP_SIZE)
+    kernel = Int4KernelLinear(WARM_UP_ROWS, QUANT_GROUP_SIZE, WARM_UP_BITS)
+    kernel.fill(0, quantize_rows(warm, WARM_UP_BITS))
+    kernel(warm)
+    torch.nn.functional.linear(warm, warm)
+    _CLEAR_REFS.write_text(_RESET_PEAK)
+    before = _status_bytes("VmRSS")
+    shard = load_torch_shard(ShardSpec(Path(model), start, end, recipe), RECIPE_DEVICE)
+    return {"peak": _status_bytes("VmHWM") - before, "weights": shard.weight_bytes}
+
+
+def _status_bytes(field: str) -> int:
+    """A memory field of /proc/self/status, in bytes."""
+    found = re.search(rf"^{field}:\s+(\d+) kB$", _PROC_STATUS.read_text(), re.MULTILINE)
+    if found is None:
+        raise RuntimeError(f"{_PROC_STATUS} has no {field}")
+    return int(found.group(1)) * 1024
+
+
+def run_in_fresh_process(function: Callable[..., Any], *args: Any) -> Any:
+    """`function(*args)` in a new interpreter (spawned, not forked, so it
+    inherits none of this process's memory), which then exits."""
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=context) as pool:
+        return pool.submit(function, *args).result()
+
+
+def recipe_memory(model: Path, layers: int) -> dict[str, dict[str, Any]] | None:
+    """Per compared recipe and span: peak load memory and weight bytes, each
+    load in a fresh process. None where /proc cannot reset the peak."""
+    if not _CLEAR_REFS.exists():
+        return None
+    figures: dict[str, dict[str, Any]] = {r: {"spans": []} for r in COMPARED_RECIPES}
+    for start, end in recipe_spans(layers):
+        for recipe in COMPARED_RECIPES:
+            measured = run_in_fresh_process(load_peak, str(model), start, end, recipe)
+            figures[recipe]["spans"].append([start, end])
+            figures[recipe].setdefault("load_peak_bytes", []).append(measured["peak"])
+            figures[recipe].setdefault("weight_bytes", []).append(measured["weights"])
+    return figures
+
+
+def recipe_rates(
+    model: Path, layers: int, prompt: np.ndarray, steps: int
+) -> dict[str, dict[str, Any]]:
+    """Greedy rates of the whole model as one CPU shard per compared recipe,
+    the recipes taking turns round by round, on RATE_THREADS threads."""
+    import torch
+
+    from runtime.model.backends.torch_backend import load_torch_shard
+
+    shards = {
+        r: load_torch_shard(ShardSpec(model, 0, layers, r), RECIPE_DEVICE) for r in COMPARED_RECIPES
+    }
+    runs: dict[str, list[tuple[list[int], float, float]]] = {r: [] for r in shards}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(RATE_THREADS)
+    try:
+        for _ in range(ROUNDS):
+            for recipe, shard in shards.items():
+                runs[recipe].append(greedy_chain([shard], prompt, steps))
+    finally:
+        torch.set_num_threads(threads)
+    figures = {
+        r: {**rates_of(results, len(prompt), steps), "threads": RATE_THREADS}
+        for r, results in runs.items()
+    }
+    for recipe in figures:
+        figures[recipe]["tokens_match_fp32"] = (
+            figures[recipe]["tokens"] == figures["fp32"]["tokens"]
+        )
+    for figure in figures.values():
+        del figure["tokens"]
+    return figures
+
+
+def recipe_doctor(model: Path, layers: int) -> dict[str, dict[str, Any]]:
+    """A full torch doctor run of the whole model in every recipe."""
+    figures = {}
+    for recipe in RECIPES:
+        began = time.perf_counter()
+        report = run_doctor(model, 0, layers, recipe, "torch")
+        figures[recipe] = {
+            "seconds": round(time.perf_counter() - began, 3),
+            "admitted": report.admitted,
+            "message": report.message,
+        }
+    return figures
+
+
+def recipe_figures(
+    model: Path, layers: int, prompt: np.ndarray, steps: int, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """The recipe figures of the module docstring: the top-level ratios and
+    `doctor_s`, and per recipe the details they come from."""
+    say(f"recipes: load memory of {COMPARED_RECIPES}, fresh process each ...")
+    memory = recipe_memory(model, layers)
+    say(f"recipes: decode rates of {COMPARED_RECIPES} ...")
+    rates = recipe_rates(model, layers, prompt, steps)
+    say("recipes: doctor in every recipe ...")
+    doctor = recipe_doctor(model, layers)
+    details: dict[str, Any] = {
+        r: {**rates.get(r, {}), **((memory or {}).get(r, {})), "doctor": doctor[r]} for r in RECIPES
+    }
+
+    def worst_ratio(recipe: str) -> float | None:
+        if memory is None:
+            return None
+        pairs = zip(
+            memory[recipe]["load_peak_bytes"], memory["fp32"]["load_peak_bytes"], strict=True
+        )
+        return round(max(peak / reference for peak, reference in pairs), 3)
+
+    return {
+        "q8_decode_vs_fp32": round(rates["q8"]["decode_tok_s"] / rates["fp32"]["decode_tok_s"], 3),
+        "q8_rss_vs_fp32": worst_ratio("q8"),
+        "q4_rss_vs_fp32": worst_ratio("q4"),
+        "doctor_s": {r: d["seconds"] if d["admitted"] else None for r, d in doctor.items()},
+        "recipes": details,
+    }
+
+
+def describe_model(model: Path, generated: bool) -> dict[str, Any]:
+    """What the recipe figures were measured on."""
+    config = read_config(model)
+    return {
+        "path": None if generated else str(model),
+        "generated": generated,
+        "architecture": config["architectures"][0],
+        "layers": config["num_hidden_layers"],
+        "hidden_size": config["hidden_size"],
+        "intermediate_size": config["intermediate_size"],
+        "vocab_size": config["vocab_size"],
+        "tied_embeddings": bool(config.get("tie_word_embeddings")),
+        "tensor_bytes": SafetensorsReader(model).total_bytes,
+        "manifest": (model / MANIFEST_FILE).is_file(),
+    }
+
+
 def _backends() -> list[str]:
     return [b for b in BACKENDS if backend_available(b)]
 
@@ -205,9 +450,16 @@ def main(argv: list[str] | None = None) -> int:
         "--layers", type=int, default=THROUGHPUT_LAYERS, help="layers of the throughput model"
     )
     parser.add_argument("--decode", type=int, default=DECODE_STEPS, help="greedy tokens")
+    parser.add_argument(
+        "--model",
+        type=Path,
+        help="model folder for the recipe figures (default: a generated SmolLM2-135M shape)",
+    )
     args = parser.parse_args(argv)
     if args.layers < CHAIN_SHARDS or args.decode < 2:
         parser.error(f"need --layers >= {CHAIN_SHARDS} and --decode >= 2")
+    if args.model is not None and not (args.model / "config.json").is_file():
+        parser.error(f"--model {args.model}: no config.json there")
     if not backend_available("torch"):
         parser.error("the benchmark needs the torch backend (transformers is its anchor)")
 
@@ -232,19 +484,19 @@ def main(argv: list[str] | None = None) -> int:
             backends[backend] = backend_figures(model, backend, prompt, args.layers, args.decode)
             say(f"  {json.dumps({k: v for k, v in backends[backend].items() if k != 'tokens'})}")
 
-        from transformers import AutoModelForCausalLM
-        from transformers.utils import logging as transformers_logging
-
-        transformers_logging.disable_progress_bar()
-
         say("transformers: full model ...")
         device = backends["torch"]["device"]
-        full = AutoModelForCausalLM.from_pretrained(model, attn_implementation="sdpa")
-        full = full.to(device).eval()
-        anchor = best_rates(
-            lambda: transformers_greedy(full, prompt, args.decode), len(prompt), args.decode
-        )
+        anchor = transformers_rates(model, device, prompt, args.decode)
         say(f"  {json.dumps({k: v for k, v in anchor.items() if k != 'tokens'})}")
+
+        recipe_model = args.model
+        if recipe_model is None:
+            say(f"building the recipe model {json.dumps(RECIPE_MODEL_SHAPE)} (minutes) ...")
+            recipe_model = make_tiny_model(Path(tmp) / "recipes", **RECIPE_MODEL_SHAPE)
+        described = describe_model(recipe_model, generated=args.model is None)
+        recipe_prompt = rng.integers(0, described["vocab_size"], size=PREFILL_TOKENS)
+        recipes = recipe_figures(recipe_model, described["layers"], recipe_prompt, args.decode, say)
+        say(f"  {json.dumps(recipes)}")
 
     result: dict[str, Any] = {
         "benchmark": "runtime",
@@ -267,7 +519,8 @@ def main(argv: list[str] | None = None) -> int:
             "decode_tokens": args.decode,
             "rounds": ROUNDS,
         },
-        "doctor_s": backends["torch"]["doctor_s"],
+        "recipe_model": described,
+        **recipes,
         "transformers_decode_tok_s": anchor["decode_tok_s"],
         "transformers_prefill_tok_s": anchor["prefill_tok_s"],
         "transformers_device": device,

@@ -111,6 +111,23 @@ def test_dtypes_round_trip(tmp_path: Path) -> None:
     assert np.array_equal(tensors["f16"].to_numpy(), values.half().numpy())
 
 
+def test_read_rows_reads_a_block(tmp_path: Path) -> None:
+    """A block of rows is exactly that slice of the tensor, in any dtype,
+    and only its bytes are read."""
+    values = torch.linspace(-3, 3, 96).reshape(12, 4, 2)
+    save_torch_file({"f32": values, "bf16": values.bfloat16()}, str(tmp_path / "model.safetensors"))
+    reader = SafetensorsReader(tmp_path)
+    block = reader.read_rows("f32", 3, 7)
+    assert block.shape == (4, 4, 2) and block.dtype == "F32"
+    assert np.array_equal(block.to_numpy(), values[3:7].numpy())
+    assert reader.bytes_read == 4 * 4 * 2 * 4
+    last = reader.read_rows("bf16", 11, 12)
+    assert np.array_equal(last.to_numpy(), values[11:].bfloat16().float().numpy())
+    for start, stop in [(5, 5), (-1, 2), (10, 13)]:
+        with pytest.raises(ShardLoadError, match=r"rows \[.*\) are outside tensor 'f32' of 12"):
+            reader.read_rows("f32", start, stop)
+
+
 # --- errors -----------------------------------------------------------------
 
 

@@ -22,7 +22,12 @@ no backend can load, say):
 8. `probe`    — the real forward of the manifest's probe: the golden input
    at boundary `start` (token ids when start is 0) through the shard,
    compared with the golden output at boundary `end` (the logits on the
-   last shard) by `recipes.relative_error`, within the recipe's tolerance.
+   last shard). With the manifest's calibration for the recipe, each probe
+   token's error (`recipes.row_errors`) must be within
+   `recipes.calibrated_tolerance` of the error an honest shard of this
+   span showed when the manifest was built; without it (a manifest built
+   before calibration), `recipes.relative_error` within the recipe's
+   global tolerance. The report says which (`basis`).
 9. `throughput` (unless `measure=False`) — prefill and decode tokens/s.
 
 Digests and the probe are complementary: digests catch any changed byte
@@ -77,7 +82,15 @@ from runtime.model.manifest import (
     manifest_digest,
 )
 from runtime.model.progress import Progress
-from runtime.model.recipes import Recipe, check_recipe, relative_error
+from runtime.model.recipes import (
+    CALIBRATION_MARGIN,
+    RECIPES,
+    Recipe,
+    calibrated_tolerance,
+    check_recipe,
+    relative_error,
+    row_errors,
+)
 from runtime.model.weights import (
     SafetensorsReader,
     ShardLoadError,
@@ -570,6 +583,17 @@ def _check_manifest(run: _Run) -> dict[str, Any]:
             f"golden activations do not fit a {layers}-layer model and a {probe}-token probe",
             boundaries=len(golden.boundaries),
         )
+    upper = np.triu(np.ones((layers + 1, layers + 1), dtype=bool), k=1)  # the spans a < b
+    for recipe, errors in golden.calibration.items():
+        if errors.shape != (layers + 1, layers + 1, probe) or not (
+            np.isfinite(errors[upper]).all() and (errors[upper] >= 0).all()
+        ):
+            raise _Refused(
+                "golden_invalid",
+                f"calibration of {recipe} does not hold a finite error for every span and "
+                f"probe token of a {layers}-layer model",
+                recipe=recipe,
+            )
     run.manifest = manifest
     run.golden = golden
     return {
@@ -578,6 +602,7 @@ def _check_manifest(run: _Run) -> dict[str, Any]:
         "num_layers": layers,
         "tensors": len(manifest["tensors"]),
         "probe_tokens": probe,
+        "calibrated": sorted(r for r in golden.calibration if r in RECIPES),
         "manifest_digest": manifest_digest(manifest),
     }
 
@@ -603,12 +628,7 @@ def _check_recipe(run: _Run) -> dict[str, Any]:
         run.recipe = check_recipe(run.backend, run.recipe_name, run.device)
     except BackendError as exc:
         raise _Refused("recipe_unsupported", str(exc), recipe=run.recipe_name) from None
-    return {
-        "recipe": run.recipe.name,
-        "dtype": run.recipe.dtype,
-        "bits": run.recipe.bits,
-        "tolerance": run.recipe.tolerance,
-    }
+    return {"recipe": run.recipe.name, "dtype": run.recipe.dtype, "bits": run.recipe.bits}
 
 
 def _check_memory(run: _Run) -> dict[str, Any]:
@@ -720,28 +740,56 @@ def _check_probe(run: _Run) -> dict[str, Any]:
     inputs = token_ids if run.start == 0 else run.golden.boundaries[run.start]
     last = run.end == run.config["num_hidden_layers"]
     expected = run.golden.logits if last else run.golden.boundaries[run.end]
+    calibration = run.golden.calibration.get(recipe.name)
+    reference = None if calibration is None else calibration[run.start, run.end].astype(float)
     try:
         output = run.shard.forward(inputs, positions, run.shard.new_cache())
-        error = relative_error(output, expected)
+        # Calibrated: each token against its own reference error. Without
+        # calibration: the one-number measure the recipe's tolerance bounds.
+        if reference is None:
+            errors = np.asarray([relative_error(output, expected)])
+        else:
+            errors = row_errors(output, expected)
     except _ENVIRONMENT_ERRORS as exc:
         raise _Refused("forward_failed", _describe(exc)) from None
-    details = {
+    if reference is None:
+        bounds = np.asarray([recipe.tolerance])
+    else:
+        bounds = calibrated_tolerance(recipe, reference)
+    details: dict[str, Any] = {
         "input": "token_ids" if run.start == 0 else f"boundary {run.start}",
         "compared": "logits" if last else f"boundary {run.end}",
         "probe_tokens": len(token_ids),
-        # NaN/inf (a blown-up activation) cannot go into strict JSON; None
-        # with the verdict below says it all.
-        "error": error if math.isfinite(error) else None,
-        "tolerance": recipe.tolerance,
+        "basis": "recipe" if reference is None else "calibrated",
     }
-    if not (math.isfinite(error) and error <= recipe.tolerance):
-        raise _Refused(
-            "outputs_mismatch",
-            f"probe output differs from the golden by {error:.3g} (relative), "
-            f"over the {recipe.name} tolerance {recipe.tolerance:g}",
-            **details,
+    finite = bool(np.isfinite(errors).all())
+    # The token nearest its bound (or the first blown-up one) speaks for the
+    # probe: it is the one that admits or refuses the shard.
+    worst = int(np.argmax(errors / bounds)) if finite else int(np.argmin(np.isfinite(errors)))
+    error = float(errors[worst])
+    tolerance = float(bounds[worst])
+    # NaN/inf (a blown-up activation) cannot go into strict JSON; None with
+    # the verdict below says it all.
+    details["error"] = error if finite else None
+    details["tolerance"] = tolerance
+    if reference is not None:
+        details["token"] = worst
+        details["reference_error"] = float(reference[worst])
+    if finite and (errors <= bounds).all():
+        return details
+    if reference is None:
+        why = f"over the {recipe.name} tolerance {tolerance:g}"
+    else:
+        why = (
+            f"on probe token {worst}, over its calibrated {recipe.name} tolerance "
+            f"{tolerance:.3g} ({CALIBRATION_MARGIN:g} x this span's reference error "
+            f"{details['reference_error']:.3g} + {recipe.calibration_floor:g})"
         )
-    return details
+    raise _Refused(
+        "outputs_mismatch",
+        f"probe output differs from the golden by {error:.3g} (relative), {why}",
+        **details,
+    )
 
 
 def _check_throughput(run: _Run) -> dict[str, Any]:

@@ -20,6 +20,39 @@ embeddings, boundary L the last layer's output before the final norm.
 They are computed layer by layer with the torch backend in fp32 (shard
 [i, i+1) loaded, run, dropped), so building a manifest needs memory for one
 layer plus the embeddings/LM head, like any node.
+
+The same file holds the model's *calibration*: for every recipe a tensor
+`calibration.<recipe>` of shape [L+1, L+1, P] whose entry [a, b, t] (a < b;
+NaN elsewhere) is `recipes.row_errors` of an honest shard [a, b) of that
+recipe on probe token t — exactly what the doctor measures for that span,
+against the same golden (boundary b, or the logits when b = L). The doctor
+admits a span within `recipes.calibrated_tolerance` of these numbers (see
+recipes.py for why per model and per token), and falls back to the
+recipe's global tolerance for a manifest built before calibration existed.
+fp32 is calibrated too (its reference error is rounding-level by
+construction), so its doctor also judges each token on its own scale.
+
+Why every span and not a per-layer model: a span's error is not a
+function of its layers' own errors. It depends on where the span starts (a
+chain from token ids carries the embedding's rounding through the massive
+activation; one from boundary 10 does not) and on cancellations inside it,
+and spans of one model differ by 400x (SmolLM2-135M in fp16: 0.016 on
+[0, 10), 4e-5 on [10, 20)). A bound built from per-layer numbers would be
+loose on the quiet spans, which are exactly where a corrupted layer is
+easiest to see. Storage is small beside the goldens: (L+1)^2 * P floats
+per recipe, 1 MB for an 80-layer model's five recipes against its ~20 MB
+of goldens.
+
+The reference implementation is the torch backend on CPU, which runs
+transformers' own decoder layers in the recipe's dtype and defines the
+q8/q4 grid (see recipes.py). Each recipe costs one pass over the layers
+that carries one hidden state per start boundary: L shard loads and
+L(L+1)/2 one-layer forwards of the 8-token probe, (L+1)/2 times the golden
+pass's forwards (`compute_calibration`). Like the goldens, the calibration's
+last bits depend on the CPU that computed it, so it stays out of the
+model's identity: it lives in the golden file, whose digest
+`manifest_digest` omits, and the JSON is otherwise what a build without
+calibration writes — a model keeps one identity across old and new builders.
 """
 
 from __future__ import annotations
@@ -27,7 +60,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +68,7 @@ import numpy as np
 
 from runtime.model.backends.base import BackendError, ShardSpec
 from runtime.model.progress import Progress
+from runtime.model.recipes import RECIPES, row_errors
 from runtime.model.weights import SafetensorsReader, architecture, read_config
 
 MANIFEST_FILE = "shardmesh-manifest.json"
@@ -61,6 +95,9 @@ TOKENIZER_FILES = (
 PROBE_LENGTH = 8
 PROBE_SEED = b"shardmesh probe v1"
 
+# Golden-file tensor name of a recipe's calibration matrix, after the prefix.
+_CALIBRATION_PREFIX = "calibration."
+
 _REQUIRED_KEYS = (
     "format",
     "name",
@@ -82,10 +119,15 @@ class ManifestError(BackendError):
 
 @dataclass(frozen=True, slots=True)
 class Golden:
-    """The fp32 known answers for the probe."""
+    """The fp32 known answers for the probe, and the error honest shards of
+    each calibrated recipe show against them."""
 
     boundaries: list[np.ndarray]  # L+1 arrays [P, hidden]; boundary i = input of layer i
     logits: np.ndarray  # [P, vocab]
+    # recipe -> [L+1, L+1, P]; entry [a, b, t] (a < b) is span [a, b)'s
+    # reference error on token t. Empty for a manifest built before
+    # calibration existed.
+    calibration: dict[str, np.ndarray] = field(default_factory=dict)
 
 
 def probe_token_ids(vocab_size: int) -> list[int]:
@@ -103,7 +145,8 @@ def build_manifest(
     """Compute the manifest and goldens of `model_dir`, write both files
     there, and return the manifest. `name` defaults to the name in an
     existing manifest (so a rebuild keeps a tiny model's --name), else the
-    directory's name. `progress` hears of each phase."""
+    directory's name. The goldens' file holds the calibration too
+    (`compute_calibration`). `progress` hears of each phase."""
     model_dir = Path(model_dir)
     config = read_config(model_dir)
     if name is None:
@@ -127,6 +170,11 @@ def build_manifest(
             progress.advance()
     token_ids = probe_token_ids(config["vocab_size"])
     golden = compute_golden(model_dir, token_ids, progress)
+    golden = Golden(
+        golden.boundaries,
+        golden.logits,
+        compute_calibration(model_dir, golden, token_ids, progress),
+    )
     golden_sha = _write_golden(model_dir / GOLDEN_FILE, golden)
     tokenizer_files = {
         f: _file_sha256(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).exists()
@@ -185,6 +233,59 @@ def compute_golden(
     return Golden(boundaries, logits)
 
 
+def compute_calibration(
+    model_dir: Path,
+    golden: Golden,
+    token_ids: list[int],
+    progress: Progress | None = None,
+) -> dict[str, np.ndarray]:
+    """The reference error of every span in every recipe: per recipe a
+    [L+1, L+1, P] float32 array, entry [a, b, t] the `row_errors` of shard
+    [a, b) on probe token t, NaN where a >= b.
+
+    One pass per recipe, one layer in memory at a time: when layer i is
+    loaded, every chain that started at a boundary a <= i (from the token
+    ids when a = 0, else from golden boundary a, as the doctor feeds a
+    shard) runs through it, and each chain's output is scored at boundary
+    i+1. Chaining one-layer shards computes what one shard [a, b) computes:
+    between layers the hidden state is cast to float32 and back, which is
+    exact for fp16 and bf16 values and a no-op for the float32 recipes."""
+    from runtime.model.backends.torch_backend import load_torch_shard
+
+    layers = read_config(model_dir)["num_hidden_layers"]
+    ids = np.asarray(token_ids, dtype=np.int64)
+    positions = np.arange(len(ids), dtype=np.int64)
+    calibration = {}
+    for recipe in RECIPES:
+        if progress:
+            progress.phase(f"calibrating {recipe}: reference error of every span", layers)
+        errors = np.full((layers + 1, layers + 1, len(ids)), np.nan, dtype=np.float32)
+        chains: dict[int, np.ndarray] = {}  # start boundary -> hidden state after layer i
+        for i in range(layers):
+            shard = load_torch_shard(ShardSpec(model_dir, i, i + 1, recipe), device="cpu")
+            chains[i] = ids if i == 0 else golden.boundaries[i]
+            for start, hidden in chains.items():
+                chains[start] = shard.forward(
+                    hidden, positions, shard.new_cache(), apply_head=False
+                )
+            if shard.is_last:
+                # One head call for all chains, not L: the final norm and
+                # the LM head treat rows independently, and the head is the
+                # model's largest matmul (vocabulary x hidden).
+                starts = list(chains)
+                logits = shard.head(np.concatenate([chains[a] for a in starts]))
+                for a, rows in zip(starts, np.split(logits, len(starts)), strict=True):
+                    errors[a, layers] = row_errors(rows, golden.logits)
+            else:
+                for a, hidden in chains.items():
+                    errors[a, i + 1] = row_errors(hidden, golden.boundaries[i + 1])
+            del shard
+            if progress:
+                progress.advance()
+        calibration[recipe] = errors
+    return calibration
+
+
 def load_manifest(model_dir: Path) -> dict[str, Any]:
     """The manifest of `model_dir`, checked for shape (not yet against the
     files: the doctor does that)."""
@@ -220,7 +321,12 @@ def load_golden(model_dir: Path, manifest: dict[str, Any]) -> Golden:
         raise ManifestError(f"{path}: golden activations do not match the manifest's digest")
     arrays = load_file(str(path))
     count = manifest["golden"]["boundaries"]
-    return Golden([arrays[f"boundary.{i}"] for i in range(count)], arrays["logits"])
+    calibration = {
+        name.removeprefix(_CALIBRATION_PREFIX): array
+        for name, array in arrays.items()
+        if name.startswith(_CALIBRATION_PREFIX)
+    }
+    return Golden([arrays[f"boundary.{i}"] for i in range(count)], arrays["logits"], calibration)
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:
@@ -272,6 +378,8 @@ def _write_golden(path: Path, golden: Golden) -> str:
 
     arrays = {f"boundary.{i}": np.ascontiguousarray(b) for i, b in enumerate(golden.boundaries)}
     arrays["logits"] = np.ascontiguousarray(golden.logits)
+    for recipe, errors in golden.calibration.items():
+        arrays[_CALIBRATION_PREFIX + recipe] = np.ascontiguousarray(errors)
     data = save(arrays, metadata={"format": MANIFEST_FORMAT})
     _atomic_write(path, data)
     return hashlib.sha256(data).hexdigest()

@@ -90,6 +90,7 @@ def make_tiny_model(
     with_manifest: bool = True,
     hidden_size: int = HIDDEN_SIZE,
     intermediate_size: int = INTERMEDIATE_SIZE,
+    vocab_size: int | None = None,
     progress: Progress | None = None,
 ) -> Path:
     """Write a tiny random model to `out_dir` and return the directory.
@@ -103,8 +104,11 @@ def make_tiny_model(
     manifest's model name (default: the directory's name). The manifest
     (with golden activations) is written unless `with_manifest` is False.
     `hidden_size` and `intermediate_size` grow the model for benchmarks
-    that need a decode step to cost real compute (see `_attention_shape`).
-    `progress` hears of each phase.
+    that need a decode step to cost real compute (see `_attention_shape`);
+    `vocab_size` (default: the tokenizer's) pads the embedding and LM head
+    to more rows than there are tokens, as real checkpoints do (Qwen3 has
+    151936 rows for 151669 tokens), so that a benchmark's LM head costs
+    what a real one does. `progress` hears of each phase.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
@@ -121,8 +125,11 @@ def make_tiny_model(
     if progress:
         progress.phase("tokenizer and config")
     tokenizer = _build_tokenizer()
+    tokens = tokenizer.get_vocab_size()
+    if vocab_size is not None and vocab_size < tokens:
+        raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {tokens} tokens")
     config = _config(
-        family, layers, tokenizer.get_vocab_size(), tie_embeddings, hidden_size, intermediate_size
+        family, layers, vocab_size or tokens, tie_embeddings, hidden_size, intermediate_size
     )
     _write_json(out / "config.json", config)
     _write_json(

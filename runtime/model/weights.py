@@ -14,7 +14,10 @@ how the tests and the benchmark show the shard's share.
 Both layouts Hugging Face writes are supported: one `model.safetensors`, or
 `model.safetensors.index.json` whose `weight_map` names the file of each
 tensor. Tensors come back as raw little-endian bytes plus dtype and shape;
-each backend converts them to its own arrays.
+each backend converts them to its own arrays. A backend that stores weights
+in another form than the checkpoint (the torch backend's q8/q4) reads a
+tensor a block of rows at a time with `SafetensorsReader.read_rows`, so it
+never holds a whole tensor, let alone the shard, in the checkpoint's dtype.
 """
 
 from __future__ import annotations
@@ -272,6 +275,31 @@ class SafetensorsReader:
             where = INDEX_FILE if (self.model_dir / INDEX_FILE).exists() else SINGLE_FILE
             raise ShardLoadError(f"{self.model_dir / where}: missing tensor {name!r}") from None
 
+    def read_rows(self, name: str, start: int, stop: int) -> RawTensor:
+        """Rows [start, stop) of tensor `name` along its first dimension
+        (a tensor is stored row-major, so they are one contiguous byte
+        range): what a loader reads to convert a large tensor block by
+        block."""
+        entry = self._lookup(name)
+        rows = entry.shape[0] if entry.shape else 0
+        if not 0 <= start < stop <= rows:
+            raise ShardLoadError(
+                f"{entry.file}: rows [{start}, {stop}) are outside tensor {name!r} of {rows} rows"
+            )
+        row_bytes = (entry.end - entry.begin) // rows
+        begin = entry.begin + start * row_bytes
+        size = (stop - start) * row_bytes
+        with entry.file.open("rb", buffering=0) as f:
+            f.seek(begin)
+            data = f.read(size)
+        if len(data) != size:
+            raise ShardLoadError(
+                f"{entry.file}: truncated: tensor {name!r} needs {size} bytes "
+                f"at offset {begin}, file gave {len(data)}"
+            )
+        self.bytes_read += size
+        return RawTensor(entry.dtype, (stop - start, *entry.shape[1:]), data)
+
     def read(self, names: list[str]) -> dict[str, RawTensor]:
         """The named tensors, reading only their byte ranges (file by file, in
         offset order, so the disk sees forward seeks)."""
@@ -297,21 +325,31 @@ class SafetensorsReader:
         return {name: out[name] for name in names}
 
 
-def read_shard_tensors(
-    model_dir: Path, start: int, end: int, reader: SafetensorsReader | None = None
-) -> tuple[dict[str, Any], dict[str, RawTensor]]:
-    """Config and the tensors of shard [start, end), each checked against the
-    shape the config implies. Pass a `reader` to watch its `bytes_read`."""
+def shard_shapes(
+    model_dir: Path, start: int, end: int, reader: SafetensorsReader
+) -> tuple[dict[str, Any], dict[str, tuple[int, ...]]]:
+    """Config and the tensors shard [start, end) needs with their shapes,
+    each checked against `reader`'s headers before any data is read, so a
+    mismatched checkpoint is refused before memory is spent on it."""
     config = read_config(model_dir)
     shapes = expected_shapes(config, start, end)
-    reader = reader or SafetensorsReader(model_dir)
-    for name, shape in shapes.items():  # header-only checks before any data is read
+    for name, shape in shapes.items():
         stored = reader.shape_of(name)
         if stored != shape:
             raise ShardLoadError(
                 f"{reader.file_of(name)}: tensor {name!r} has shape {list(stored)}, "
                 f"config.json implies {list(shape)}"
             )
+    return config, shapes
+
+
+def read_shard_tensors(
+    model_dir: Path, start: int, end: int, reader: SafetensorsReader | None = None
+) -> tuple[dict[str, Any], dict[str, RawTensor]]:
+    """Config and the tensors of shard [start, end), each checked against the
+    shape the config implies. Pass a `reader` to watch its `bytes_read`."""
+    reader = reader or SafetensorsReader(model_dir)
+    config, shapes = shard_shapes(model_dir, start, end, reader)
     return config, reader.read(list(shapes))
 
 

@@ -74,10 +74,11 @@ def _local_name(hf_name: str, start: int) -> str:
 
 def _quantize(model: Any, bits: int) -> dict[str, int]:
     """Affine group quantization of every Linear (projections and LM head),
-    in the group size both backends share. The embedding stays unquantized,
-    as on the torch backend: a row lookup costs nothing to keep exact, and
-    quantizing the same set of weights onto the same grid is what lets the
-    two backends' q8/q4 shards interoperate within the recipe tolerance. A
+    in the group size both backends share. The embedding stays unquantized
+    (torch keeps it at 8 bits to fit q4's memory target; a row lookup costs
+    MLX nothing to keep exact). Quantizing the projections onto the same
+    grid is what lets the two backends' q8/q4 shards interoperate within
+    the doctor's calibrated bounds. A
     model whose input dims the group does not divide is refused rather than
     quantized differently."""
     import mlx.nn as nn

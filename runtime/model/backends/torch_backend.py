@@ -1,11 +1,62 @@
 """The torch backend: a span of transformers decoder layers on CUDA, MPS or CPU.
 
 Only the shard's modules are ever built, on the meta device (no memory), and
-then given the tensors that runtime.model.weights read for exactly this
+then given the tensors that runtime.model.weights reads for exactly this
 shard, so a node serving [a, b) of L layers holds about (b-a)/L of the
 weights. The layers are transformers' own classes (the numerics are theirs,
 which is what makes the parity test against the full model meaningful);
 every call into transformers goes through torch_adapter.
+
+Weights are read one tensor at a time, a block of rows at a time, and each
+block is converted (fp32/bf16/fp16) or quantized (q8/q4) straight into the
+shard's own storage. Loading therefore never holds more than one block in
+the checkpoint's dtype beside the shard: a q4 shard needs memory for q4
+weights, not for the fp32 ones it is made from.
+
+q8 and q4 are MLX's affine group quantization (runtime/model/recipes.py):
+per group of QUANT_GROUP_SIZE input weights, w ~ q * scale + bias with q an
+unsigned `bits`-bit code. How they are computed depends on the device:
+
+- CPU: torch's int4 weight-only matmul, `torch._weight_int4pack_mm_for_cpu`,
+  which takes 4-bit digits d in groups of 64 and computes with
+  w = (d - 8) * scale + zero. q4 is one plane of digits. q8 is two: a code
+  q = 16 * hi + lo is stored as the planes [hi | lo] side by side along the
+  input dimension, with scales 16 * scale and scale, and the input is fed
+  twice, so one kernel call sums both planes and computes exactly q * scale
+  + bias: the same grid as MLX's, at one byte per weight. Why this kernel:
+  it is in every torch wheel (no torchao, whose releases pin a torch minor);
+  it takes the affine group grid as it is, where `_weight_int8pack_mm`
+  (about as fast as two int4 planes here) would impose symmetric
+  per-channel scales, a coarser grid than MLX's; and one kernel serves both
+  recipes. Decoding SmolLM2-135M on a 2-core x86 machine, q8 runs 1.2-1.5x
+  and q4 1.9-2.5x fp32's tokens/s (prefill, where the kernel decodes the
+  weights again for every 4 tokens, about 0.5x and 0.9x). Its cost: on x86
+  it is vectorized for bfloat16 activations only (fp32 runs a scalar loop,
+  over 10x slower than fp32's own matmul), so a projection's input and
+  output pass through bfloat16 (its scales and zeros too, the kernel takes
+  them in the activation dtype; the grid is chosen so they hold it
+  exactly). The residual stream, norms, attention and the KV cache stay
+  float32. On the tiny models this moved the doctor's worst q8 error from
+  7.2e-3 to 1.1e-2 (q4: 0.155 to 0.126, with the 8-bit embedding below),
+  within both recipes' tolerances (tests/test_runtime_torch.py).
+- other devices (CUDA, MPS), and a projection whose output width the kernel
+  does not take (not a multiple of _KERNEL_ROW_MULTIPLE): the codes are kept
+  plainly and dequantized to float32 inside each matmul. Same grid, same
+  weights, float32 activations; slower, but it runs wherever torch runs.
+
+The token embedding is quantized too, at 8 bits under both q8 and q4, onto
+the same grid, and kept plainly (a lookup dequantizes just the rows it
+needs). On SmolLM2-135M (49152 x 576, tied) it is a fifth of the weights and
+most of the first shard, so unquantized it would leave a q4 first shard at a
+third of fp32's memory. Why 8 bits under q4 too: its rows are the residual
+stream itself, before any layer, and on SmolLM2-135M 4-bit rows raised
+q4's logits error from 0.26 to 0.31 where 8-bit ones cost 0.01 (q8's
+logits error did not move); a lookup reads a row, so its bits cost memory
+(14 MB there), not speed. The price is paid on spans that start at the
+embedding of a model that builds a massive activation out of it: on
+SmolLM2-135M, 8-bit rows moved q8's per-token error on [0, 10) from 0.018
+to 0.055 (the whole model's logits stayed at 0.035); the manifest's
+calibration records such a model's errors span by span.
 
 Each session has its own KV cache, a DynamicCache whose slots are local to
 the shard (slot 0 is layer `start`).
@@ -14,6 +65,7 @@ the shard (slot 0 is layer `start`).
 from __future__ import annotations
 
 import platform
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +76,7 @@ from torch import nn
 from runtime.model.backends import torch_adapter as adapter
 from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
 from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
-from runtime.model.weights import RawTensor, SafetensorsReader, architecture, read_shard_tensors
+from runtime.model.weights import RawTensor, SafetensorsReader, architecture, shard_shapes
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _RAW_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float16}
@@ -33,6 +85,34 @@ _RAW_DTYPES = {"F32": torch.float32, "BF16": torch.bfloat16, "F16": torch.float1
 _EMBED = "model.embed_tokens.weight"
 _NORM = "model.norm.weight"
 _LM_HEAD = "lm_head.weight"
+
+# The int4 kernel's digits: 4 bits each, read as signed by subtracting 8.
+_PLANE_BITS = 4
+_PLANE_OFFSET = 8
+# The kernel computes output rows in blocks of 16, 32, 48 or 64.
+_KERNEL_ROW_MULTIPLE = 16
+# The kernel's packing interleaves rows in blocks of 64 (AVX-512) or 32
+# (AVX2, other CPUs), independently per block, so a block of rows whose size
+# is a multiple of 64 packs into exactly its slice of the whole weight's
+# packing; loading packs row blocks of that size one at a time.
+_PACK_ROW_BLOCK = 64
+# The packing function's `innerKTiles` argument: a CUDA layout parameter
+# that the CPU packing ignores (torchao passes 1 too).
+_CPU_INNER_K_TILES = 1
+# The activations' dtype inside the kernel: the one it is vectorized for.
+_KERNEL_DTYPE = torch.bfloat16
+# float32 bytes of a tensor converted or quantized at a time while loading:
+# hundreds of rows of a real model (2.3 KB per 576-wide row). Small because
+# the allocator keeps freed blocks of a few MB for reuse rather than
+# returning them: loading SmolLM2-135M in q8 peaked 110 MB above its
+# weights with 8 MiB blocks, 25-35 MB with 1 MiB ones. Per block the work
+# is ~20 tensor ops, a fraction of a second per 100M weights in all.
+_LOAD_BLOCK_BYTES = 1 << 20
+# Bits of a quantized recipe's token embedding (see the module docstring).
+_EMBEDDING_BITS = 8
+# The smallest positive normal bfloat16: the scale of a constant group,
+# whose weights are then all exactly its bias.
+_BF16_TINY = torch.finfo(torch.bfloat16).tiny
 
 
 def default_device() -> str:
@@ -44,53 +124,179 @@ def default_device() -> str:
     return "cpu"
 
 
-class QuantizedLinear(nn.Module):
-    """A bias-free linear layer whose weight is stored as `bits`-bit affine
-    groups (MLX's scheme: per group of QUANT_GROUP_SIZE input weights,
-    w ~ q * scale + bias with q in [0, 2^bits - 1]). The weight is unpacked
-    for each matmul; see runtime/model/recipes.py for why this and not a library."""
+@dataclass(frozen=True, slots=True)
+class AffineGrid:
+    """A block of rows quantized onto the affine group grid: for rows r and
+    group g, weight ~ codes * scale[r, g] + bias[r, g]. `zeros` are the
+    kernel's per-plane zero points (high plane first), bfloat16 values whose
+    sum minus the planes' offsets is `bias` exactly, so the kernel and the
+    plain dequantization compute the very same weights."""
 
-    # Registered buffers (register_buffer below), declared so the type checker
-    # sees tensors rather than nn.Module.__getattr__'s `Tensor | Module`.
-    packed: torch.Tensor
+    codes: torch.Tensor  # uint8 [rows, in]
+    scale: torch.Tensor  # float32 [rows, groups], bfloat16-exact values
+    bias: torch.Tensor  # float32 [rows, groups]
+    zeros: torch.Tensor  # bfloat16 [planes, rows, groups]
+
+
+def quantize_rows(weight: torch.Tensor, bits: int) -> AffineGrid:
+    """`weight` [rows, in] on the `bits`-bit affine grid of groups of
+    QUANT_GROUP_SIZE along `in` (as MLX: scale = range / (2^bits - 1), codes
+    rounded to nearest). Scales are rounded *up* to bfloat16, so a group's
+    largest weight never falls off the top code; the bias is the group
+    minimum carried in one bfloat16 zero per plane (q8's second plane takes
+    the first's rounding remainder, so its bias is exact to ~2^-16 of the
+    group's offset), then the codes are rounded against exactly that scale
+    and bias. Each weight is therefore within half a step (plus q4's one
+    bfloat16 rounding of its group's centre) of its value."""
+    rows, width = weight.shape
+    planes = bits // _PLANE_BITS
+    levels = (1 << bits) - 1
+    groups = weight.float().reshape(rows, width // QUANT_GROUP_SIZE, QUANT_GROUP_SIZE)
+    low, high = torch.aminmax(groups, dim=-1)
+    scale = _bf16_at_least(((high - low) / levels).clamp_min(_BF16_TINY))
+    # Plane p adds (d_p - 8) * 16^p * scale + zero_p, so the planes' zeros
+    # must sum to the bias plus the digits' offsets, 8 * scale * sum(16^p).
+    offsets = _PLANE_OFFSET * scale * _place_values(planes)
+    remaining = low + offsets
+    zeros = []
+    for plane in reversed(range(planes)):
+        lower_offsets = _PLANE_OFFSET * scale * _place_values(plane)
+        zero = (remaining - lower_offsets).to(torch.bfloat16)
+        zeros.append(zero)
+        remaining = remaining - zero.float()
+    bias = torch.stack(zeros).float().sum(dim=0) - offsets
+    codes = groups.sub(bias[..., None]).div_(scale[..., None]).round_().clamp_(0, levels)
+    return AffineGrid(codes.to(torch.uint8).reshape(rows, width), scale, bias, torch.stack(zeros))
+
+
+def _place_values(planes: int) -> int:
+    """16^0 + ... + 16^(planes-1): a code's value per unit of every digit."""
+    return ((1 << (_PLANE_BITS * planes)) - 1) // ((1 << _PLANE_BITS) - 1)
+
+
+def _bf16_at_least(values: torch.Tensor) -> torch.Tensor:
+    """The smallest bfloat16 >= each (positive) value, as float32."""
+    nearest = values.to(torch.bfloat16)
+    # For positive floats the next representable value up is the next bit pattern.
+    above = (nearest.view(torch.int16) + 1).view(torch.bfloat16)
+    return torch.where(nearest.float() < values, above, nearest).float()
+
+
+class PlainAffine(nn.Module):
+    """Affine-quantized rows kept plainly: codes (two to a byte at 4 bits),
+    float32 scale and bias per group. Rows are dequantized on demand, which
+    is what an embedding lookup needs and what a matmul on a device without
+    the int4 kernel falls back to."""
+
+    # Buffers (register_buffer below), declared so the type checker sees
+    # tensors rather than nn.Module.__getattr__'s `Tensor | Module`.
+    codes: torch.Tensor
     scale: torch.Tensor
-    low: torch.Tensor
+    bias: torch.Tensor
 
-    def __init__(self, weight: torch.Tensor, bits: int, compute_dtype: torch.dtype) -> None:
+    def __init__(self, rows: int, width: int, bits: int, device: torch.device) -> None:
         super().__init__()
-        out_features, in_features = weight.shape
-        if in_features % QUANT_GROUP_SIZE:
-            raise BackendError(
-                f"cannot quantize a {in_features}-wide weight in groups of {QUANT_GROUP_SIZE}"
-            )
         self.bits = bits
-        self.shape = (out_features, in_features)
-        self.compute_dtype = compute_dtype
-        levels = (1 << bits) - 1
-        groups = weight.float().reshape(out_features, -1, QUANT_GROUP_SIZE)
-        low = groups.amin(dim=-1, keepdim=True)
-        scale = (groups.amax(dim=-1, keepdim=True) - low).clamp_min(torch.finfo(torch.float32).tiny)
-        scale = scale / levels
-        q = torch.round((groups - low) / scale).clamp(0, levels).to(torch.uint8)
-        per_byte = 8 // bits
-        q = q.reshape(out_features, -1, per_byte)
-        packed = q[..., 0]
-        for k in range(1, per_byte):
-            packed = packed | (q[..., k] << (bits * k))
-        self.register_buffer("packed", packed.contiguous())
-        self.register_buffer("scale", scale.to(compute_dtype))
-        self.register_buffer("low", low.to(compute_dtype))
+        self.width = width
+        groups = width // QUANT_GROUP_SIZE
+        # Not persistent: they are no checkpoint format, and so stay out of
+        # strict state-dict loading of the modules that hold them.
+        self.register_buffer(
+            "codes", torch.empty(rows, width * bits // 8, dtype=torch.uint8, device=device), False
+        )
+        self.register_buffer("scale", torch.empty(rows, groups, device=device), False)
+        self.register_buffer("bias", torch.empty(rows, groups, device=device), False)
 
-    def dequantized(self) -> torch.Tensor:
-        """The weight as the matmul sees it."""
-        per_byte = 8 // self.bits
-        mask = (1 << self.bits) - 1
-        parts = [(self.packed >> (self.bits * k)) & mask for k in range(per_byte)]
-        q = torch.stack(parts, dim=-1).reshape(self.shape[0], -1, QUANT_GROUP_SIZE)
-        return (q.to(self.compute_dtype) * self.scale + self.low).reshape(self.shape)
+    def fill(self, first_row: int, grid: AffineGrid) -> None:
+        """Store a block of quantized rows starting at `first_row`."""
+        codes = grid.codes
+        if self.bits == _PLANE_BITS:
+            codes = codes[:, 0::2] | (codes[:, 1::2] << _PLANE_BITS)
+        stop = first_row + len(codes)
+        self.codes[first_row:stop] = codes
+        self.scale[first_row:stop] = grid.scale
+        self.bias[first_row:stop] = grid.bias
+
+    def dequantize(self, rows: torch.Tensor | slice, dtype: torch.dtype) -> torch.Tensor:
+        """The weights of `rows` (indices or a slice), [n, width] in `dtype`."""
+        codes = self.codes[rows]
+        if self.bits == _PLANE_BITS:
+            low_mask = (1 << _PLANE_BITS) - 1
+            codes = torch.stack([codes & low_mask, codes >> _PLANE_BITS], dim=-1)
+        groups = codes.reshape(len(codes), -1, QUANT_GROUP_SIZE).float()
+        weights = groups * self.scale[rows][..., None] + self.bias[rows][..., None]
+        return weights.reshape(len(codes), self.width).to(dtype)
+
+
+class QuantizedEmbedding(PlainAffine):
+    """A token embedding on the affine grid; a lookup dequantizes its rows."""
+
+    def __init__(
+        self, rows: int, width: int, bits: int, device: torch.device, dtype: torch.dtype
+    ) -> None:
+        super().__init__(rows, width, bits, device)
+        self.out_dtype = dtype
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.dequantize(ids.reshape(-1), self.out_dtype).reshape(*ids.shape, self.width)
+
+
+class DequantizingLinear(PlainAffine):
+    """A bias-free linear layer on the affine grid for devices without the
+    int4 kernel: the whole weight is dequantized for each matmul."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.dequantized())
+        return nn.functional.linear(x, self.dequantize(slice(None), x.dtype))
+
+
+class Int4KernelLinear(nn.Module):
+    """A bias-free linear layer on the affine grid, computed by torch's CPU
+    int4 kernel (see the module docstring): `bits` / 4 planes of digits in
+    the kernel's packing, with a bfloat16 scale and zero per plane and group."""
+
+    packed: torch.Tensor
+    scale_zeros: torch.Tensor
+
+    def __init__(self, rows: int, width: int, bits: int) -> None:
+        super().__init__()
+        self.planes = bits // _PLANE_BITS
+        self.rows = rows
+        groups = width // QUANT_GROUP_SIZE
+        packed_width = self.planes * width * _PLANE_BITS // 8
+        self.register_buffer("packed", torch.empty(rows, packed_width, dtype=torch.uint8), False)
+        self.register_buffer(
+            "scale_zeros",
+            torch.empty(self.planes * groups, rows, 2, dtype=_KERNEL_DTYPE),
+            False,
+        )
+
+    def fill(self, first_row: int, grid: AffineGrid) -> None:
+        """Pack a block of quantized rows starting at `first_row`, which (like
+        the block's length, unless it is the last) is a multiple of
+        _PACK_ROW_BLOCK so that its packing is its slice of the whole."""
+        digit_mask = (1 << _PLANE_BITS) - 1
+        high_first = list(reversed(range(self.planes)))
+        digits = [(grid.codes >> (_PLANE_BITS * p)) & digit_mask for p in high_first]
+        stop = first_row + len(grid.codes)
+        self.packed[first_row:stop] = torch._convert_weight_to_int4pack_for_cpu(
+            torch.cat(digits, dim=1).to(torch.int32), _CPU_INNER_K_TILES
+        )
+        # Scales of 16^p * scale are exact in bfloat16 (scale is bfloat16).
+        scales = [(grid.scale * (1 << (_PLANE_BITS * p))).to(_KERNEL_DTYPE) for p in high_first]
+        per_plane = torch.stack([torch.cat(scales, dim=1), torch.cat(list(grid.zeros), dim=1)], -1)
+        self.scale_zeros[:, first_row:stop] = per_plane.transpose(0, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1]).to(_KERNEL_DTYPE)
+        if self.planes > 1:
+            flat = flat.repeat(1, self.planes)  # each plane multiplies the same input
+        out = torch._weight_int4pack_mm_for_cpu(
+            flat, self.packed, QUANT_GROUP_SIZE, self.scale_zeros
+        )
+        return out.to(x.dtype).reshape(*x.shape[:-1], self.rows)
+
+
+QuantizedLinear = Int4KernelLinear | DequantizingLinear
 
 
 @dataclass(slots=True)
@@ -110,62 +316,117 @@ class TorchShard(ShardPosition):
         self.device = device
         self.recipe: Recipe = check_recipe(self.name, spec.recipe, device)
         self._dtype = _TORCH_DTYPES[self.recipe.dtype]
-        reader = SafetensorsReader(spec.model_dir)
-        config, raw = read_shard_tensors(spec.model_dir, spec.start, spec.end, reader)
-        self.bytes_read = reader.bytes_read
+        self._torch_device = torch.device(device)
+        self._reader = SafetensorsReader(spec.model_dir)
+        config, shapes = shard_shapes(spec.model_dir, spec.start, spec.end, self._reader)
         self.num_layers = int(config["num_hidden_layers"])
         self.hidden_size = int(config["hidden_size"])
         self.vocab_size = int(config["vocab_size"])
         self._arch = architecture(config)
         self._hf_config = adapter.load_config(spec.model_dir)
-        torch_device = torch.device(device)
-        tensors = {name: _to_torch(name, t, torch_device, self._dtype) for name, t in raw.items()}
 
-        self._embed: nn.Embedding | None = None
+        self._embed: nn.Module | None = None
         if self.is_first:
-            self._embed = nn.Embedding.from_pretrained(tensors[_EMBED], freeze=True)
+            self._embed = self._load_embedding()
         self._layers: list[nn.Module] = []
         for local, layer_idx in enumerate(range(spec.start, spec.end)):
             layer = adapter.build_decoder_layer(self._hf_config, self._arch, layer_idx, local)
-            prefix = f"model.layers.{layer_idx}."
-            adapter.load_state(
-                layer, {n[len(prefix) :]: t for n, t in tensors.items() if n.startswith(prefix)}
-            )
-            self._layers.append(self._quantize(layer).eval())
+            self._layers.append(self._load_module(layer, f"model.layers.{layer_idx}.").eval())
         self._norm: nn.Module | None = None
         self._lm_head: nn.Module | None = None
         if self.is_last:
-            self._norm = adapter.build_norm(self._hf_config, self._arch)
-            adapter.load_state(self._norm, {"weight": tensors[_NORM]})
-            head = tensors[_EMBED if _LM_HEAD not in tensors else _LM_HEAD]
-            lm_head = nn.Linear(self.hidden_size, self.vocab_size, bias=False, device="meta")
-            adapter.load_state(lm_head, {"weight": head})
-            self._lm_head = self._quantize(lm_head).eval()
-        self._rotary = adapter.build_rotary(self._hf_config, self._arch, torch_device)
-        self.weight_bytes = sum(
-            t.numel() * t.element_size()
+            norm = adapter.build_norm(self._hf_config, self._arch)
+            self._norm = self._load_module(norm, _NORM.removesuffix("weight")).eval()
+            self._lm_head = self._load_head(_LM_HEAD if _LM_HEAD in shapes else _EMBED).eval()
+        self.bytes_read = self._reader.bytes_read
+        self._rotary = adapter.build_rotary(self._hf_config, self._arch, self._torch_device)
+        held = {
+            t.data_ptr(): t.numel() * t.element_size()
             for module in (self._embed, *self._layers, self._norm, self._lm_head)
             if module is not None
             for t in (*module.parameters(), *module.buffers())
-        )
+        }
+        self.weight_bytes = sum(held.values())  # a tied head shared with the embedding counts once
 
-    def _quantize(self, module: nn.Module) -> nn.Module:
-        """Swap every bias-free Linear for a QuantizedLinear under q8/q4 (the
-        embeddings stay unquantized: a row lookup costs nothing to keep)."""
+    def _load_embedding(self) -> nn.Module:
+        rows, width = self._reader.shape_of(_EMBED)
         if self.recipe.bits is None:
-            return module
-        if isinstance(module, nn.Linear):
-            return self._quantized_linear(module)
-        for name, child in list(module.named_modules()):
-            if isinstance(child, nn.Linear):
-                parent = module.get_submodule(name.rpartition(".")[0]) if "." in name else module
-                setattr(parent, name.rpartition(".")[2], self._quantized_linear(child))
+            return nn.Embedding.from_pretrained(self._dense(_EMBED), freeze=True)
+        embedding = QuantizedEmbedding(
+            rows, width, _EMBEDDING_BITS, self._torch_device, self._dtype
+        )
+        self._quantize_into(_EMBED, embedding, _EMBEDDING_BITS)
+        return embedding
+
+    def _load_head(self, name: str) -> nn.Module:
+        """The LM head from tensor `name` (the embedding's when tied). A
+        tied head in a shard that also holds the embedding shares its
+        tensor under fp recipes; quantized, it is read again, since the
+        kernel's packing cannot serve row lookups."""
+        if self.recipe.bits is not None:
+            return self._quantized_linear(name)
+        head = nn.Linear(self.hidden_size, self.vocab_size, bias=False, device="meta")
+        if name == _EMBED and isinstance(self._embed, nn.Embedding):
+            weight = self._embed.weight.data
+        else:
+            weight = self._dense(name)
+        adapter.load_state(head, {"weight": weight})
+        return head
+
+    def _load_module(self, module: nn.Module, prefix: str) -> nn.Module:
+        """Give a meta-device module its tensors `prefix` + parameter name.
+        Under q8/q4 each bias-free Linear is first replaced by a quantized
+        one built from the checkpoint."""
+        if self.recipe.bits is not None:
+            for name, child in list(module.named_modules()):
+                if isinstance(child, nn.Linear):
+                    if child.bias is not None:
+                        raise BackendError("quantized recipes need bias-free projections")
+                    parent_name, _, attribute = name.rpartition(".")
+                    quantized = self._quantized_linear(f"{prefix}{name}.weight")
+                    setattr(module.get_submodule(parent_name), attribute, quantized)
+        state = {name: self._dense(prefix + name) for name, _ in module.named_parameters()}
+        adapter.load_state(module, state)
         return module
 
-    def _quantized_linear(self, linear: nn.Linear) -> QuantizedLinear:
-        if linear.bias is not None:
-            raise BackendError("quantized recipes need bias-free projections")
-        return QuantizedLinear(linear.weight.data, self.recipe.bits or 0, self._dtype)
+    def _quantized_linear(self, name: str) -> QuantizedLinear:
+        rows, width = self._reader.shape_of(name)
+        bits = self.recipe.bits
+        assert bits is not None
+        if width % QUANT_GROUP_SIZE:
+            raise BackendError(
+                f"cannot quantize {name!r}: its {width} inputs are not groups of {QUANT_GROUP_SIZE}"
+            )
+        linear: QuantizedLinear
+        if self._torch_device.type == "cpu" and rows % _KERNEL_ROW_MULTIPLE == 0:
+            linear = Int4KernelLinear(rows, width, bits)
+        else:
+            linear = DequantizingLinear(rows, width, bits, self._torch_device)
+        self._quantize_into(name, linear, bits)
+        return linear
+
+    def _quantize_into(self, name: str, target: PlainAffine | Int4KernelLinear, bits: int) -> None:
+        for first_row, block in self._row_blocks(name):
+            target.fill(first_row, quantize_rows(block.to(torch.float32), bits))
+
+    def _dense(self, name: str) -> torch.Tensor:
+        """Tensor `name` in the recipe's dtype on the shard's device."""
+        shape = self._reader.shape_of(name)
+        out = torch.empty(shape, dtype=self._dtype, device=self._torch_device)
+        for first_row, block in self._row_blocks(name):
+            out[first_row : first_row + len(block)] = block
+        return out
+
+    def _row_blocks(self, name: str) -> Iterator[tuple[int, torch.Tensor]]:
+        """(first row, rows) blocks of tensor `name` as CPU tensors in its
+        checkpoint dtype, each about _LOAD_BLOCK_BYTES as float32 and a
+        multiple of _PACK_ROW_BLOCK rows (but the last)."""
+        shape = self._reader.shape_of(name)
+        row_bytes = int(np.prod(shape[1:], dtype=np.int64)) * 4
+        per_block = max(1, _LOAD_BLOCK_BYTES // row_bytes // _PACK_ROW_BLOCK) * _PACK_ROW_BLOCK
+        for first_row in range(0, shape[0], per_block):
+            stop = min(first_row + per_block, shape[0])
+            yield first_row, _to_torch(name, self._reader.read_rows(name, first_row, stop))
 
     def new_cache(self) -> _Cache:
         return _Cache(adapter.new_cache())
@@ -241,18 +502,34 @@ class TorchShard(ShardPosition):
             "layers": [self.spec.start, self.spec.end],
             "weight_bytes": self.weight_bytes,
             "bytes_read": self.bytes_read,
+            "quantization": self._quantization(),
             "torch": torch.__version__,
             "transformers": adapter.TRANSFORMERS_VERSION,
             "machine": platform.machine(),
         }
 
+    def _quantization(self) -> dict[str, Any] | None:
+        """How a q8/q4 shard holds and computes its weights: which
+        projections run the int4 kernel and which dequantize (say, on a GPU)."""
+        if self.recipe.bits is None:
+            return None
+        parts = (self._embed, *self._layers, self._lm_head)
+        modules = [m for part in parts if part is not None for m in part.modules()]
+        return {
+            "bits": self.recipe.bits,
+            "group_size": QUANT_GROUP_SIZE,
+            "embedding_bits": _EMBEDDING_BITS if self.is_first else None,
+            "int4_kernel_projections": sum(isinstance(m, Int4KernelLinear) for m in modules),
+            "dequantizing_projections": sum(isinstance(m, DequantizingLinear) for m in modules),
+        }
 
-def _to_torch(name: str, raw: RawTensor, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    """A checkpoint tensor as a torch tensor in the recipe's dtype."""
+
+def _to_torch(name: str, raw: RawTensor) -> torch.Tensor:
+    """Checkpoint bytes as a CPU tensor in the checkpoint's dtype."""
     if raw.dtype not in _RAW_DTYPES:
         raise BackendError(f"tensor {name!r} has dtype {raw.dtype}; expected F32, BF16 or F16")
-    tensor = torch.frombuffer(bytearray(raw.data), dtype=_RAW_DTYPES[raw.dtype])
-    return tensor.reshape(raw.shape).to(device=device, dtype=dtype)
+    # bytearray: torch.frombuffer wants a writable buffer; this copies one block.
+    return torch.frombuffer(bytearray(raw.data), dtype=_RAW_DTYPES[raw.dtype]).reshape(raw.shape)
 
 
 def load_torch_shard(spec: ShardSpec, device: str | None = None) -> TorchShard:

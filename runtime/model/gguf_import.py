@@ -1,0 +1,92 @@
+"""Import a GGUF checkpoint as a model folder the swarm loads.
+
+Pretrained models reach many machines as GGUF files (llama.cpp's format,
+often shipped inside a Python package), while every backend here reads a
+Hugging Face folder: config.json, safetensors weights, tokenizer files and
+our manifest. `import_gguf` bridges the two with transformers' own GGUF
+reader (which needs the `gguf` and `accelerate` packages: the `dev` extra
+installs both), so the tensor-name mapping, the un-permuting of llama.cpp's
+rotary q/k layout and the tokenizer conversion are transformers' code,
+not a second copy of it here that could drift.
+
+Quantized GGUF tensors (Q4_1, Q8_0...) are dequantized to float32: the
+folder holds exactly the numbers the GGUF file encodes, as fp32, and the
+recipes then store them as they do any checkpoint. The folder is written
+under a temporary name and renamed when complete, so a crash mid-import
+never leaves a folder that looks usable.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from runtime.model.backends import IMPORT_LOCK
+from runtime.model.manifest import build_manifest
+from runtime.model.progress import Progress
+from runtime.model.weights import SINGLE_FILE
+
+# Written by transformers' GGUF loader into the config to say "these weights
+# came quantized"; the folder's weights are plain fp32, and transformers
+# would refuse to read a safetensors folder whose config claims GGUF.
+_GGUF_CONFIG_KEY = "quantization_config"
+_LM_HEAD = "lm_head.weight"
+
+
+def import_gguf(
+    gguf_file: Path, out_dir: Path, name: str | None = None, progress: Progress | None = None
+) -> Path:
+    """Convert `gguf_file` into a model folder at `out_dir` (which must not
+    exist) with fp32 safetensors, config, generation config, tokenizer files
+    and a manifest built by `build_manifest` (goldens and calibration
+    included); return `out_dir`. `name` is the manifest's model name
+    (default: the folder's name). `progress` hears of each phase."""
+    gguf_file = Path(gguf_file)
+    out_dir = Path(out_dir)
+    if out_dir.exists():
+        raise FileExistsError(f"{out_dir} exists; import into a new folder")
+    staging = out_dir.with_name(out_dir.name + ".partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        _convert(gguf_file, staging, out_dir.name if name is None else name, progress)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    staging.rename(out_dir)
+    return out_dir
+
+
+def _convert(gguf_file: Path, out: Path, name: str, progress: Progress | None) -> None:
+    """Write the model folder into the empty folder `out`."""
+    with IMPORT_LOCK:  # transformers' lazy imports are not thread-safe
+        import torch
+        from safetensors.torch import save_file
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if progress:
+        progress.phase(f"reading {gguf_file.name} (transformers, dequantized to fp32)")
+    model = AutoModelForCausalLM.from_pretrained(
+        gguf_file.parent, gguf_file=gguf_file.name, dtype=torch.float32
+    )
+    config = model.config
+    if hasattr(config, _GGUF_CONFIG_KEY):
+        delattr(config, _GGUF_CONFIG_KEY)
+    config.architectures = [type(model).__name__]
+    if progress:
+        progress.phase("writing config and fp32 safetensors")
+    config.save_pretrained(out)
+    model.generation_config.save_pretrained(out)
+    tensors = {
+        tensor_name: tensor.detach().contiguous()
+        for tensor_name, tensor in model.state_dict().items()
+        # A tied head is the embedding matrix; the loaders read it from there.
+        if not (tensor_name == _LM_HEAD and config.tie_word_embeddings)
+    }
+    save_file(tensors, str(out / SINGLE_FILE), metadata={"format": "pt"})
+    del model, tensors
+    if progress:
+        progress.phase("converting the tokenizer")
+    tokenizer = AutoTokenizer.from_pretrained(gguf_file.parent, gguf_file=gguf_file.name)
+    tokenizer.save_pretrained(out)
+    build_manifest(out, name=name, progress=progress)
