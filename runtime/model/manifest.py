@@ -177,7 +177,7 @@ def build_manifest(
     )
     golden_sha = _write_golden(model_dir / GOLDEN_FILE, golden)
     tokenizer_files = {
-        f: _file_sha256(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).exists()
+        f: file_sha256(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).exists()
     }
     manifest = {
         "format": MANIFEST_FORMAT,
@@ -187,7 +187,7 @@ def build_manifest(
         "num_layers": config["num_hidden_layers"],
         "hidden_size": config["hidden_size"],
         "vocab_size": config["vocab_size"],
-        "config_sha256": _file_sha256(model_dir / "config.json"),
+        "config_sha256": file_sha256(model_dir / "config.json"),
         "tokenizer_files": tokenizer_files,
         "tokenizer_sha256": _canonical_sha256(tokenizer_files),
         "tensors": tensors,
@@ -317,7 +317,7 @@ def load_golden(model_dir: Path, manifest: dict[str, Any]) -> Golden:
     path = Path(model_dir) / manifest["golden"]["file"]
     if not path.exists():
         raise ManifestError(f"{path}: golden activations file is missing")
-    if _file_sha256(path) != manifest["golden"]["sha256"]:
+    if file_sha256(path) != manifest["golden"]["sha256"]:
         raise ManifestError(f"{path}: golden activations do not match the manifest's digest")
     arrays = load_file(str(path))
     count = manifest["golden"]["boundaries"]
@@ -361,7 +361,7 @@ def verify_artifacts(model_dir: Path, digest: str) -> None:
     expected = {"config.json": manifest["config_sha256"], **manifest["tokenizer_files"]}
     for name, sha in expected.items():
         path = model_dir / name
-        if not path.is_file() or _file_sha256(path) != sha:
+        if not path.is_file() or file_sha256(path) != sha:
             raise ManifestError(f"{path}: missing or not the file the manifest names")
 
 
@@ -385,7 +385,8 @@ def _write_golden(path: Path, golden: Golden) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The sha256 of a file, read a block at a time (weights run to gigabytes)."""
     digest = hashlib.sha256()
     with path.open("rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):
