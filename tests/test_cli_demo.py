@@ -1,6 +1,11 @@
-"""`shardmesh demo` (what `make demo` runs) end to end."""
+"""`shardmesh demo` (what `make demo` runs) end to end, on a quiet machine
+and on one that another CPU-heavy job keeps busy."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -8,11 +13,33 @@ import trio
 from tests.test_cli import shardmesh_command
 
 DEMO_TIMEOUT_S = 120.0
+LOADED_DEMO_TIMEOUT_S = 240.0
+"""Under the load below a demo takes about twice as long as on a quiet
+machine (its nodes get half the cores); the bound leaves room beyond that."""
+
+LOADED_RUNS_ENV = "SHARDMESH_DEMO_RUNS"
+LOADED_RUNS = 2
+"""Demos in a row under load in the suite (about a minute each on 2 cores).
+The issue's soak is ten: `SHARDMESH_DEMO_RUNS=10 pytest
+tests/test_cli_demo.py -k load` runs it."""
+
+BURNER = """
+import time
+import numpy as np
+a = np.random.default_rng(0).standard_normal((256, 256))
+deadline = time.monotonic() + float(__import__("sys").argv[1])
+while time.monotonic() < deadline:
+    a = np.tanh(a @ a)
+"""
+"""One busy process: matmuls (cores and memory bandwidth, as a build or a
+training job would take them), stopping by itself at its deadline should
+the test die before it kills it."""
 
 
-@pytest.mark.slow
-async def test_demo_runs_and_exits_0() -> None:
-    with trio.fail_after(DEMO_TIMEOUT_S):
+async def run_demo(timeout_s: float) -> str:
+    """The demo's output, after asserting that it exits 0, tells its whole
+    story and stops its nodes without a traceback."""
+    with trio.fail_after(timeout_s):
         result = await trio.run_process(
             [*shardmesh_command(), "demo"],
             capture_stdout=True,
@@ -20,7 +47,17 @@ async def test_demo_runs_and_exits_0() -> None:
             check=False,
         )
     out = result.stdout.decode()
-    assert result.returncode == 0, out + result.stderr.decode()
+    everything = out + result.stderr.decode()
+    assert result.returncode == 0, everything
+    assert "Traceback" not in everything, everything
+    assert "exit codes: node0=0, node1=0, node2=0" in out
+    assert out.rstrip().endswith("demo ok")
+    return out
+
+
+@pytest.mark.slow
+async def test_demo_runs_and_exits_0() -> None:
+    out = await run_demo(DEMO_TIMEOUT_S)
     assert "full membership at every node" in out
     assert "tiny-qwen3 fully covered" in out
     assert "tokens streamed through node0, node1, node2]" in out
@@ -30,5 +67,25 @@ async def test_demo_runs_and_exits_0() -> None:
     assert "without it: HTTP 401 unauthorized" in out and "committed at index" in out
     assert "tiny-llama [0, 4) fp32 tier managed managed=True" in out
     assert "declared node4 dead" in out and "within" in out
-    assert "exit codes: node0=0, node1=0, node2=0" in out
-    assert out.rstrip().endswith("demo ok")
+
+
+@pytest.mark.slow
+async def test_demo_passes_in_a_row_beside_a_cpu_heavy_job() -> None:
+    """The issue's failure: on a busy machine the demo's stop step timed out
+    with a traceback. A load generator holds every core while the demo runs
+    again and again."""
+    runs = int(os.environ.get(LOADED_RUNS_ENV, LOADED_RUNS))
+    burn_s = str(runs * LOADED_DEMO_TIMEOUT_S)
+    one_thread = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
+    burners = [
+        subprocess.Popen([sys.executable, "-c", BURNER, burn_s], env=one_thread)
+        for _ in range(os.cpu_count() or 1)
+    ]
+    try:
+        for _ in range(runs):
+            await run_demo(LOADED_DEMO_TIMEOUT_S)
+        assert all(burner.poll() is None for burner in burners), "the load stopped early"
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.wait()
