@@ -35,6 +35,11 @@ from runtime.cli.localswarm import (
 from runtime.cli.status_view import format_status
 
 CONVERGE_TIMEOUT_S = 30.0
+NODE_START_TIMEOUT_S = 45.0
+"""One node's process up and serving its API: imports (torch among them)
+take 2-3 s on a quiet machine and over 10 s beside a CPU-heavy job. The
+nodes start one after another, so full membership is awaited for this
+per node plus CONVERGE_TIMEOUT_S."""
 SERVE_TIMEOUT_S = 90.0  # three doctors and a torch import each, on a busy CPU
 MODEL = "tiny-qwen3"
 SECOND_MODEL = "tiny-llama"  # in node3's store only: placed there on demand
@@ -122,7 +127,8 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     async def start_all() -> None:
         previous: LocalNode | None = None
         for node in members:
-            await swarm.start_ready(node, [previous.seed] if previous else [])
+            joins = [previous.seed] if previous else []
+            await swarm.start_ready(node, joins, timeout=NODE_START_TIMEOUT_S)
             via = f" via {previous.name}" if previous else ""
             _say(
                 f"  {node.name} {node.node_id[:12]} up{via}: control {node.control} api {node.api}"
@@ -138,7 +144,7 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
             members,
             members,
             lambda views: started.is_set() and everyone_alive(views),
-            CONVERGE_TIMEOUT_S,
+            CONVERGE_TIMEOUT_S + len(members) * NODE_START_TIMEOUT_S,
             t0,
         )
     _say(f"full membership at every node {took:.2f}s after the first start")
