@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from runtime.model.progress import Progress
+from runtime.model.recipes import RECIPES
 from runtime.model.tiny import make_tiny_model
 
 
@@ -59,7 +60,12 @@ def test_manifest_build_says_what_it_is_doing(tmp_path: Path) -> None:
     lines = [line for line in result.stderr.splitlines() if line.startswith("shardmesh")]
     assert lines[0].startswith("shardmesh manifest build: hashing tensors (")
     assert lines[1] == "shardmesh manifest build: golden activations, layer by layer (2)"
-    assert lines[2].startswith("shardmesh manifest build: done in ")
+    # Then each recipe's calibration (the error an honest shard of it shows).
+    calibrating = [line.removeprefix("shardmesh manifest build: ") for line in lines[2:-1]]
+    assert [line.split(":")[0] for line in calibrating] == [
+        f"calibrating {recipe}" for recipe in RECIPES
+    ]
+    assert lines[-1].startswith("shardmesh manifest build: done in ")
 
 
 def test_the_doctor_says_which_check_it_is_on(tmp_path: Path) -> None:
