@@ -338,6 +338,10 @@ class NodeRecord:
     demand: Mapping[str, int] = field(default_factory=dict, hash=False)
     ledger: LedgerNotice | None = None
     """Only on the Raft leader's record (see `LedgerNotice`)."""
+    sessions: int = 0
+    """Inference sessions open on the node when it last published: its load,
+    as other members' status pages show it. Republished at most every
+    `runtime.node.daemon.LOAD_PUBLISH_S`, so it lags by up to that."""
 
     @_as_record_error
     def __post_init__(self) -> None:
@@ -355,6 +359,7 @@ class NodeRecord:
         object.__setattr__(self, "models", _check_models(self.models))
         boolean(self.spare, "spare")
         object.__setattr__(self, "demand", _check_demand(self.demand))
+        uint(self.sessions, "sessions")
 
 
 def _check_models(value: object) -> tuple[str, ...]:
@@ -427,6 +432,7 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
         "models": list(record.models),
         "spare": record.spare,
         "demand": dict(record.demand),
+        "sessions": record.sessions,
         "started_at": record.started_at,
         "ledger": None
         if record.ledger is None
@@ -598,6 +604,7 @@ def decode_record_body(body: bytes) -> NodeRecord:
         spare=obj.get("spare", False),
         demand=demand,
         ledger=_decode_ledger(obj.get("ledger")),
+        sessions=obj.get("sessions", 0),
     )
 
 

@@ -108,6 +108,7 @@ node_records = st.builds(
     models=st.lists(model_names, max_size=5, unique=True).map(tuple),
     spare=st.booleans(),
     demand=st.dictionaries(model_names, counters, max_size=5),
+    sessions=counters,
     ledger=st.none()
     | st.builds(
         LedgerNotice,
@@ -140,6 +141,7 @@ def sample_record(**changes: Any) -> NodeRecord:
         models=("qwen3-8l",),
         spare=False,
         demand={"qwen3-8l": 3},
+        sessions=2,
     )
     return dataclasses.replace(record, **changes)
 
@@ -202,6 +204,7 @@ def test_json_view_fields() -> None:
     }
     assert view["capability"]["result"] == "admitted"
     assert view["demand"] == {"qwen3-8l": 3}
+    assert view["sessions"] == 2
 
 
 def test_records_are_immutable_and_hashable() -> None:
@@ -308,6 +311,9 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         (("demand",), {"m": 1.5}),
         (("demand",), {f"m{i}": 1 for i in range(MAX_DEMAND_ENTRIES + 1)}),
         (("demand",), ["m", 1]),
+        (("sessions",), -1),
+        (("sessions",), 1.5),
+        (("sessions",), True),
         (("addresses",), "tcp://x:1"),
         (("addresses", "control"), ""),
         (("addresses", "data"), 7001),

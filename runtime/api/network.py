@@ -11,7 +11,9 @@
 * `GET /v1/network/artifacts/{digest}/{file}` and
   `GET /v1/network/models/{name}/manifest`: the manifest, config and
   tokenizer files of a model this node holds, for entries that lack them
-  (they verify every file against the digest);
+  (they verify every file against the digest), and its golden activations,
+  for a volunteer's copy of the model (`shardmesh serve`: it checks them
+  against the manifest's digest of them);
 * with `--fault-injection`, `POST /v1/debug/faults` cuts the node off the
   control plane (tests);
 * `GET /v1/network/ledger`: this node's copy of the placement ledger and a
@@ -55,7 +57,7 @@ from mesh.member_table import LIVE_STATES
 from mesh.records import RECIPES
 from runtime.api.auth import authenticate, forbidden
 from runtime.api.http import BadRequest, error_response, json_object
-from runtime.model.manifest import MANIFEST_FILE, ManifestError, artifact_files
+from runtime.model.manifest import GOLDEN_FILE, MANIFEST_FILE, ManifestError, artifact_files
 from runtime.model.store import ModelStore
 from runtime.node.access import AccessError, SwarmAccess
 from runtime.node.ledger_follower import (
@@ -199,7 +201,7 @@ def network_routes(node: NetworkNode) -> list[Route]:
             return error_response(404, f"this node holds no model with digest {digest}")
         if name == "manifest":
             name = MANIFEST_FILE
-        else:
+        elif name != GOLDEN_FILE:
             try:
                 allowed = await trio.to_thread.run_sync(artifact_files, directory)
             except ManifestError as exc:

@@ -1,4 +1,4 @@
-"""`shardmesh node --config FILE`: a node's flags in a TOML file.
+"""`shardmesh node --config FILE` (and `serve`'s): a node's flags in a TOML file.
 
 Every key is a `shardmesh node` flag without its leading dashes, spelled as
 on the command line (`data-listen`, `max-sessions`, `auto-join`); the
@@ -115,7 +115,7 @@ def read_config(path: Path, command: argparse.ArgumentParser) -> dict[str, objec
     for key, value in document.items():
         action = keys.get(key)
         if action is None:
-            raise ConfigError(f"{path}: {_unknown(key, keys)}")
+            raise ConfigError(f"{path}: {_unknown(key, keys, command.prog)}")
         try:
             values[action.dest] = _convert(action, value, base)
         except ValueError as exc:
@@ -123,11 +123,11 @@ def read_config(path: Path, command: argparse.ArgumentParser) -> dict[str, objec
     return values
 
 
-def _unknown(key: str, keys: dict[str, argparse.Action]) -> str:
+def _unknown(key: str, keys: dict[str, argparse.Action], prog: str) -> str:
     dashed = key.replace("_", "-")
     if dashed != key and dashed in keys:
         return f"unknown key {key!r}: spell it {dashed!r}, as the flag --{dashed}"
-    return f"unknown key {key!r} (keys are the flags of `shardmesh node --help` without --)"
+    return f"unknown key {key!r} (keys are the flags of `{prog} --help` without --)"
 
 
 def _convert(action: argparse.Action, value: object, base: Path) -> object:

@@ -58,8 +58,10 @@ class LocalNode:
         args: Sequence[str] = (),
         cpus: frozenset[int] | None = None,
         env: Mapping[str, str] | None = None,
+        command: Sequence[str] = ("node",),
     ) -> None:
         self.name = name
+        self.command = list(command)  # `node`, or `serve MODEL_DIR`: what the process runs
         self.args = list(args)  # this node's own flags (e.g. --model), kept across restarts
         self.cpus = cpus  # the cores it may run on (None: any), kept across restarts
         self.env = dict(env or {})  # this node's own environment additions, kept too
@@ -187,9 +189,12 @@ class LocalSwarm:
         args: Sequence[str] = (),
         cpus: Iterable[int] | None = None,
         env: Mapping[str, str] | None = None,
+        command: Sequence[str] = ("node",),
     ) -> LocalNode:
         """A node slot with its own state dir (not started yet); `args` are
-        extra flags for this node only, `env` extra environment variables.
+        extra flags for this node only, `env` extra environment variables,
+        `command` the subcommand that runs it (`serve MODEL_DIR` takes the
+        same flags as `node`).
         `cpus` pins its process (every thread: compute, ZeroMQ, the event
         loop) to those cores, so nodes sharing a machine stop sharing caches
         and cores (Linux only)."""
@@ -197,7 +202,9 @@ class LocalSwarm:
             raise SwarmError("pinning nodes to cores needs Linux (os.sched_setaffinity)")
         name = name or f"node{len(self.nodes)}"
         pinned = None if cpus is None else frozenset(cpus)
-        node = LocalNode(name, self.root / name, self.root / f"{name}.log", args, pinned, env)
+        node = LocalNode(
+            name, self.root / name, self.root / f"{name}.log", args, pinned, env, command
+        )
         self.nodes.append(node)
         return node
 
@@ -206,7 +213,7 @@ class LocalSwarm:
             self.python,
             "-m",
             "runtime.cli",
-            "node",
+            *node.command,
             "--listen",
             "127.0.0.1:0",
             "--api",

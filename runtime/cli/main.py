@@ -1,6 +1,7 @@
 """The `shardmesh` command line.
 
-Commands: `node` (run a node), `status` (a node's view of the swarm),
+Commands: `node` (run a node), `serve` (a node that serves a model folder,
+or a hub model, in one command), `status` (a node's view of the swarm),
 `chat` (stream an answer), `demo` (a local swarm on loopback), `simulate`
 (a scenario in the deterministic simulator), `tiny-model` (a tiny random
 model for tests and demos), `manifest build` (a model's identity and golden
@@ -25,7 +26,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, NewType
 
 from runtime.node.hostport import (
     EndpointError,
@@ -38,9 +39,30 @@ from runtime.node.hostport import (
 
 if TYPE_CHECKING:  # imported when used: `shardmesh --help` stays fast
     from runtime.cli.chat_client import ChatResult
-    from runtime.node.options import NodeOptions
+    from runtime.model.hub import HubSource
+    from runtime.node.options import NodeOptions, Provision
 
 PROG = "shardmesh"
+# `tiny-model --family` choices: the keys of runtime.model.tiny.FAMILIES,
+# named here so that building the parser imports no NumPy
+# (tests/test_architectures.py checks the two agree).
+TINY_FAMILIES: Final = (
+    "qwen3",
+    "llama",
+    "llama3",
+    "qwen2",
+    "mistral",
+    "gemma2",
+    "gemma3",
+    "phi3",
+    "qwen3_moe",
+)
+NODE_COMMANDS: Final = ("node", "serve")
+"""The commands that run a node: they share its flags and `--config FILE`."""
+SERVE_LISTEN: Final = HostPort("127.0.0.1", 0)
+"""`serve` without --listen: a free port on loopback. Safe by default (no
+one else can reach the node); a volunteer serving others passes
+`--listen 0.0.0.0:PORT --advertise THEIR_ADDRESS`, as for `node`."""
 CHAT_WAIT_S = 300.0
 """How long `chat` keeps asking while the swarm places and loads the model:
 the request is the demand that gets it placed, and a model of a few GB
@@ -121,6 +143,34 @@ def _setting(text: str) -> tuple[str, int | float]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+SIZE_UNITS: Final = {"k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
+"""`--max-memory`'s suffixes: binary, as memory is sold and reported."""
+ByteSize = NewType("ByteSize", int)
+"""A size written with a unit (`8G`): not a plain number, so a config file
+spells it as the command line does, a string (`runtime.cli.config_file`)."""
+
+
+def _size(text: str) -> ByteSize:
+    """`8G`, `512M`, `1.5g`, `1048576` as bytes (argparse `type=`)."""
+    unit = SIZE_UNITS.get(text[-1:].lower())
+    try:
+        value = float(text[:-1] if unit else text) * (unit or 1)
+    except ValueError:
+        value = 0.0
+    if not 1 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size such as 8G, 512M or 1048576")
+    return ByteSize(int(value))
+
+
+def _hub_source(text: str) -> HubSource:
+    from runtime.model.hub import HubSource
+
+    try:
+        return HubSource.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _layer_span(text: str) -> tuple[int, int]:
     """`A:B` -> (A, B). Only the syntax is checked here: whether the span
     fits the model is the doctor's `span` check, reported like any refusal."""
@@ -131,6 +181,165 @@ def _layer_span(text: str) -> tuple[int, int]:
         return int(start), int(end)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not A:B (e.g. 0:4)") from None
+
+
+def _node_flags(parser: argparse.ArgumentParser, *, command: str) -> None:
+    """The flags `node` and `serve` share, defined once: a flag means the
+    same in both commands and in both commands' --config files. `serve`
+    listens on a free loopback port unless told otherwise (`node` must be
+    told)."""
+    parser.add_argument(
+        "--config",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="read flags from this TOML file: keys are the flags without -- "
+        '(data-listen = "H:P", join = ["ID@H:P"], max-sessions = 8); relative paths are '
+        "relative to the file's folder; flags given here win over it",
+    )
+    serving = command == "serve"
+    parser.add_argument(
+        "--listen",
+        required=not serving,
+        default=SERVE_LISTEN if serving else None,
+        type=_hostport,
+        metavar="H:P",
+        help="control-plane (membership) address; port 0 picks a free port"
+        + (f" (default {SERVE_LISTEN.text()}: this machine only)" if serving else ""),
+    )
+    parser.add_argument(
+        "--join",
+        action="append",
+        default=[],
+        type=_seed,
+        metavar="ID@H:P",
+        help="id and control address of any node already in the swarm, as it prints "
+        "them at start (repeatable)",
+    )
+    parser.add_argument(
+        "--api",
+        type=_hostport,
+        default=None,
+        metavar="H:P",
+        help="HTTP API address (default: a free port on 127.0.0.1, or with --advertise on "
+        "the --listen host, so the advertised API is reachable; see the log line)",
+    )
+    parser.add_argument(
+        "--data-listen",
+        type=_hostport,
+        default=None,
+        metavar="H:P",
+        help="data-plane (activations) address (default: the --listen host, a free port)",
+    )
+    parser.add_argument(
+        "--advertise",
+        default=None,
+        metavar="HOST",
+        help="host peers should dial, required when --listen is a wildcard like 0.0.0.0",
+    )
+    parser.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="identity key and incarnation (default: the platform's user state dir)",
+    )
+    parser.add_argument(
+        "--profile",
+        choices=("lan", "wan", "local"),
+        default="lan",
+        help="membership and consensus timing profile (default lan; local is for one machine)",
+    )
+    parser.add_argument(
+        "--swarm",
+        choices=("open", "private"),
+        default="open",
+        help="when this node founds a swarm (no --join): open lets any node join; private "
+        "only nodes invited with `shardmesh invite` (fixed for good; default open)",
+    )
+    parser.add_argument(
+        "--invite",
+        default=None,
+        metavar="TOKEN",
+        help="join a private swarm: redeem this invitation (from `shardmesh invite`), then "
+        "join through the node that issued it",
+    )
+    parser.add_argument(
+        "--recipe",
+        default=None,
+        choices=("fp32", "bf16", "fp16", "q8", "q4"),
+        help="numeric recipe of the shard (default: fp32 for --model; for a span the swarm "
+        "suggests, the precision the model is stored in)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("torch", "mlx"),
+        default=None,
+        help="compute backend (default: MLX on Apple silicon, torch elsewhere)",
+    )
+    parser.add_argument(
+        "--max-memory",
+        type=_size,
+        default=None,
+        metavar="SIZE",
+        help="the most memory this node offers placement for a shard, e.g. 8G or 512M "
+        "(default: what is free when it starts)",
+    )
+    parser.add_argument(
+        "--capability-ttl",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds a doctor report stays valid (default 600)",
+    )
+    parser.add_argument(
+        "--capability-refresh",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between cheap re-checks that refresh it (default: half the TTL)",
+    )
+    parser.add_argument(
+        "--max-sessions",
+        type=int,
+        default=None,
+        metavar="N",
+        help="concurrent inference sessions this node serves (default 16)",
+    )
+    parser.add_argument(
+        "--max-chats-per-client",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="chats one HTTP client (one IP address, an IPv6 /64) may run at once on this "
+        "node; more get 429 (default 4; behind a reverse proxy all clients share one)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="CPU threads for the torch backend (default: all cores; 1 when several "
+        "nodes share one machine)",
+    )
+    parser.add_argument(
+        "--fault-injection",
+        action="store_true",
+        help="serve POST /v1/debug/faults, which can cut this node off (tests only)",
+    )
+    parser.add_argument(
+        "--insecure-plaintext",
+        action="store_true",
+        # Hidden: it exists so benchmarks.pipeline can measure what CURVE
+        # costs. Such a node talks only to other plaintext nodes.
+        help=argparse.SUPPRESS,
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        choices=("DEBUG", "INFO", "WARNING"),
+        help="logging threshold on stderr (default INFO)",
+    )
 
 
 def _token_arguments(command: argparse.ArgumentParser) -> None:
@@ -197,65 +406,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="run a node: join the swarm and serve the HTTP API",
         description="Run a node until SIGTERM/SIGINT, then leave the swarm gracefully.",
     )
-    node.add_argument(
-        "--config",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help="read flags from this TOML file: keys are the flags without -- "
-        '(data-listen = "H:P", join = ["ID@H:P"], auto-join = true); relative paths are '
-        "relative to the file's folder; flags given here win over it",
-    )
-    node.add_argument(
-        "--listen",
-        required=True,
-        type=_hostport,
-        metavar="H:P",
-        help="control-plane (membership) address; port 0 picks a free port",
-    )
-    node.add_argument(
-        "--join",
-        action="append",
-        default=[],
-        type=_seed,
-        metavar="ID@H:P",
-        help="id and control address of any node already in the swarm, as it prints "
-        "them at start (repeatable)",
-    )
-    node.add_argument(
-        "--api",
-        type=_hostport,
-        default=None,
-        metavar="H:P",
-        help="HTTP API address (default: a free port on 127.0.0.1, or with --advertise on "
-        "the --listen host, so the advertised API is reachable; see the log line)",
-    )
-    node.add_argument(
-        "--data-listen",
-        type=_hostport,
-        default=None,
-        metavar="H:P",
-        help="data-plane (activations) address (default: the --listen host, a free port)",
-    )
-    node.add_argument(
-        "--advertise",
-        default=None,
-        metavar="HOST",
-        help="host peers should dial, required when --listen is a wildcard like 0.0.0.0",
-    )
-    node.add_argument(
-        "--state-dir",
-        type=Path,
-        default=None,
-        metavar="DIR",
-        help="identity key and incarnation (default: the platform's user state dir)",
-    )
-    node.add_argument(
-        "--profile",
-        choices=("lan", "wan", "local"),
-        default="lan",
-        help="membership and consensus timing profile (default lan; local is for one machine)",
-    )
+    _node_flags(node, command="node")
     node.add_argument(
         "--model",
         type=Path,
@@ -275,92 +426,52 @@ def build_parser() -> argparse.ArgumentParser:
         "(a node without --model is spare capacity for managed placement)",
     )
     node.add_argument(
-        "--swarm",
-        choices=("open", "private"),
-        default="open",
-        help="when this node founds a swarm (no --join): open lets any node join; private "
-        "only nodes invited with `shardmesh invite` (fixed for good; default open)",
-    )
-    node.add_argument(
-        "--invite",
-        default=None,
-        metavar="TOKEN",
-        help="join a private swarm: redeem this invitation (from `shardmesh invite`), then "
-        "join through the node that issued it",
-    )
-    node.add_argument(
         "--auto-join",
         action="store_true",
         help="on first join, take the best gap for this node's memory and --models store "
         "as a bootstrap (pinned) assignment (not with --model)",
     )
-    node.add_argument(
-        "--recipe",
-        default="fp32",
-        choices=("fp32", "bf16", "fp16", "q8", "q4"),
-        help="numeric recipe of the shard (default fp32)",
+
+    serve = commands.add_parser(
+        "serve",
+        help="serve a model folder (or a hub model): from nothing to serving in one command",
+        description=(
+            "Put MODEL_DIR in this node's store (its manifest taken from a swarm member that "
+            "has the same model, verified against the files, else built here), join the "
+            "swarm (or found one, without --join), take the layers the swarm lacks (the "
+            "leader's bootstrap suggestion: a founder takes the whole model, or as much as "
+            "fits), run the doctor, and serve them. With --model hf:REPO[@REVISION] the "
+            "files come from the Hugging Face Hub, and only those of the layers taken."
+        ),
     )
-    node.add_argument(
-        "--backend",
-        choices=("torch", "mlx"),
+    serve.add_argument(
+        "model_dir",
+        type=Path,
+        nargs="?",
         default=None,
-        help="compute backend (default: MLX on Apple silicon, torch elsewhere)",
+        metavar="MODEL_DIR",
+        help="the model folder (config.json, tokenizer, safetensors); with --model hf:, "
+        "where its files go (default: a folder in the user cache)",
     )
-    node.add_argument(
-        "--capability-ttl",
-        type=float,
+    serve.add_argument(
+        "--model",
+        dest="hub",
+        type=_hub_source,
         default=None,
-        metavar="S",
-        help="seconds a doctor report stays valid (default 600)",
+        metavar="hf:REPO[@REVISION]",
+        help="fetch the model from the Hugging Face Hub ($HF_ENDPOINT, $HF_TOKEN): config, "
+        "tokenizer and index first, then only the weight files of the layers taken",
     )
-    node.add_argument(
-        "--capability-refresh",
-        type=float,
+    serve.add_argument(
+        "--name",
         default=None,
-        metavar="S",
-        help="seconds between cheap re-checks that refresh it (default: half the TTL)",
+        help="the model's name when this node builds its manifest (default: the hub "
+        "repository's name, else the folder's); a member's manifest brings the swarm's",
     )
-    node.add_argument(
-        "--max-sessions",
-        type=int,
-        default=None,
-        metavar="N",
-        help="concurrent inference sessions this node serves (default 16)",
-    )
-    node.add_argument(
-        "--max-chats-per-client",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="chats one HTTP client (one IP address, an IPv6 /64) may run at once on this "
-        "node; more get 429 (default 4; behind a reverse proxy all clients share one)",
-    )
-    node.add_argument(
-        "--threads",
-        type=_positive_int,
-        default=None,
-        metavar="N",
-        help="CPU threads for the torch backend (default: all cores; 1 when several "
-        "nodes share one machine)",
-    )
-    node.add_argument(
-        "--fault-injection",
-        action="store_true",
-        help="serve POST /v1/debug/faults, which can cut this node off (tests only)",
-    )
-    node.add_argument(
-        "--insecure-plaintext",
-        action="store_true",
-        # Hidden: it exists so benchmarks.pipeline can measure what CURVE
-        # costs. Such a node talks only to other plaintext nodes.
-        help=argparse.SUPPRESS,
-    )
-    node.add_argument(
-        "--log-level",
-        default="INFO",
-        choices=("DEBUG", "INFO", "WARNING"),
-        help="logging threshold on stderr (default INFO)",
-    )
+    _node_flags(serve, command="serve")
+    # What `node_options` reads of `node`'s own flags: serve never pins a
+    # shard and always takes the suggestion's.
+    serve.set_defaults(model=None, layers=None, models=None, auto_join=True)
 
     status = commands.add_parser(
         "status",
@@ -476,7 +587,8 @@ def build_parser() -> argparse.ArgumentParser:
         "tiny-model",
         help="write a tiny random model (with tokenizer and manifest) for tests and demos",
         description=(
-            "Write a tiny random Qwen3- or Llama-architecture model to OUT_DIR: config.json, "
+            "Write a tiny random model of one of the served architectures to OUT_DIR: "
+            "config.json, "
             "safetensors weights, a real tokenizer with a chat template, and its manifest. "
             "The same seed gives byte-identical files. Prints the directory and the "
             "manifest digest."
@@ -487,7 +599,10 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
     tiny.add_argument("--name", default=None, help="model name (default: the directory's name)")
     tiny.add_argument(
-        "--family", choices=("qwen3", "llama"), default="qwen3", help="architecture (default qwen3)"
+        "--family",
+        choices=TINY_FAMILIES,
+        default="qwen3",
+        help="architecture (default qwen3; llama3 is Llama with Llama 3.1's rotary scaling)",
     )
     tiny.add_argument(
         "--hidden-size",
@@ -669,11 +784,11 @@ steps (measured: ~0.9-1.5 ms per hop). An operator's own setting wins."""
 
 
 def node_options(args: argparse.Namespace) -> NodeOptions:
-    """The options a `node` command line (and its --config file) asks for;
-    starts nothing. A combination of flags that cannot work raises
-    ValueError (a usage error)."""
+    """The options a `node` or `serve` command line (and its --config file)
+    asks for; starts nothing. A combination of flags that cannot work
+    raises ValueError (a usage error)."""
     from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS
-    from runtime.node.admission import DEFAULT_TTL_S, ServeOptions
+    from runtime.node.admission import DEFAULT_RECIPE, DEFAULT_TTL_S, ServeOptions
     from runtime.node.options import NodeOptions
     from runtime.node.state_dir import default_state_dir
 
@@ -688,7 +803,7 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
         serve = ServeOptions(
             model_dir=args.model.resolve(),
             layers=args.layers,
-            recipe=args.recipe,
+            recipe=args.recipe or DEFAULT_RECIPE,
             backend=args.backend,
             ttl_s=args.capability_ttl or DEFAULT_TTL_S,
             refresh_s=args.capability_refresh,
@@ -708,31 +823,32 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
         models=args.models.resolve() if args.models else None,
         backend=args.backend,
         auto_join=args.auto_join,
+        recipe=args.recipe,
+        max_memory=args.max_memory,
         swarm=args.swarm,
         invite=args.invite,
         max_chats_per_client=args.max_chats_per_client,
     )
 
 
-def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+def _configure_node_process(args: argparse.Namespace) -> None:
+    """What a node process sets before it imports a backend: compute
+    threads and their spin (COMPUTE_ENV_DEFAULTS), and logging on stderr."""
     import os
 
     for name, value in COMPUTE_ENV_DEFAULTS.items():
         os.environ.setdefault(name, value)
     if args.threads is not None:
         os.environ["OMP_NUM_THREADS"] = str(args.threads)
-    import trio
-
-    from mesh.identity import IdentityError
-    from runtime.node.daemon import serve_node
-    from runtime.node.options import NodeStartupError
-    from runtime.node.state_dir import StateDirError
-
     logging.basicConfig(
         level=args.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
+
+
+def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    _configure_node_process(args)
     try:
         options = node_options(args)
     except ValueError as exc:
@@ -745,10 +861,96 @@ def _run_node(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if not checked.admitted:
             print(f"{PROG} node: error: --model: {checked.message}", file=sys.stderr)
             return 2
+    return _serve_node(options, "node")
+
+
+def _run_serve(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """`serve`: check the model (and fetch a hub model's metadata) before
+    anything joins, then run a node that stocks its store with it and
+    auto-joins (`runtime.node.provision`). `parser` is serve's own, so a
+    usage error shows serve's usage."""
+    from dataclasses import replace
+
+    from runtime.model.backends.base import BackendError
+
+    _configure_node_process(args)
+    if args.model_dir is None and args.hub is None:
+        parser.error("name a MODEL_DIR, or a hub model with --model hf:REPO[@REVISION]")
+    try:
+        options = node_options(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    try:
+        provision = _serve_preflight(args)
+    except _Unservable as exc:
+        print(f"{PROG} serve: error: {exc}", file=sys.stderr)
+        return 2
+    except BackendError as exc:  # the hub could not give the model's files
+        print(f"{PROG} serve: error: {exc}", file=sys.stderr)
+        return 1
+    return _serve_node(replace(options, provision=provision), "serve")
+
+
+class _Unservable(Exception):
+    """What `serve` refuses before it joins anything: a usage-like mistake."""
+
+
+def _serve_preflight(args: argparse.Namespace) -> Provision:
+    """What `serve` checks before it joins: the backend is installed, the
+    folder is a model of a supported architecture (for a hub model, once
+    its config, tokenizer and index are fetched: BackendError if they
+    cannot be), and an existing manifest is readable. _Unservable says why not."""
+    from runtime.model.doctor import backend_refusal
+    from runtime.model.hub import HubModel
+    from runtime.model.manifest import MANIFEST_FILE, ManifestError, load_manifest
+    from runtime.model.progress import Progress
+    from runtime.model.weights import SafetensorsReader, ShardLoadError, read_config
+    from runtime.node.options import Provision
+
+    refusal = backend_refusal(args.backend)
+    if refusal is not None:
+        raise _Unservable(refusal)
+    folder = args.model_dir
+    if args.hub is not None:
+        folder = folder or default_hub_folder(args.hub)
+        folder.mkdir(parents=True, exist_ok=True)
+        with Progress(f"{PROG} serve") as progress:
+            HubModel(args.hub, folder, progress=progress).fetch_metadata()
+    elif not folder.is_dir():
+        raise _Unservable(f"{folder}: no such model folder")
+    try:
+        read_config(folder)
+        if args.hub is None:
+            SafetensorsReader(folder)  # the weights are there (headers only)
+        if (folder / MANIFEST_FILE).is_file():
+            load_manifest(folder)
+    except (ShardLoadError, ManifestError) as exc:
+        raise _Unservable(str(exc)) from None
+    return Provision(model_dir=folder.resolve(), hub=args.hub, name=args.name)
+
+
+def default_hub_folder(source: HubSource) -> Path:
+    """Where `serve --model hf:REPO@REVISION` puts the files without a
+    MODEL_DIR: one folder per repository and revision in the user cache."""
+    import platformdirs
+
+    owner, name = source.repo.split("/", 1)
+    return platformdirs.user_cache_path(PROG) / "hub" / owner / f"{name}@{source.revision}"
+
+
+def _serve_node(options: NodeOptions, command: str) -> int:
+    """Run the node until it stops; a start-up error is one line, exit 1."""
+    import trio
+
+    from mesh.identity import IdentityError
+    from runtime.node.daemon import serve_node
+    from runtime.node.options import NodeStartupError
+    from runtime.node.state_dir import StateDirError
+
     try:
         trio.run(serve_node, options)
     except (StateDirError, IdentityError, NodeStartupError) as exc:
-        print(f"{PROG} node: error: {exc}", file=sys.stderr)
+        print(f"{PROG} {command}: error: {exc}", file=sys.stderr)
         return 1
     return 0
 
@@ -1038,15 +1240,17 @@ def _run_doctor(args: argparse.Namespace) -> int:
 def parse_arguments(
     parser: argparse.ArgumentParser, argv: Sequence[str] | None = None
 ) -> argparse.Namespace:
-    """`parser.parse_args`, with `node --config FILE`'s values as defaults
-    (so flags still win); a bad file exits 2 with one line, as a usage error."""
+    """`parser.parse_args`, with `node --config FILE`'s (or `serve`'s)
+    values as defaults (so flags still win); a bad file exits 2 with one
+    line, as a usage error."""
     from runtime.cli.config_file import ConfigError, apply_config
 
     argv = sys.argv[1:] if argv is None else list(argv)
-    try:
-        apply_config(parser, build_parser, argv)
-    except ConfigError as exc:
-        parser.exit(2, f"{PROG} node: error: {exc}\n")
+    for command in NODE_COMMANDS:
+        try:
+            apply_config(parser, build_parser, argv, command)
+        except ConfigError as exc:
+            parser.exit(2, f"{PROG} {command}: error: {exc}\n")
     return parser.parse_args(argv)
 
 
@@ -1056,6 +1260,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_arguments(parser, argv)
     if args.command == "node":
         return _run_node(args, parser)
+    if args.command == "serve":
+        from runtime.cli.config_file import subcommand
+
+        return _run_serve(args, subcommand(parser, "serve"))
     if args.command == "status":
         return _run_status(args)
     if args.command == "chat":

@@ -247,6 +247,17 @@ def preflight(
     return _execute(run, [*steps, ("span", _check_span)], mode="preflight")
 
 
+def backend_refusal(backend: str | None = None) -> str | None:
+    """Why `backend` (default: the platform's) cannot run here, or None:
+    the doctor's first check alone, importing nothing. `shardmesh serve`
+    runs it before it joins, when there is no manifest or span to check."""
+    try:  # the check reads only the backend's name: no model, span or recipe
+        _check_backend_installed(_Run(Path(), 0, 0, "", backend or default_backend()))
+    except _Refused as refusal:
+        return refusal.message
+    return None
+
+
 def _full_steps(measure: bool) -> list[tuple[str, Any]]:
     steps = [
         ("backend", _check_backend),

@@ -15,7 +15,8 @@ little-endian tensors `boundary.0` … `boundary.L` of shape [P, hidden] and
 so the digest covers them without bloating the JSON — an 80-layer model's
 goldens are tens of MB, which JSON/base64 would inflate and every reader
 would parse. Boundary i is the input of layer i: boundary 0 is the token
-embeddings, boundary L the last layer's output before the final norm.
+embeddings (times sqrt(hidden_size) in Gemma), boundary L the last layer's
+output before the final norm.
 
 They are computed layer by layer with the torch backend in fp32 (shard
 [i, i+1) loaded, run, dropped), so building a manifest needs memory for one
@@ -66,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.model.architectures import embedding_scale
 from runtime.model.backends.base import BackendError, ShardSpec
 from runtime.model.progress import Progress
 from runtime.model.recipes import RECIPES, row_errors
@@ -140,13 +142,17 @@ def probe_token_ids(vocab_size: int) -> list[int]:
 
 
 def build_manifest(
-    model_dir: Path, name: str | None = None, progress: Progress | None = None
+    model_dir: Path,
+    name: str | None = None,
+    progress: Progress | None = None,
+    tensors: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """Compute the manifest and goldens of `model_dir`, write both files
     there, and return the manifest. `name` defaults to the name in an
     existing manifest (so a rebuild keeps a tiny model's --name), else the
     directory's name. The goldens' file holds the calibration too
-    (`compute_calibration`). `progress` hears of each phase."""
+    (`compute_calibration`). `progress` hears of each phase. `tensors` is
+    the folder's `tensor_table` when the caller has hashed it already."""
     model_dir = Path(model_dir)
     config = read_config(model_dir)
     if name is None:
@@ -154,20 +160,8 @@ def build_manifest(
             name = load_manifest(model_dir)["name"]
         except ManifestError:
             name = model_dir.resolve().name
-    reader = SafetensorsReader(model_dir)
-    tensors = {}
-    names = reader.names()
-    if progress:
-        progress.phase("hashing tensors", len(names))
-    for tensor_name in names:  # one tensor in memory at a time
-        raw = reader.read([tensor_name])[tensor_name]
-        tensors[tensor_name] = {
-            "dtype": raw.dtype,
-            "shape": list(raw.shape),
-            "sha256": hashlib.sha256(raw.data).hexdigest(),
-        }
-        if progress:
-            progress.advance()
+    if tensors is None:
+        tensors = tensor_table(model_dir, progress)
     token_ids = probe_token_ids(config["vocab_size"])
     golden = compute_golden(model_dir, token_ids, progress)
     golden = Golden(
@@ -176,9 +170,7 @@ def build_manifest(
         compute_calibration(model_dir, golden, token_ids, progress),
     )
     golden_sha = _write_golden(model_dir / GOLDEN_FILE, golden)
-    tokenizer_files = {
-        f: file_sha256(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).exists()
-    }
+    tokenizer_files = tokenizer_digests(model_dir)
     manifest = {
         "format": MANIFEST_FORMAT,
         "name": name,
@@ -203,6 +195,32 @@ def build_manifest(
     return manifest
 
 
+def tensor_table(model_dir: Path, progress: Progress | None = None) -> dict[str, Any]:
+    """The manifest's `tensors`: every tensor's dtype, shape and sha256,
+    hashed one tensor in memory at a time."""
+    reader = SafetensorsReader(model_dir)
+    tensors = {}
+    names = reader.names()
+    if progress:
+        progress.phase("hashing tensors", len(names))
+    for tensor_name in names:
+        raw = reader.read([tensor_name])[tensor_name]
+        tensors[tensor_name] = {
+            "dtype": raw.dtype,
+            "shape": list(raw.shape),
+            "sha256": hashlib.sha256(raw.data).hexdigest(),
+        }
+        if progress:
+            progress.advance()
+    return tensors
+
+
+def tokenizer_digests(model_dir: Path) -> dict[str, str]:
+    """The manifest's `tokenizer_files`: the sha256 of each tokenizer file
+    the folder has."""
+    return {f: file_sha256(model_dir / f) for f in TOKENIZER_FILES if (model_dir / f).exists()}
+
+
 def compute_golden(
     model_dir: Path, token_ids: list[int], progress: Progress | None = None
 ) -> Golden:
@@ -214,8 +232,12 @@ def compute_golden(
     ids = np.asarray(token_ids, dtype=np.int64)
     positions = np.arange(len(ids), dtype=np.int64)
     embed = SafetensorsReader(model_dir).read(["model.embed_tokens.weight"])
-    boundaries = [embed["model.embed_tokens.weight"].to_numpy().astype(np.float32)[ids]]
+    inputs = embed["model.embed_tokens.weight"].to_numpy().astype(np.float32)[ids]
     del embed
+    scale = embedding_scale(config)
+    if scale is not None:  # Gemma: layer 0's input is the scaled embedding
+        inputs = inputs * np.float32(scale)
+    boundaries = [inputs]
     hidden: np.ndarray = ids
     logits = None
     if progress:
@@ -249,14 +271,22 @@ def compute_calibration(
     shard) runs through it, and each chain's output is scored at boundary
     i+1. Chaining one-layer shards computes what one shard [a, b) computes:
     between layers the hidden state is cast to float32 and back, which is
-    exact for fp16 and bf16 values and a no-op for the float32 recipes."""
-    from runtime.model.backends.torch_backend import load_torch_shard
+    exact for fp16 and bf16 values and a no-op for the float32 recipes.
 
-    layers = read_config(model_dir)["num_hidden_layers"]
+    A recipe the reference does not run for this model (q8/q4 of a
+    mixture of experts, `torch_backend.recipe_refusal`) is left out: the
+    doctor then holds another backend's shards of it to the recipe's
+    global tolerance."""
+    from runtime.model.backends.torch_backend import load_torch_shard, recipe_refusal
+
+    config = read_config(model_dir)
+    layers = config["num_hidden_layers"]
     ids = np.asarray(token_ids, dtype=np.int64)
     positions = np.arange(len(ids), dtype=np.int64)
     calibration = {}
     for recipe in RECIPES:
+        if recipe_refusal(config, recipe) is not None:
+            continue
         if progress:
             progress.phase(f"calibrating {recipe}: reference error of every span", layers)
         errors = np.full((layers + 1, layers + 1, len(ids)), np.nan, dtype=np.float32)
@@ -298,15 +328,21 @@ def load_manifest(model_dir: Path) -> dict[str, Any]:
         ) from None
     except (OSError, ValueError) as exc:
         raise ManifestError(f"{path}: unreadable manifest: {exc}") from exc
+    return checked_manifest(manifest, path)
+
+
+def checked_manifest(manifest: Any, where: Path | str) -> dict[str, Any]:
+    """`manifest` (parsed JSON, from a file or a peer) if it has a
+    manifest's format and keys; ManifestError naming `where` otherwise."""
     if not isinstance(manifest, dict):
-        raise ManifestError(f"{path}: manifest is not a JSON object")
+        raise ManifestError(f"{where}: manifest is not a JSON object")
     if manifest.get("format") != MANIFEST_FORMAT:
         raise ManifestError(
-            f"{path}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}"
+            f"{where}: format {manifest.get('format')!r}, expected {MANIFEST_FORMAT!r}"
         )
     missing = [key for key in _REQUIRED_KEYS if key not in manifest]
     if missing:
-        raise ManifestError(f"{path}: manifest lacks {', '.join(missing)}")
+        raise ManifestError(f"{where}: manifest lacks {', '.join(missing)}")
     return manifest
 
 
@@ -327,6 +363,22 @@ def load_golden(model_dir: Path, manifest: dict[str, Any]) -> Golden:
         if name.startswith(_CALIBRATION_PREFIX)
     }
     return Golden([arrays[f"boundary.{i}"] for i in range(count)], arrays["logits"], calibration)
+
+
+def install_manifest(model_dir: Path, manifest: dict[str, Any], golden: bytes) -> None:
+    """Write a manifest obtained elsewhere (a swarm member's) and its golden
+    file into `model_dir`: the goldens first, refused unless they hash as
+    the manifest says, the manifest last, so the folder never holds a
+    manifest without its goldens."""
+    model_dir = Path(model_dir)
+    checked_manifest(manifest, "the manifest to install")
+    named = manifest["golden"]
+    if not isinstance(named, dict) or named.get("file") != GOLDEN_FILE:
+        raise ManifestError(f"the manifest's golden activations are not in {GOLDEN_FILE}")
+    if hashlib.sha256(golden).hexdigest() != named.get("sha256"):
+        raise ManifestError("the golden activations do not hash as the manifest says")
+    _atomic_write(model_dir / GOLDEN_FILE, golden)
+    _atomic_write(model_dir / MANIFEST_FILE, (json.dumps(manifest, indent=1) + "\n").encode())
 
 
 def manifest_digest(manifest: dict[str, Any]) -> str:

@@ -6,6 +6,10 @@ is known by its manifest's name; the node advertises the names in its
 signed record, and the placement leader may assign it a span of any of
 them. The manifest also gives the sizes placement needs (`model_facts`), so
 the leader can size shards for a model no node serves yet.
+
+A model may be in the store before all its weights are on disk
+(`shardmesh serve --model hf:REPO` fetches only what its span needs): its
+`source` fetches a span's files before the span is loaded.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
 from consensus.placement import ModelFacts
 from runtime.model.manifest import MANIFEST_FILE, ManifestError, load_manifest, manifest_digest
@@ -31,16 +35,29 @@ sessions and activations. Generous for tiny models, modest for real ones
 (whose embeddings dominate `overhead_bytes` anyway)."""
 
 
+class WeightSource(Protocol):
+    """Where a stored model's missing weight files come from
+    (`runtime.model.hub.HubModel`)."""
+
+    def fetch_span(self, start: int, end: int) -> list[str]:
+        """Put the files shard [start, end) needs on disk (blocking); those
+        files."""
+        ...
+
+
 @dataclass(frozen=True)
 class StoredModel:
     name: str
     path: Path
     digest: str
     manifest: dict[str, Any]
+    source: WeightSource | None = None
+    """None: every weight file is on disk already."""
 
 
 class ModelStore:
-    """The models under one folder, by name (scanned once, at start)."""
+    """The models under one folder, by name: scanned at start, and a model
+    added once its manifest is in place (`shardmesh serve`)."""
 
     def __init__(self, models: dict[str, StoredModel]) -> None:
         self.models = models
@@ -53,20 +70,24 @@ class ModelStore:
         candidates = [] if root is None else sorted(p for p in root.iterdir() if p.is_dir())
         if extra is not None:
             candidates.append(extra)
-        models: dict[str, StoredModel] = {}
+        store = cls({})
         for path in candidates:
             if not (path / MANIFEST_FILE).exists():
                 continue
             try:
-                manifest = load_manifest(path)
+                store.add(path)
             except ManifestError as exc:
                 log.warning("model store: skipping %s: %s", path, exc)
-                continue
-            name = manifest["name"]
-            models.setdefault(
-                name, StoredModel(name, path.resolve(), manifest_digest(manifest), manifest)
-            )
-        return cls(models)
+        return store
+
+    def add(self, path: Path, source: WeightSource | None = None) -> StoredModel:
+        """Put the model at `path` (its manifest written) in the store,
+        unless one of that name is there already; the stored entry.
+        ManifestError if the manifest cannot be read."""
+        manifest = load_manifest(path)
+        name = manifest["name"]
+        stored = StoredModel(name, path.resolve(), manifest_digest(manifest), manifest, source)
+        return self.models.setdefault(name, stored)
 
     def names(self) -> tuple[str, ...]:
         return tuple(sorted(self.models))

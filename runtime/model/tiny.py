@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 from safetensors.numpy import save_file
 
+from runtime.model import architectures
 from runtime.model.progress import Progress
 from runtime.model.weights import INDEX_FILE, SINGLE_FILE, expected_shapes
 
@@ -76,7 +77,94 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 
-FAMILIES = {"qwen3": ("Qwen3ForCausalLM", "qwen3"), "llama": ("LlamaForCausalLM", "llama")}
+# Sliding layers see this many tokens: fewer than the manifest's 8-token
+# probe, so the doctor's probe tells a sliding mask from a full one.
+SLIDING_WINDOW = 4
+# Gemma 3 alternates 5 local layers with 1 global one; the tiny model keeps
+# 2 to 1, so that even a 3-layer model has both kinds.
+GEMMA3_PATTERN = 3
+# Experts per MoE layer, and how many each token is routed to; the expert
+# MLP is one quantization group wide (q8/q4 quantize along its width).
+NUM_EXPERTS = 4
+EXPERTS_PER_TOKEN = 2
+EXPERT_INTERMEDIATE_SIZE = 64
+_GELU_TANH = "gelu_pytorch_tanh"
+
+# Per family: architecture, model_type, and the config keys that set it
+# apart from the common ones `_config` writes (what each real family's
+# config.json carries). The rest of the difference is runtime/model/
+# architectures.py's.
+FAMILIES: dict[str, tuple[str, str, dict[str, Any]]] = {
+    "qwen3": ("Qwen3ForCausalLM", "qwen3", {}),
+    "llama": ("LlamaForCausalLM", "llama", {}),
+    # Llama 3.1's rotary scaling, with the original context shrunk so that
+    # the scaled frequencies are ones a short sequence turns through.
+    "llama3": (
+        "LlamaForCausalLM",
+        "llama",
+        {
+            "rope_parameters": {
+                "rope_type": "llama3",
+                "rope_theta": 500_000.0,
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 32,
+            }
+        },
+    ),
+    "qwen2": ("Qwen2ForCausalLM", "qwen2", {"use_sliding_window": False}),
+    "mistral": ("MistralForCausalLM", "mistral", {"sliding_window": SLIDING_WINDOW}),
+    "gemma2": (
+        "Gemma2ForCausalLM",
+        "gemma2",
+        {
+            "hidden_act": _GELU_TANH,
+            "hidden_activation": _GELU_TANH,
+            "attn_logit_softcapping": 50.0,
+            "final_logit_softcapping": 30.0,
+            "sliding_window": SLIDING_WINDOW,
+        },
+    ),
+    "gemma3": (
+        "Gemma3ForCausalLM",
+        "gemma3_text",
+        {
+            "hidden_act": _GELU_TANH,
+            "hidden_activation": _GELU_TANH,
+            "sliding_window": SLIDING_WINDOW,
+            "sliding_window_pattern": GEMMA3_PATTERN,
+            "rope_parameters": {
+                architectures.FULL_ATTENTION: {"rope_type": "default", "rope_theta": 1_000_000.0},
+                architectures.SLIDING_ATTENTION: {"rope_type": "default", "rope_theta": 10_000.0},
+            },
+        },
+    ),
+    # Phi-3's config defaults name its own tokenizer's padding and end
+    # tokens, outside this vocabulary; the tiny tokenizer's ids replace
+    # them (special tokens come first, in order).
+    "phi3": (
+        "Phi3ForCausalLM",
+        "phi3",
+        {
+            "sliding_window": SLIDING_WINDOW,
+            "pad_token_id": SPECIAL_TOKENS.index(PAD_TOKEN),
+            "eos_token_id": SPECIAL_TOKENS.index(EOS_TOKEN),
+        },
+    ),
+    "qwen3_moe": (
+        "Qwen3MoeForCausalLM",
+        "qwen3_moe",
+        {
+            "num_experts": NUM_EXPERTS,
+            "num_experts_per_tok": EXPERTS_PER_TOKEN,
+            "moe_intermediate_size": EXPERT_INTERMEDIATE_SIZE,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        },
+    ),
+}
 
 
 def make_tiny_model(
@@ -95,7 +183,8 @@ def make_tiny_model(
 ) -> Path:
     """Write a tiny random model to `out_dir` and return the directory.
 
-    `family` is "qwen3" or "llama"; `shards` > 1 writes index-sharded
+    `family` names a key of FAMILIES (an architecture, or a variant of
+    one such as Llama 3's rotary scaling); `shards` > 1 writes index-sharded
     safetensors (layers split evenly between files) so both layouts HF uses
     are exercised; `tie_embeddings` shares the embedding matrix with the LM
     head as small Qwen3 and Llama 3.2 checkpoints do (random tied models
@@ -124,14 +213,29 @@ def make_tiny_model(
 
     if progress:
         progress.phase("tokenizer and config")
-    tokenizer = _build_tokenizer()
-    tokens = tokenizer.get_vocab_size()
+    tokens = write_tokenizer(out)
     if vocab_size is not None and vocab_size < tokens:
         raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {tokens} tokens")
     config = _config(
         family, layers, vocab_size or tokens, tie_embeddings, hidden_size, intermediate_size
     )
     _write_json(out / "config.json", config)
+    if progress:
+        progress.phase(f"random weights, {layers} layers")
+    _write_weights(out, config, seed, shards)
+    if with_manifest:
+        from runtime.model.manifest import build_manifest
+
+        build_manifest(out, name=name, progress=progress)
+    return out
+
+
+def write_tokenizer(out: Path) -> int:
+    """Write the tiny tokenizer (tokenizer.json, tokenizer_config.json with
+    the chat template, generation_config.json) to `out`; returns its
+    number of tokens. Any model directory may use it: the tests write it
+    beside models that transformers itself saved."""
+    tokenizer = _build_tokenizer()
     _write_json(
         out / "generation_config.json",
         {
@@ -153,14 +257,7 @@ def make_tiny_model(
             "chat_template": CHAT_TEMPLATE,
         },
     )
-    if progress:
-        progress.phase(f"random weights, {layers} layers")
-    _write_weights(out, config, seed, shards)
-    if with_manifest:
-        from runtime.model.manifest import build_manifest
-
-        build_manifest(out, name=name, progress=progress)
-    return out
+    return int(tokenizer.get_vocab_size())
 
 
 def _attention_shape(hidden: int) -> tuple[int, int, int]:
@@ -177,9 +274,9 @@ def _attention_shape(hidden: int) -> tuple[int, int, int]:
 def _config(
     family: str, layers: int, vocab: int, tie: bool, hidden: int, intermediate: int
 ) -> dict[str, Any]:
-    arch, model_type = FAMILIES[family]
+    arch, model_type, extra = FAMILIES[family]
     heads, kv_heads, head_dim = _attention_shape(hidden)
-    return {
+    common = {
         "architectures": [arch],
         "model_type": model_type,
         "hidden_size": hidden,
@@ -198,6 +295,12 @@ def _config(
         "torch_dtype": "float32",
         "use_cache": True,
     }
+    config = {**common, **extra}
+    if "query_pre_attn_scalar" in architectures.FAMILIES[arch].defaults:
+        # Gemma scales queries by this**-0.5 instead of head_dim**-0.5; its
+        # 2B and 9B models set it to the head width.
+        config["query_pre_attn_scalar"] = head_dim
+    return config
 
 
 def _build_tokenizer() -> Any:
@@ -219,11 +322,13 @@ def _build_tokenizer() -> Any:
 def _random_tensors(config: dict[str, Any], seed: int) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     tensors: dict[str, np.ndarray] = {}
+    # Gemma applies its norms as (1 + w), so its weights centre on 0.
+    norm_centre = 1.0 - architectures.family(config).norm_weight_offset
     # Sorted names fix the draw order, so a tensor's values depend only on
     # the seed and the geometry, never on dict order.
     for name, shape in sorted(expected_shapes(config, 0, config["num_hidden_layers"]).items()):
         if name.endswith("norm.weight"):
-            values = 1.0 + NORM_JITTER * rng.standard_normal(shape)
+            values = norm_centre + NORM_JITTER * rng.standard_normal(shape)
         elif name == "model.embed_tokens.weight":
             values = EMBEDDING_STD * rng.standard_normal(shape)
         else:

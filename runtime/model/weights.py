@@ -30,16 +30,17 @@ from typing import Any
 
 import numpy as np
 
+from runtime.model import architectures
 from runtime.model.backends.base import BackendError
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 CONFIG_FILE = "config.json"
 
-# Architectures whose tensor layout and layer classes the backends know. Both
-# are "pre-norm decoder, RMSNorm, rotary, GQA, SwiGLU"; Qwen3 adds per-head
-# q/k norms. Anything else would load but compute garbage, so it is refused.
-SUPPORTED_ARCHITECTURES = ("Qwen3ForCausalLM", "LlamaForCausalLM")
+# Architectures whose tensor layout and layer classes the backends know
+# (runtime/model/architectures.py says how they differ). Anything else
+# would load but compute garbage, so it is refused by name.
+SUPPORTED_ARCHITECTURES = tuple(architectures.FAMILIES)
 
 # Bytes per element of the safetensors dtypes we may meet. Weights are F32,
 # BF16 or F16; the integer types appear in quantized or auxiliary tensors and
@@ -107,8 +108,9 @@ class _Entry:
 
 
 def read_config(model_dir: Path) -> dict[str, Any]:
-    """config.json of a supported architecture, or a ShardLoadError saying
-    what is wrong with it."""
+    """config.json of a supported architecture, with the family's defaults
+    for keys it leaves out (`architectures.Family.defaults`), or a
+    ShardLoadError saying what is wrong with it."""
     path = Path(model_dir) / CONFIG_FILE
     try:
         config = json.loads(path.read_text())
@@ -116,21 +118,26 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         raise ShardLoadError(f"{path}: no config.json, not a model directory") from None
     except (OSError, ValueError) as exc:
         raise ShardLoadError(f"{path}: unreadable config: {exc}") from exc
-    architectures = config.get("architectures") or []
-    if not any(arch in SUPPORTED_ARCHITECTURES for arch in architectures):
+    named = config.get("architectures") or []
+    if not any(arch in SUPPORTED_ARCHITECTURES for arch in named):
         raise ShardLoadError(
-            f"{path}: unsupported architecture {architectures or '(none)'}; "
+            f"{path}: unsupported architecture {named or '(none)'}; "
             f"supported: {', '.join(SUPPORTED_ARCHITECTURES)}"
         )
     for key in ("num_hidden_layers", "hidden_size", "vocab_size", "num_attention_heads"):
         if not isinstance(config.get(key), int):
             raise ShardLoadError(f"{path}: config lacks integer {key!r}")
+    config = {**architectures.family(config).defaults, **config}
+    try:
+        architectures.layer_kinds(config)
+    except ValueError as exc:
+        raise ShardLoadError(f"{path}: {exc}") from None
     return config
 
 
 def architecture(config: dict[str, Any]) -> str:
     """The supported architecture named by a config read with read_config."""
-    return next(arch for arch in config["architectures"] if arch in SUPPORTED_ARCHITECTURES)
+    return architectures.family(config).architecture
 
 
 def head_dim(config: dict[str, Any]) -> int:
@@ -150,52 +157,83 @@ def check_span(config: dict[str, Any], start: int, end: int) -> None:
 
 def expected_shapes(config: dict[str, Any], start: int, end: int) -> dict[str, tuple[int, ...]]:
     """Every tensor the shard [start, end) needs, with the shape the config
-    implies. The first shard owns the embeddings; the last owns the final
-    norm and the LM head, which with tied embeddings *is* the embedding
-    matrix (so the last shard then reads `model.embed_tokens.weight`)."""
+    implies, in the layout of the family's checkpoints (see
+    architectures.Family). The first shard owns the embeddings; the last
+    owns the final norm and the LM head, which with tied embeddings *is*
+    the embedding matrix (so the last shard then reads
+    `model.embed_tokens.weight`)."""
     check_span(config, start, end)
     hidden = config["hidden_size"]
     vocab = config["vocab_size"]
-    heads = config["num_attention_heads"]
-    kv_heads = config.get("num_key_value_heads") or heads
-    dim = head_dim(config)
-    inter = config["intermediate_size"]
-    attention_bias = bool(config.get("attention_bias"))
-    mlp_bias = bool(config.get("mlp_bias"))
-    qk_norm = architecture(config) == "Qwen3ForCausalLM"
-
     shapes: dict[str, tuple[int, ...]] = {}
     if start == 0:
         shapes["model.embed_tokens.weight"] = (vocab, hidden)
     for i in range(start, end):
-        p = f"model.layers.{i}."
-        shapes[p + "input_layernorm.weight"] = (hidden,)
-        shapes[p + "post_attention_layernorm.weight"] = (hidden,)
-        projections = {
-            "q_proj": (heads * dim, hidden),
-            "k_proj": (kv_heads * dim, hidden),
-            "v_proj": (kv_heads * dim, hidden),
-            "o_proj": (hidden, heads * dim),
-        }
-        for name, shape in projections.items():
-            shapes[f"{p}self_attn.{name}.weight"] = shape
-            if attention_bias:
-                shapes[f"{p}self_attn.{name}.bias"] = (shape[0],)
-        if qk_norm:
-            shapes[p + "self_attn.q_norm.weight"] = (dim,)
-            shapes[p + "self_attn.k_norm.weight"] = (dim,)
-        for name, shape in {
-            "gate_proj": (inter, hidden),
-            "up_proj": (inter, hidden),
-            "down_proj": (hidden, inter),
-        }.items():
-            shapes[f"{p}mlp.{name}.weight"] = shape
-            if mlp_bias:
-                shapes[f"{p}mlp.{name}.bias"] = (shape[0],)
+        shapes.update(_layer_shapes(config, i))
     if end == config["num_hidden_layers"]:
         shapes["model.norm.weight"] = (hidden,)
         tied = bool(config.get("tie_word_embeddings"))
         shapes["model.embed_tokens.weight" if tied else "lm_head.weight"] = (vocab, hidden)
+    return shapes
+
+
+def _layer_shapes(config: dict[str, Any], layer: int) -> dict[str, tuple[int, ...]]:
+    """The tensors of decoder layer `layer`, named as in the checkpoint."""
+    family = architectures.family(config)
+    hidden = config["hidden_size"]
+    heads = config["num_attention_heads"]
+    kv_heads = config.get("num_key_value_heads") or heads
+    dim = head_dim(config)
+    attention_bias = family.config_biases and bool(config.get("attention_bias"))
+    mlp_bias = family.config_biases and bool(config.get("mlp_bias"))
+
+    p = f"model.layers.{layer}."
+    norms = ["input_layernorm", "post_attention_layernorm"]
+    if family.feedforward_norms:
+        norms += ["pre_feedforward_layernorm", "post_feedforward_layernorm"]
+    shapes: dict[str, tuple[int, ...]] = {f"{p}{norm}.weight": (hidden,) for norm in norms}
+
+    attention: dict[str, tuple[int, ...]] = {"o_proj": (hidden, heads * dim)}
+    if family.fused_projections:
+        attention["qkv_proj"] = ((heads + 2 * kv_heads) * dim, hidden)
+    else:
+        attention["q_proj"] = (heads * dim, hidden)
+        attention["k_proj"] = (kv_heads * dim, hidden)
+        attention["v_proj"] = (kv_heads * dim, hidden)
+    for name, shape in attention.items():
+        shapes[f"{p}self_attn.{name}.weight"] = shape
+        if attention_bias or (family.qkv_bias and name != "o_proj"):
+            shapes[f"{p}self_attn.{name}.bias"] = (shape[0],)
+    if family.qk_norm:
+        shapes[p + "self_attn.q_norm.weight"] = (dim,)
+        shapes[p + "self_attn.k_norm.weight"] = (dim,)
+
+    if architectures.is_sparse_layer(config, layer):
+        experts = architectures.num_experts(config)
+        width = config["moe_intermediate_size"]
+        shapes[p + "mlp.gate.weight"] = (experts, hidden)
+        for e in range(experts):
+            shapes.update(_mlp_shapes(f"{p}mlp.experts.{e}.", hidden, width, bias=False))
+    elif family.fused_projections:
+        inter = config["intermediate_size"]
+        shapes[p + "mlp.gate_up_proj.weight"] = (2 * inter, hidden)
+        shapes[p + "mlp.down_proj.weight"] = (hidden, inter)
+    else:
+        shapes.update(_mlp_shapes(p + "mlp.", hidden, config["intermediate_size"], mlp_bias))
+    return shapes
+
+
+def _mlp_shapes(prefix: str, hidden: int, width: int, bias: bool) -> dict[str, tuple[int, ...]]:
+    """A gated MLP's three projections (and biases) under `prefix`."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for name, shape in {
+        "gate_proj": (width, hidden),
+        "up_proj": (width, hidden),
+        "down_proj": (hidden, width),
+    }.items():
+        shapes[f"{prefix}{name}.weight"] = shape
+        if bias:
+            shapes[f"{prefix}{name}.bias"] = (shape[0],)
     return shapes
 
 

@@ -56,6 +56,9 @@ forward: negligible next to ten minutes of serving."""
 REFRESH_FRACTION: Final = 0.5
 """Refresh at half the TTL: one missed refresh (a busy moment, a slow
 gossip round) still leaves half a TTL before peers stop routing here."""
+DEFAULT_RECIPE: Final = "fp32"
+"""An operator's pinned shard (`--model`) without `--recipe`: the one recipe
+every backend runs on every device, and the one the goldens are computed in."""
 OPERATOR_EPOCH: Final = 1
 """An operator's pinned assignment is fixed for the life of the process, so
 its record carries one epoch; managed and bootstrap assignments carry the
@@ -68,7 +71,7 @@ class ServeOptions:
 
     model_dir: Path
     layers: tuple[int, int]
-    recipe: str = "fp32"
+    recipe: str = DEFAULT_RECIPE
     backend: str | None = None
     ttl_s: float = DEFAULT_TTL_S
     refresh_s: float | None = None  # default: ttl_s * REFRESH_FRACTION
@@ -246,11 +249,12 @@ def _backend_info(shard: ShardBackend) -> records.BackendInfo:
     )
 
 
-def probe_backend(backend: str | None) -> records.BackendInfo | None:
+def probe_backend(backend: str | None, max_memory: int | None = None) -> records.BackendInfo | None:
     """What a node without a shard offers: its backend, device and free
-    memory, which the placement leader sizes managed shards by. None when
-    the backend is not installed (the node then offers no capacity). Slow
-    (imports the backend): call it in a worker thread."""
+    memory (at most `max_memory`, the operator's `--max-memory`), which the
+    placement leader sizes managed shards by. None when the backend is not
+    installed (the node then offers no capacity). Slow (imports the
+    backend): call it in a worker thread."""
     name = backend or default_backend()
     if not backend_available(name):
         return None
@@ -259,7 +263,10 @@ def probe_backend(backend: str | None) -> records.BackendInfo | None:
     except ImportError:
         return None
     free, _source = free_memory_bytes(device)
-    return records.BackendInfo(kind=name, device=device, memory_bytes=int(free or 0))  # type: ignore[arg-type]
+    memory = int(free or 0)
+    if max_memory is not None:  # free memory unknown: the operator's figure is all there is
+        memory = max_memory if free is None else min(memory, max_memory)
+    return records.BackendInfo(kind=name, device=device, memory_bytes=memory)  # type: ignore[arg-type]
 
 
 class ShardSlot:
@@ -292,13 +299,17 @@ class ShardSlot:
         capacity a model-less node offers (None until probed)."""
         return self._admission.backend_info if self._admission else self._offered
 
-    async def offer_capacity(self, backend: str | None) -> None:
+    async def offer_capacity(
+        self, backend: str | None, max_memory: int | None = None
+    ) -> records.BackendInfo | None:
         """Find out (in a thread: it imports the backend) what this
-        model-less node can offer placement, then advertise it."""
-        self._offered = await trio.to_thread.run_sync(probe_backend, backend)
+        model-less node can offer placement, at most `max_memory` bytes,
+        then advertise it; what it offers (None: no backend)."""
+        self._offered = await trio.to_thread.run_sync(probe_backend, backend, max_memory)
         if self._offered is None:
             log.warning("backend %s is not installed: offering no capacity", backend)
         self._publish()
+        return self._offered
 
     def start(
         self, options: ServeOptions, *, tier: str = "operator", epoch: int = OPERATOR_EPOCH

@@ -11,6 +11,8 @@ module builds them, connects them, and runs them in one nursery:
   serving this node's shard and carrying its own chats through chains;
 * a `ShardSlot`: the one shard this node serves, the operator's pin if any;
 * `Placement`: demand out, the leader's decisions in, managed shards loaded;
+* with `shardmesh serve`, a `Provisioner`: the model folder into the store
+  (its manifest a member's or built), capacity offered, one line when served;
 * `ChatService` over a `SwarmView`, and the HTTP API (`runtime.api.app`).
 
 SIGTERM or SIGINT makes the node leave gracefully: membership announces the
@@ -49,8 +51,9 @@ from runtime.node.drain import drain, others_hold
 from runtime.node.hostport import HostPort, parse_hostport
 from runtime.node.ledger_follower import LedgerFollower
 from runtime.node.membership_driver import MembershipDriver
-from runtime.node.options import NodeOptions, NodeStartupError, open_node_planes
+from runtime.node.options import NodeOptions, NodeStartupError, Provision, open_node_planes
 from runtime.node.placement_driver import Placement
+from runtime.node.provision import Provisioner
 from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
 from runtime.node.spot_check import Adjudicator, Evidence, SpotChecker, send_evidence
 from runtime.node.state_dir import OPERATOR_TOKEN_FILE, StateDir
@@ -64,6 +67,13 @@ NOTICE_INTERVAL_S: Final = 0.5
 """The leader republishes its ledger notice at most this often: a commit
 reaches members within a gossip spread plus this, and a burst of commits
 is one record."""
+LOAD_PUBLISH_S: Final = 5.0
+"""A node republishes its open-session count (its load, on every member's
+swarm page) at most this often when it changed: each republish is gossiped
+to every member, and load changes with every request, so publishing each
+change would make record traffic grow with the chat rate. Five seconds
+keeps a busy node to one record per gossip spread or so, and a page that
+refreshes every few seconds no more than one publish behind."""
 TWIN_STARTUP_WINDOW_S: Final = {"lan": 30.0, "wan": 120.0, "local": 10.0}
 """Both processes holding one key learn of each other (each sees the other
 sign an incarnation it never signed). One that learns it this soon after
@@ -108,6 +118,8 @@ class Node:
         self._http_shutdown = trio.Event()
         self._draining = False
         self._notice: records.LedgerNotice | None = None  # in our record: we lead
+        self._published_sessions = 0
+        self._load_published_at = -LOAD_PUBLISH_S  # time.monotonic() of the last publish
         self.ready_mono: float | None = None
         """When the node was up (trio's clock); None while it starts."""
         # Wired in run() once the planes are bound; nothing reads them before.
@@ -170,6 +182,7 @@ class Node:
             backend=options.backend,
             auto_join=options.auto_join,
             signer=self.identity,
+            auto_join_recipe=options.recipe,
         )
         self.access = SwarmAccess(
             self.identity, self.raft, founding=None if options.joins else options.swarm
@@ -191,6 +204,23 @@ class Node:
             pipeline=self.engine.pipeline,
             artifacts=ArtifactStore(self.state.path / "artifacts", self.store.by_digest),
             checks=self.spot_checks,
+        )
+
+    def _provisioner(self, wanted: Provision) -> Provisioner:
+        """`shardmesh serve`'s steps (`runtime.node.provision`), on this node."""
+        return Provisioner(
+            wanted,
+            swarm=self.swarm,
+            joined=lambda: self.membership.join_status()["state"] == "joined",
+            seeds=[seed.node for seed in self.options.joins],
+            store=self.store,
+            slot=self.slot,
+            placement=self.placement,
+            assigned=lambda: self.raft.ledger.assignment(self.node_id) is not None,
+            republish=self.republish,
+            api=lambda: self.addresses["api"],
+            backend=self.options.backend,
+            max_memory=self.options.max_memory,
         )
 
     async def _report_evidence(self, evidence: Evidence) -> bool:
@@ -236,7 +266,7 @@ class Node:
                     nursery.start_soon(self.membership.run)
                     nursery.start_soon(self.raft.run)
                     nursery.start_soon(self.ledger_follower.run)
-                    nursery.start_soon(self._publish_notices)
+                    nursery.start_soon(self._publish_changes)
                     nursery.start_soon(self.access.run)
                     nursery.start_soon(self._stop_if_identity_taken)
                     await nursery.start(self.engine.run)
@@ -246,11 +276,15 @@ class Node:
                     nursery.start_soon(self.chat.prepare)
                     nursery.start_soon(self.spot_checks.run)
                     nursery.start_soon(self.adjudicator.run)
-                    if options.serve is None and self.store.names():
+                    if options.provision is not None:  # it offers capacity once stocked
+                        nursery.start_soon(self._provisioner(options.provision).run)
+                    elif options.serve is None and self.store.names():
                         # Placement can only give a node models from its
                         # store: without one there is no capacity to offer
                         # (and no reason to import a backend at all).
-                        nursery.start_soon(self.slot.offer_capacity, options.backend)
+                        nursery.start_soon(
+                            self.slot.offer_capacity, options.backend, options.max_memory
+                        )
                     ready = {"node_id": node_id_text(self.node_id), "incarnation": self.incarnation}
                     self.state.write_ready({**ready, **self.addresses})
                     log.info(
@@ -374,17 +408,24 @@ class Node:
             # (ADR-0026): a node pinned by its operator has no spare slot.
             spare=self.options.serve is None,
             ledger=self._notice,
+            sessions=self.engine.sessions,
         )
+        self._published_sessions = record.sessions
+        self._load_published_at = time.monotonic()
         self.membership.publish_record(records.encode_record_body(record))
 
-    async def _publish_notices(self) -> None:
-        """Put the leader's ledger notice in its record whenever it changes
-        (and take it out when this node stops leading), at most once per
-        `NOTICE_INTERVAL_S`: members outside Raft follow the ledger by it."""
+    async def _publish_changes(self) -> None:
+        """Republish our record when what it says drifts from the node: the
+        leader's ledger notice whenever it changes (taken out when this node
+        stops leading), at most once per `NOTICE_INTERVAL_S`, since members
+        outside Raft follow the ledger by it; the open-session count at most
+        once per `LOAD_PUBLISH_S`."""
         while True:
             await trio.sleep(NOTICE_INTERVAL_S)
             notice = self.raft.notice()
-            if notice != self._notice:
+            load_due = time.monotonic() - self._load_published_at >= LOAD_PUBLISH_S
+            load_moved = self.engine.sessions != self._published_sessions
+            if notice != self._notice or (load_due and load_moved):
                 self._notice = notice
                 self.republish()
 

@@ -18,6 +18,7 @@ import zmq
 from mesh.identity import PlaneKeys
 from mesh.transport import Plane, open_planes
 from mesh.wire import MAX_CONTROL_MESSAGE_BYTES
+from runtime.model.hub import HubSource
 from runtime.node.admission import ServeOptions
 from runtime.node.hostport import HostPort, Seed, parse_hostport
 
@@ -36,6 +37,20 @@ CONTROL_FRAME_LIMIT: Final = MAX_CONTROL_MESSAGE_BYTES + CONTROL_FRAME_HEADROOM
 
 class NodeStartupError(Exception):
     """The node could not start (an address in use, a bad bind address)."""
+
+
+@dataclass(frozen=True)
+class Provision:
+    """What `shardmesh serve` was asked to serve."""
+
+    model_dir: Path
+    """The model folder: the local model, or where a hub model's files go."""
+    hub: HubSource | None = None
+    """`--model hf:REPO[@REVISION]`; its metadata is in `model_dir` already
+    (the command fetched it before the node started)."""
+    name: str | None = None
+    """`--name`: the model's name if this node builds its manifest (default:
+    the repository's name, else the folder's)."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +91,15 @@ class NodeOptions:
     capacity a model-less node offers."""
     auto_join: bool = False
     """`--auto-join`: take the placement's best gap as a bootstrap assignment."""
+    recipe: str | None = None
+    """`--recipe` for an auto-joined shard (the operator's pinned shard has
+    its own, in `serve`); None: the suggestion's, the model's stored precision."""
+    max_memory: int | None = None
+    """`--max-memory`: the most bytes a model-less node offers placement
+    (None: whatever memory is free when it starts)."""
+    provision: Provision | None = None
+    """`shardmesh serve`: the model folder this node makes servable and
+    offers its capacity for (`runtime.node.provision`); with `auto_join`."""
     max_chats_per_client: int | None = None
     """`--max-chats-per-client`: chats one HTTP client may run at once on
     this node (None: `runtime.api.quota.MAX_CONCURRENT_PER_CLIENT`)."""
@@ -83,6 +107,10 @@ class NodeOptions:
     def __post_init__(self) -> None:
         if self.swarm not in SWARM_MODES:
             raise ValueError(f"unknown swarm mode {self.swarm!r}; use one of {SWARM_MODES}")
+        if self.provision is not None and (self.serve is not None or not self.auto_join):
+            raise ValueError("a served model folder takes its span by auto-join, never pinned")
+        if self.max_memory is not None and self.max_memory < 1:
+            raise ValueError(f"--max-memory {self.max_memory}: must be at least one byte")
         if self.profile not in PROFILES:
             raise ValueError(f"unknown profile {self.profile!r}; use one of {', '.join(PROFILES)}")
         if self.listen.is_wildcard and not self.advertise:

@@ -21,7 +21,9 @@ Every node runs all three loops; only the leader proposes:
 * **serving** (`_follow_assignment`): when the ledger gives this node a
   managed assignment, it loads the span from its model store and runs the
   doctor (`runtime.node.admission`) before advertising it; when the assignment
-  is released or replaced, it stops serving it.
+  is released or replaced, it stops serving it. A stored model whose weights
+  are not all on disk (`shardmesh serve --model hf:REPO`) first fetches the
+  files of the span (its `WeightSource`).
 
 Sizes come from manifests: the node's own store, or fetched from a member
 that advertises the model (`/v1/network/models/{name}/manifest`).
@@ -60,7 +62,8 @@ from consensus.placement import (
 from consensus.settings import policy_json
 from mesh.identity import Signer, node_id_text
 from mesh.member_table import LIVE_STATES, state_name
-from runtime.model.store import ModelStore, model_facts
+from runtime.model.backends.base import BackendError
+from runtime.model.store import ModelStore, WeightSource, model_facts
 from runtime.node.admission import Admission, ServeOptions, ShardSlot
 from runtime.node.raft_driver import NotLeader, ProposalFailed, RaftDriver
 from runtime.node.signed_http import sign_request
@@ -82,6 +85,9 @@ RECENT_DECISIONS: Final = 32
 DROP_UNKNOWN_MODEL: Final = "unknown_model"
 """Demand the leader refused: no member can serve the model (`demand_refusal`)."""
 AUTO_JOIN_POLL_S: Final = 0.5
+
+_Served = tuple[str, tuple[int, int], str, int, str]
+"""An assignment as the node follows it: model, layers, recipe, epoch, tier."""
 
 
 class AlreadyAssigned(Exception):
@@ -106,10 +112,13 @@ class Placement:
         backend: str | None,
         auto_join: bool,
         signer: Signer,
+        auto_join_recipe: str | None = None,
     ) -> None:
         """`slot` is where managed and bootstrap shards are served;
         `backend` is `--backend`, `auto_join` is `--auto-join`; `signer`
-        (the node's identity) signs what this node posts to the leader."""
+        (the node's identity) signs what this node posts to the leader;
+        `auto_join_recipe` (`--recipe`) replaces the suggestion's recipe
+        (the precision the model is stored in) for the auto-joined shard."""
         self.node_id = swarm.node_id
         self._signer = signer
         self._raft = raft
@@ -118,6 +127,7 @@ class Placement:
         self._slot = slot
         self._backend = backend
         self._wants_auto_join = auto_join
+        self._auto_join_recipe = auto_join_recipe
         self.history = PlacementHistory()
         self.facts: dict[str, ModelFacts] = {}
         self.waiting: dict[str, str] = {}
@@ -128,7 +138,9 @@ class Placement:
         self.drops: Counter[str] = Counter()  # status: "placement.REASON"
         self._urgent = trio.Event()
         self._fetch_after: dict[str, float] = {}
-        self._serving: tuple[str, tuple[int, int], str, int, str] | None = None
+        self._serving: _Served | None = None
+        self._unstocked: _Served | None = None
+        """An assignment of a model the store lacks, said once (`_follow_assignment`)."""
         self._serving_scope: trio.CancelScope | None = None
         self._snapshot_cache: PlacementInput | None = None
         raft.on_apply.append(self._observe)
@@ -273,15 +285,16 @@ class Placement:
             gap = self.suggest(backend.memory_bytes, self._store.names())
             if gap is None:
                 continue
+            recipe = self._auto_join_recipe or gap.recipe
             try:
-                command = self.bootstrap_command(self.node_id, gap.model, gap.layers, gap.recipe)
+                command = self.bootstrap_command(self.node_id, gap.model, gap.layers, recipe)
             except NodeQuarantined:
                 continue  # asked again once the quarantine ends
             body = {
                 "node_id": node_id_text(self.node_id),
                 "model": gap.model,
                 "layers": list(gap.layers),
-                "recipe": gap.recipe,
+                "recipe": recipe,
             }
             if await self._propose_anywhere(command, "/v1/nodes/assign", body):
                 log.info("auto-join: took %s [%d, %d)", gap.model, *gap.layers)
@@ -399,14 +412,19 @@ class Placement:
                 self._stop_serving()
             if wanted is None:
                 continue
-            self._serving = wanted
             stored = self._store.get(wanted[0])
             if stored is None:
-                # The leader only assigns what our record says the store holds,
-                # so the store changed under us. Say it once; the assignment
-                # stays unadmitted until the policy's idle rule releases it.
-                log.error("assigned %s, which is not in this node's store", wanted[0])
+                # The leader only assigns what our record says the store holds:
+                # the store changed under us, or (`shardmesh serve` restarted
+                # with its pinned span) the ledger came before the store was
+                # stocked. Say it once, serve it once the model is in the store;
+                # until then the assignment stays unadmitted (the policy's idle
+                # rule releases a managed one).
+                if wanted != self._unstocked:
+                    log.warning("assigned %s, which is not in this node's store (yet)", wanted[0])
+                    self._unstocked = wanted
                 continue
+            self._serving = wanted
             self._serving_scope = trio.CancelScope()
             admission = self._slot.start(
                 ServeOptions(
@@ -418,11 +436,24 @@ class Placement:
                 tier=wanted[4],
                 epoch=wanted[3],
             )
-            nursery.start_soon(self._serve, admission, self._serving_scope)
+            nursery.start_soon(self._serve, admission, self._serving_scope, stored.source)
 
     @staticmethod
-    async def _serve(admission: Admission, scope: trio.CancelScope) -> None:
+    async def _serve(
+        admission: Admission, scope: trio.CancelScope, source: WeightSource | None
+    ) -> None:
+        """Fetch the span's weight files if the store has not got them all,
+        then admit and serve. A failed fetch is logged; the doctor then
+        refuses the span and its report names the missing tensor."""
         with scope:
+            if source is not None:
+                layers = admission.options.layers
+                try:
+                    await trio.to_thread.run_sync(
+                        source.fetch_span, *layers, abandon_on_cancel=True
+                    )
+                except (BackendError, OSError) as exc:
+                    log.error("cannot fetch the weights of layers %d:%d: %s", *layers, exc)
             await admission.run()
 
     def _stop_serving(self) -> None:

@@ -107,10 +107,6 @@ function spansText(spans) {
   return spans.length ? spans.map(layersText).join(", ") : "none";
 }
 
-function sumValues(record) {
-  return Object.values(record || {}).reduce((total, n) => total + (Number(n) || 0), 0);
-}
-
 // --- the layer strip ---------------------------------------------------------
 
 /** One cell per layer, coloured by how many admitted nodes serve it (red:
@@ -415,17 +411,20 @@ function speedCell(cap) {
   });
 }
 
+function sessionsText(count) {
+  return `${count} session${count === 1 ? "" : "s"} open`;
+}
+
 function loadCell(m, s) {
   if (!m.self) {
-    // Other nodes' load is not in this node's status; what they last reported is.
-    const reported = sumValues((m.record || {}).demand);
-    return el("td", {
-      className: "muted",
-      text: reported ? `${reported} chat requests reported` : "-",
-    });
+    // Another node's load is what its record last said (it republishes a
+    // changed count every few seconds).
+    const sessions = (m.record || {}).sessions;
+    if (typeof sessions !== "number") return el("td", { className: "muted", text: "-" });
+    return el("td", { text: sessionsText(sessions), title: "as the node last published it" });
   }
   const steps = s.hop ? ` · ${s.hop.decode_steps} decode steps` : "";
-  return el("td", { text: `${s.sessions} session${s.sessions === 1 ? "" : "s"} open${steps}` });
+  return el("td", { text: `${sessionsText(s.sessions)}${steps}` });
 }
 
 function renderEvents(s) {

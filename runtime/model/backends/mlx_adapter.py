@@ -1,11 +1,19 @@
 """Every call into mlx-lm's internals, in one place.
 
-mlx-lm's per-family modules (`mlx_lm.models.qwen3`, `mlx_lm.models.llama`)
-are not a stable API: ModelArgs fields, TransformerBlock signatures, the
-cache classes and mask helpers change between minor releases. Keeping them
-behind this module means an mlx-lm upgrade touches one file, and the parity
-tests in tests/test_runtime_mlx.py say whether it still works. Covered
-version: mlx-lm 0.32.x (with mlx 0.32.x).
+mlx-lm's per-family modules (`mlx_lm.models.qwen3`, `mlx_lm.models.llama`,
+...) are not a stable API: ModelArgs fields, TransformerBlock signatures,
+the cache classes and mask helpers change between minor releases. Keeping
+them behind this module means an mlx-lm upgrade touches one file, and the
+parity tests (tests/test_runtime_mlx.py, tests/test_architectures.py) say
+whether it still works. Covered version: mlx-lm 0.32.x (with mlx 0.32.x).
+
+What a family's checkpoint holds and what a shard computes around its
+layers (embedding scale, final softcap, which layers slide) comes from
+runtime/model/architectures.py; `FAMILIES` below names the mlx-lm classes
+that compute the layers, and the settings those classes cannot follow
+(refused, never approximated). The shard builds each layer's attention
+mask itself, from the architecture's layer kinds: mlx-lm's own models do
+not always (its gemma2 has no sliding window at all).
 
 This module imports mlx at import time; `runtime.model.backends.mlx_backend`
 imports it only after checking that mlx is installed.
@@ -13,103 +21,291 @@ imports it only after checking that mlx is installed.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models import cache as mlx_cache
-from mlx_lm.models import llama, qwen3
+from mlx_lm.models import gemma2, gemma3_text, llama, phi3, qwen2, qwen3, qwen3_moe
 from mlx_lm.models.base import create_attention_mask
+from mlx_lm.models.switch_layers import SwitchLinear
 
+from runtime.model import architectures
+from runtime.model.architectures import FULL_ATTENTION, SLIDING_ATTENTION
 from runtime.model.backends.base import BackendError
+from runtime.model.recipes import QUANT_GROUP_SIZE
+from runtime.model.weights import head_dim
 
-FAMILIES: dict[str, ModuleType] = {"qwen3": qwen3, "llama": llama}
+# A setting an mlx-lm module would compute differently from transformers:
+# (is it present in this config, why it is refused).
+_Refusal = tuple[Callable[[dict[str, Any]], bool], str]
 
 
-def _family(config: dict[str, Any]) -> ModuleType:
-    model_type = config.get("model_type")
-    module = FAMILIES.get(str(model_type))
-    if module is None:
+@dataclass(frozen=True, slots=True)
+class _Family:
+    """The mlx-lm classes that compute one architecture's layers."""
+
+    module: ModuleType
+    block: str = "TransformerBlock"  # the decoder layer's class in `module`
+    block_takes_index: bool = False  # built as block(args, layer_idx)
+    norm: Callable[..., nn.Module] = nn.RMSNorm  # the final norm, as norm(dims, eps=eps)
+    activation: str = "silu"  # the MLP activation the module hard-codes
+    # The module honours config.json's `attention_bias` / `mlp_bias`.
+    biases: bool = False
+    # Its attention takes a mask array only (not mlx's "causal" shortcut).
+    mask_array: bool = False
+    refusals: tuple[_Refusal, ...] = ()
+
+
+_GELU_TANH = "gelu_pytorch_tanh"  # what mlx's nn.gelu_approx computes
+
+# Rotary scaling types whose mlx-lm implementation the parity tests hold to
+# transformers' (tests/test_architectures.py: Llama 3.1's, Gemma 3's linear
+# global layers). Others are refused: mlx-lm's longrope, for one, applies
+# the long factors at every length where transformers uses the short ones
+# below the original context.
+_ROPE_TYPES = ("default", "linear", "llama3")
+
+FAMILIES: dict[str, _Family] = {
+    "Qwen3ForCausalLM": _Family(qwen3),
+    "LlamaForCausalLM": _Family(llama, biases=True),
+    "MistralForCausalLM": _Family(llama),  # mlx-lm maps "mistral" onto llama
+    "Qwen2ForCausalLM": _Family(qwen2),
+    "Gemma2ForCausalLM": _Family(
+        gemma2,
+        norm=gemma2.RMSNorm,
+        activation=_GELU_TANH,
+        mask_array=True,
+        refusals=(
+            (
+                lambda c: c.get("attn_logit_softcapping") is None,
+                "mlx-lm's gemma2 always softcaps attention logits; this config does not",
+            ),
+        ),
+    ),
+    "Gemma3ForCausalLM": _Family(
+        gemma3_text,
+        block_takes_index=True,
+        norm=gemma3_text.RMSNorm,
+        activation=_GELU_TANH,
+        refusals=(
+            (
+                lambda c: c.get("attn_logit_softcapping") is not None,
+                "mlx-lm's gemma3 does not softcap attention logits; this config does",
+            ),
+            (
+                lambda c: (
+                    architectures.rope_parameters(c, SLIDING_ATTENTION).get("rope_type")
+                    not in (None, "default")
+                ),
+                "mlx-lm's gemma3 rotates local layers without scaling; this config scales them",
+            ),
+        ),
+    ),
+    "Phi3ForCausalLM": _Family(
+        phi3,
+        refusals=(
+            (
+                lambda c: head_dim(c) * c["num_attention_heads"] != c["hidden_size"],
+                "mlx-lm's phi3 derives head_dim from hidden_size; this config sets another",
+            ),
+        ),
+    ),
+    "Qwen3MoeForCausalLM": _Family(qwen3_moe, block="Qwen3MoeDecoderLayer", block_takes_index=True),
+}
+
+# A checkpoint's per-expert tensor, local to the shard, and the stacked
+# parameter of mlx-lm's SwitchGLU it becomes part of.
+_EXPERT_TENSOR = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(\d+)\.(\w+)\.weight$")
+_ROUTER_SUFFIX = "mlp.gate"
+# mlx-lm quantizes an MoE router at 8 bits whatever the recipe (a coarser
+# router picks other experts, not just slightly other numbers); so do we.
+_ROUTER_BITS = 8
+
+
+def _family(config: dict[str, Any]) -> _Family:
+    arch = architectures.family(config).architecture
+    found = FAMILIES.get(arch)
+    if found is None:
         raise BackendError(
-            f"backend mlx does not support architecture {model_type!r} "
-            f"(supported: {', '.join(sorted(FAMILIES))})"
+            f"backend mlx does not support architecture {arch} (supported: {', '.join(FAMILIES)})"
         )
-    return module
+    return found
 
 
 def model_args(config: dict[str, Any]) -> Any:
-    """mlx-lm ModelArgs for an HF config.json, refusing what the shard cannot
-    reproduce faithfully.
+    """mlx-lm ModelArgs for a config read with `weights.read_config`,
+    refusing what the shard cannot reproduce faithfully.
 
     transformers 5 nests rope_theta (and the scaling type) under
-    `rope_parameters`; mlx-lm's qwen3 args understand that but its llama args
-    do not and would silently fall back to theta 10000, so the nested values
-    are lifted here for every family.
+    `rope_parameters`, per layer kind for Gemma 3; mlx-lm's args read them
+    at the top level (its llama args would silently fall back to theta
+    10000), so they are lifted here for every family.
     """
-    module = _family(config)
-    if config.get("hidden_act", "silu") != "silu":
-        raise BackendError(f"backend mlx supports only silu MLPs, not {config['hidden_act']!r}")
-    layer_types = config.get("layer_types") or []
-    if any(kind != "full_attention" for kind in layer_types):
-        raise BackendError("backend mlx shards support only full-attention layers")
-    if module is qwen3 and config.get("attention_bias"):
-        raise BackendError("mlx-lm's qwen3 has no attention bias; this checkpoint needs one")
-    params = dict(config)
-    rope = params.get("rope_parameters") or {}
-    if params.get("rope_theta") is None and "rope_theta" in rope:
-        params["rope_theta"] = rope["rope_theta"]
-    if params.get("rope_scaling") is None and rope:
-        params["rope_scaling"] = rope
-    try:
-        return module.ModelArgs.from_dict(params)
-    except (TypeError, ValueError) as exc:
+    family = _family(config)
+    arch = architectures.family(config).architecture
+    activation = config.get("hidden_activation") or config.get("hidden_act", "silu")
+    if activation != family.activation:
         raise BackendError(
-            f"config.json is not a usable {config['model_type']} config: {exc}"
-        ) from exc
+            f"backend mlx computes {arch} MLPs with {family.activation}, not {activation!r}"
+        )
+    if not family.biases and (config.get("attention_bias") or config.get("mlp_bias")):
+        raise BackendError(f"mlx-lm's {family.module.__name__} has no projection biases")
+    for applies, why in family.refusals:
+        if applies(config):
+            raise BackendError(f"backend mlx cannot run this {arch}: {why}")
+    params = dict(config)
+    rope = architectures.rope_parameters(config, FULL_ATTENTION)
+    params["rope_theta"] = rope["rope_theta"]
+    rope_type = rope.get("rope_type", "default")
+    if rope_type not in _ROPE_TYPES:
+        raise BackendError(
+            f"backend mlx does not run rotary scaling {rope_type!r} as transformers does "
+            f"(it runs {', '.join(_ROPE_TYPES)}); serve this model on torch"
+        )
+    # mlx-lm's phi3 reads the scaling type under "type" only.
+    params["rope_scaling"] = None if rope_type == "default" else {**rope, "type": rope_type}
+    params["partial_rotary_factor"] = rope.get(
+        "partial_rotary_factor", config.get("partial_rotary_factor", 1.0)
+    )
+    if family.module is gemma3_text:
+        params["rope_local_base_freq"] = architectures.rope_parameters(config, SLIDING_ATTENTION)[
+            "rope_theta"
+        ]
+        params["sliding_window_pattern"] = _gemma3_pattern(architectures.layer_kinds(config))
+    if architectures.family(config).experts:
+        params["num_experts"] = architectures.num_experts(config)
+    try:
+        return family.module.ModelArgs.from_dict(params)
+    except (TypeError, ValueError) as exc:
+        raise BackendError(f"config.json is not a usable {arch} config: {exc}") from exc
+
+
+def _gemma3_pattern(kinds: list[str]) -> int:
+    """mlx-lm's gemma3 picks each layer's rotary base from a period (layer
+    i is global when (i + 1) is a multiple of it); the period that gives
+    these kinds, or BackendError when none does."""
+    pattern = kinds.index(FULL_ATTENTION) + 1 if FULL_ATTENTION in kinds else len(kinds) + 1
+    expected = [
+        FULL_ATTENTION if (i + 1) % pattern == 0 else SLIDING_ATTENTION for i in range(len(kinds))
+    ]
+    if kinds != expected:
+        raise BackendError(f"mlx-lm's gemma3 needs periodic layer types, not {kinds}")
+    return pattern
 
 
 class ShardModel(nn.Module):
     """Decoder layers [start, end) of one model, built from mlx-lm's own
-    TransformerBlock so the arithmetic is exactly mlx-lm's.
+    layer classes so the arithmetic inside a layer is exactly mlx-lm's.
 
     Parameter names mirror the HF checkpoint with the `model.` prefix dropped
     and layer indices made local (`layers.0` is global layer `start`), so
-    weights map one to one. The first shard owns `embed_tokens`; the last
+    weights map one to one (`module_weights` stacks an MoE layer's experts
+    as mlx-lm keeps them). The first shard owns `embed_tokens`; the last
     owns `norm` and an explicit `lm_head` (filled from the embedding matrix
     when the model ties them), so a last shard never needs the embedding
     module itself.
     """
 
-    def __init__(self, args: Any, start: int, end: int) -> None:
+    def __init__(self, config: dict[str, Any], args: Any, start: int, end: int) -> None:
         super().__init__()
-        module = FAMILIES[args.model_type]
+        family = _family(config)
         self.first = start == 0
-        self.last = end == args.num_hidden_layers
+        self.last = end == config["num_hidden_layers"]
+        self.kinds = tuple(architectures.layer_kinds(config)[start:end])
+        self.window = architectures.sliding_window(config)
+        self.embed_scale = architectures.embedding_scale(config)
+        self.softcap = architectures.final_logit_softcap(config)
+        self.mask_array = family.mask_array
         if self.first:
             self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
-        self.layers = [module.TransformerBlock(args) for _ in range(start, end)]
+        block = getattr(family.module, family.block)
+        self.layers = [
+            block(args, i) if family.block_takes_index else block(args) for i in range(start, end)
+        ]
         if self.last:
-            self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+            self.norm = family.norm(args.hidden_size, eps=args.rms_norm_eps)
             self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     def __call__(self, x: mx.array, cache: list[Any]) -> mx.array:
         """x: [1, T] token ids on the first shard, else [1, T, H] hidden
-        states. The mask is mlx-lm's own: none for one token, else "causal",
-        which mlx's fused attention aligns to the end of the cached keys, so
-        a multi-token step on top of earlier tokens sees all of them and
-        none of its own future (the parity test's second chunk checks it)."""
-        h = self.embed_tokens(x) if self.first else x
-        mask = create_attention_mask(h, cache[0])
-        for layer, layer_cache in zip(self.layers, cache, strict=True):
-            h = layer(h, mask, layer_cache)
+        states. Masks are mlx-lm's own, one per layer kind: for full layers
+        none for one token, else "causal" (or its array where the family
+        needs one), which mlx's fused attention aligns to the end of the
+        cached keys, so a multi-token step on top of earlier tokens sees
+        all of them and none of its own future (the parity tests' second
+        chunk checks it); for sliding layers an array that also hides keys
+        `window` or more positions back."""
+        h = x
+        if self.first:
+            h = self.embed_tokens(x)
+            if self.embed_scale is not None:
+                # As transformers does: the scale rounded to the weights' dtype.
+                h = h * mx.array(self.embed_scale, dtype=h.dtype)
+        masks = {
+            kind: create_attention_mask(
+                h,
+                cache[self.kinds.index(kind)],
+                window_size=self.window if kind == SLIDING_ATTENTION else None,
+                return_array=self.mask_array,
+            )
+            for kind in set(self.kinds)
+        }
+        for layer, layer_cache, kind in zip(self.layers, cache, self.kinds, strict=True):
+            h = layer(h, masks[kind], layer_cache)
         if self.last:
             h = self.lm_head(self.norm(h))
+            if self.softcap is not None:
+                h = mx.tanh(h / self.softcap) * self.softcap
         return h
 
 
+def module_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:
+    """Shard-local checkpoint tensors as ShardModel's parameters: an MoE
+    layer's per-expert projections stacked, in expert order, into mlx-lm's
+    SwitchGLU matrices (`mlp.switch_mlp.gate_proj.weight` [experts, out,
+    in], ...); every other tensor as it is."""
+    out: dict[str, mx.array] = {}
+    experts: dict[str, dict[int, mx.array]] = {}
+    for name, array in weights.items():
+        match = _EXPERT_TENSOR.match(name)
+        if match is None:
+            out[name] = array
+            continue
+        mlp, expert, projection = match.groups()
+        experts.setdefault(f"{mlp}.switch_mlp.{projection}.weight", {})[int(expert)] = array
+    for name, by_expert in experts.items():
+        out[name] = mx.stack([by_expert[e] for e in sorted(by_expert)])
+    return out
+
+
+def quantizable_input_dims(model: nn.Module) -> set[int]:
+    """Input widths of the modules `quantization_predicate` quantizes."""
+    return {
+        m.weight.shape[-1]
+        for _, m in model.named_modules()
+        if isinstance(m, (nn.Linear, SwitchLinear))
+    }
+
+
+def quantization_predicate(path: str, module: nn.Module) -> bool | dict[str, Any]:
+    """For `mlx.nn.quantize`: every Linear and every SwitchLinear (an MoE
+    layer's experts) at the recipe's bits, an MoE router at _ROUTER_BITS;
+    the embedding stays as it is."""
+    if not isinstance(module, (nn.Linear, SwitchLinear)):
+        return False
+    if path.endswith(_ROUTER_SUFFIX):
+        return {"group_size": QUANT_GROUP_SIZE, "bits": _ROUTER_BITS, "mode": "affine"}
+    return True
+
+
 def new_layer_caches(count: int) -> list[Any]:
-    """One mlx-lm KVCache per local layer: the per-session state of a shard."""
+    """One mlx-lm KVCache per local layer: the per-session state of a shard.
+    Sliding layers keep all their keys too; their mask hides the old ones."""
     return [mlx_cache.KVCache() for _ in range(count)]
 
 

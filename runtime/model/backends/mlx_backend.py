@@ -4,8 +4,8 @@ CPU build on Linux), computed with mlx-lm's own layer classes.
 Only the shard's tensors are read (runtime.model.weights), so memory is
 proportional to the shard, not the model. Recipes map onto MLX natively:
 fp32/bf16/fp16 are weight and activation dtypes, q8/q4 are mlx's affine
-group quantization of the Linear weights (`mlx.nn.quantize`) with float32
-activations.
+group quantization of the Linear weights and of MoE experts
+(`mlx.nn.quantize`) with float32 activations.
 
 This module imports without mlx installed, so the backend registry and the
 doctor can report "not installed" as a BackendError instead of crashing;
@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from runtime.model import architectures
 from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
 from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
-from runtime.model.weights import SafetensorsReader, read_shard_tensors
+from runtime.model.weights import SafetensorsReader, read_config, read_shard_tensors
 
 if TYPE_CHECKING:
     import mlx.core as mx
@@ -73,17 +74,20 @@ def _local_name(hf_name: str, start: int) -> str:
 
 
 def _quantize(model: Any, bits: int) -> dict[str, int]:
-    """Affine group quantization of every Linear (projections and LM head),
-    in the group size both backends share. The embedding stays unquantized
+    """Affine group quantization of every Linear (projections and LM head)
+    and every MoE layer's experts, in the group size both backends share
+    (an MoE router at 8 bits, as mlx-lm keeps it;
+    `mlx_adapter.quantization_predicate`). The embedding stays unquantized
     (torch keeps it at 8 bits to fit q4's memory target; a row lookup costs
     MLX nothing to keep exact). Quantizing the projections onto the same
     grid is what lets the two backends' q8/q4 shards interoperate within
-    the doctor's calibrated bounds. A
-    model whose input dims the group does not divide is refused rather than
-    quantized differently."""
+    the doctor's calibrated bounds. A model whose input dims the group
+    does not divide is refused rather than quantized differently."""
     import mlx.nn as nn
 
-    dims = {m.weight.shape[-1] for _, m in model.named_modules() if isinstance(m, nn.Linear)}
+    from runtime.model.backends import mlx_adapter
+
+    dims = mlx_adapter.quantizable_input_dims(model)
     if any(dim % QUANT_GROUP_SIZE for dim in dims):
         raise BackendError(
             f"backend mlx cannot quantize this model in group size {QUANT_GROUP_SIZE}: "
@@ -93,7 +97,7 @@ def _quantize(model: Any, bits: int) -> dict[str, int]:
         model,
         group_size=QUANT_GROUP_SIZE,
         bits=bits,
-        class_predicate=lambda _, m: isinstance(m, nn.Linear),
+        class_predicate=mlx_adapter.quantization_predicate,
     )
     return {"bits": bits, "group_size": QUANT_GROUP_SIZE}
 
@@ -229,7 +233,16 @@ def load_mlx_shard(spec: ShardSpec) -> MlxShard:
 
     from runtime.model.backends import mlx_adapter
 
-    recipe = check_recipe(NAME, spec.recipe, mx.default_device().type.name)
+    device = mx.default_device().type.name
+    recipe = check_recipe(NAME, spec.recipe, device)
+    experts = architectures.family(read_config(spec.model_dir)).experts
+    if experts and device == "cpu" and recipe.dtype != "float32":
+        # Else found mid-forward, as "[GatherMM::eval] Currently only
+        # supports float32"; refused here, before anything is read.
+        raise BackendError(
+            f"backend mlx on cpu runs mixture-of-experts layers in float32 only "
+            f"(mlx's CPU gather_mm), not recipe {recipe.name}; use fp32, q8 or q4"
+        )
     reader = SafetensorsReader(spec.model_dir)
     config, raw = read_shard_tensors(spec.model_dir, spec.start, spec.end, reader)
     args = mlx_adapter.model_args(config)
@@ -242,9 +255,9 @@ def load_mlx_shard(spec: ShardSpec) -> MlxShard:
         if spec.start != 0:
             del weights["embed_tokens.weight"]
 
-    model = mlx_adapter.ShardModel(args, spec.start, spec.end)
+    model = mlx_adapter.ShardModel(config, args, spec.start, spec.end)
     try:
-        model.load_weights(list(weights.items()), strict=True)
+        model.load_weights(list(mlx_adapter.module_weights(weights).items()), strict=True)
     except ValueError as exc:
         raise BackendError(f"shard [{spec.start}, {spec.end}) of {spec.model_dir}: {exc}") from exc
 

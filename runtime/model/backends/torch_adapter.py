@@ -7,12 +7,15 @@ arguments, and rotary embeddings moved from the attention module to the
 model. The backend therefore never touches transformers directly; it calls
 the functions below, which are written against the range pinned in
 pyproject.toml's `runtime` extra (transformers 5.24) and which
-tests/test_runtime_torch.py checks against the full model. When transformers
-is upgraded, this is the one file to re-read.
+tests/test_runtime_torch.py and tests/test_architectures.py check against
+the full model, family by family. When transformers is upgraded, this is
+the one file to re-read.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,36 +23,126 @@ import torch
 import transformers
 from torch import nn
 from transformers import AutoConfig, DynamicCache, PretrainedConfig
-from transformers.masking_utils import create_causal_mask
+from transformers.cache_utils import get_layer_types_and_kwargs
+from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
+from transformers.models.gemma2 import modeling_gemma2
+from transformers.models.gemma3 import modeling_gemma3
 from transformers.models.llama import modeling_llama
+from transformers.models.mistral import modeling_mistral
+from transformers.models.phi3 import modeling_phi3
+from transformers.models.qwen2 import modeling_qwen2
 from transformers.models.qwen3 import modeling_qwen3
+from transformers.models.qwen3_moe import modeling_qwen3_moe
 
-# Per architecture: (decoder layer class, RMSNorm class, rotary embedding class).
+from runtime.model.architectures import FULL_ATTENTION, SLIDING_ATTENTION
+from runtime.model.backends.base import BackendError
+
+
+@dataclass(frozen=True, slots=True)
+class _Classes:
+    """transformers' classes for one architecture (runtime/model/
+    architectures.py lists what else differs between families)."""
+
+    # Decoder layer, built as layer(config, layer_idx); Any, since the shard
+    # sets its attention's `layer_idx`, which nn.Module does not declare.
+    layer: Callable[..., Any]
+    norm: type[nn.Module]  # final RMSNorm, built as norm(hidden_size, eps)
+    rotary: type[nn.Module]  # rotary embedding, built as rotary(config=config)
+    # The rotary embedding takes the layer kind and returns that kind's
+    # cos/sin (Gemma 3: local layers at one base, global ones at another).
+    rotary_per_kind: bool = False
+
+
 _CLASSES = {
-    "Qwen3ForCausalLM": (
+    "Qwen3ForCausalLM": _Classes(
         modeling_qwen3.Qwen3DecoderLayer,
         modeling_qwen3.Qwen3RMSNorm,
         modeling_qwen3.Qwen3RotaryEmbedding,
     ),
-    "LlamaForCausalLM": (
+    "LlamaForCausalLM": _Classes(
         modeling_llama.LlamaDecoderLayer,
         modeling_llama.LlamaRMSNorm,
         modeling_llama.LlamaRotaryEmbedding,
     ),
+    "Qwen2ForCausalLM": _Classes(
+        modeling_qwen2.Qwen2DecoderLayer,
+        modeling_qwen2.Qwen2RMSNorm,
+        modeling_qwen2.Qwen2RotaryEmbedding,
+    ),
+    "MistralForCausalLM": _Classes(
+        modeling_mistral.MistralDecoderLayer,
+        modeling_mistral.MistralRMSNorm,
+        modeling_mistral.MistralRotaryEmbedding,
+    ),
+    "Gemma2ForCausalLM": _Classes(
+        modeling_gemma2.Gemma2DecoderLayer,
+        modeling_gemma2.Gemma2RMSNorm,
+        modeling_gemma2.Gemma2RotaryEmbedding,
+    ),
+    "Gemma3ForCausalLM": _Classes(
+        modeling_gemma3.Gemma3DecoderLayer,
+        modeling_gemma3.Gemma3RMSNorm,
+        modeling_gemma3.Gemma3RotaryEmbedding,
+        rotary_per_kind=True,
+    ),
+    "Phi3ForCausalLM": _Classes(
+        modeling_phi3.Phi3DecoderLayer,
+        modeling_phi3.Phi3RMSNorm,
+        modeling_phi3.Phi3RotaryEmbedding,
+    ),
+    "Qwen3MoeForCausalLM": _Classes(
+        modeling_qwen3_moe.Qwen3MoeDecoderLayer,
+        modeling_qwen3_moe.Qwen3MoeRMSNorm,
+        modeling_qwen3_moe.Qwen3MoeRotaryEmbedding,
+    ),
 }
 
-# The attention kernel. SDPA is what `from_pretrained` picks by default on
-# every device, so a shard computes exactly what the full model computes.
+# The attention kernel: SDPA, which `from_pretrained` picks by default on
+# every device, so a shard computes exactly what the full model computes;
+# eager for a family whose model class cannot take SDPA (Gemma 2: SDPA has
+# no attention-logit softcapping), as `from_pretrained` falls back to.
 ATTENTION_IMPLEMENTATION = "sdpa"
+FALLBACK_ATTENTION_IMPLEMENTATION = "eager"
+# The experts kernel of a mixture-of-experts layer, again `from_pretrained`'s
+# default (one grouped matmul over the experts a batch routes to).
+EXPERTS_IMPLEMENTATION = "grouped_mm"
+
+# transformers 5 keeps each MoE layer's experts as two fused parameters,
+# where checkpoints hold one matrix per expert and projection: parameter
+# name -> the per-expert tensors whose rows it concatenates, expert by
+# expert (gate before up, as the experts' forward splits it).
+_FUSED_EXPERTS = {
+    "mlp.experts.gate_up_proj": ("gate_proj", "up_proj"),
+    "mlp.experts.down_proj": ("down_proj",),
+}
 
 TRANSFORMERS_VERSION = transformers.__version__
 
 
-def load_config(model_dir: Path) -> PretrainedConfig:
-    """The model's transformers config, set to the attention kernel we use."""
+def load_config(model_dir: Path, architecture: str) -> PretrainedConfig:
+    """The model's transformers config, set to the kernels we use."""
     config = AutoConfig.from_pretrained(model_dir)
-    config._attn_implementation = ATTENTION_IMPLEMENTATION
+    supports_sdpa = getattr(transformers, architecture)._supports_sdpa
+    config._attn_implementation = (
+        ATTENTION_IMPLEMENTATION if supports_sdpa else FALLBACK_ATTENTION_IMPLEMENTATION
+    )
+    config._experts_implementation = EXPERTS_IMPLEMENTATION
     return config
+
+
+def check_layer_kinds(config: PretrainedConfig, kinds: list[str], window: int | None) -> None:
+    """BackendError unless transformers reads the same attention kind (and
+    window) for every layer as runtime.model.architectures does from
+    config.json: the masks are made from ours, the cache and the full model
+    from theirs, and they must not drift apart."""
+    theirs, per_layer = get_layer_types_and_kwargs(config)
+    windows = {int(kw["sliding_window"]) for kw in per_layer if kw.get("sliding_window")}
+    if list(theirs) != kinds or windows - {window}:
+        raise BackendError(
+            f"transformers {TRANSFORMERS_VERSION} reads layer kinds {list(theirs)} "
+            f"(window {sorted(windows)}) from this config, shardmesh reads {kinds} "
+            f"(window {window})"
+        )
 
 
 def build_decoder_layer(
@@ -58,25 +151,34 @@ def build_decoder_layer(
     """One decoder layer with parameters on the meta device (no memory until
     `load_state` assigns the real tensors). `layer_idx` is the layer's place
     in the whole model (it selects per-layer settings such as the attention
-    type); `cache_idx` is its slot in the shard's own KV cache, so a shard
-    [a, b) keeps b-a cache slots, not b."""
-    layer_cls = _CLASSES[architecture][0]
+    type and whether an MoE layer has experts); `cache_idx` is its slot in
+    the shard's own KV cache, so a shard [a, b) keeps b-a cache slots, not b."""
     with torch.device("meta"):
-        layer = layer_cls(config, layer_idx)
+        layer = _CLASSES[architecture].layer(config, layer_idx)
     layer.self_attn.layer_idx = cache_idx
     return layer
 
 
 def build_norm(config: PretrainedConfig, architecture: str) -> nn.Module:
     """The final RMSNorm, on the meta device."""
-    norm_cls = _CLASSES[architecture][1]
     with torch.device("meta"):
-        return norm_cls(config.hidden_size, eps=config.rms_norm_eps)
+        return _CLASSES[architecture].norm(config.hidden_size, eps=config.rms_norm_eps)
 
 
 def build_rotary(config: PretrainedConfig, architecture: str, device: torch.device) -> nn.Module:
-    """The rotary embedding (a buffer of inverse frequencies, no weights)."""
-    return _CLASSES[architecture][2](config=config).to(device)
+    """The rotary embedding (buffers of inverse frequencies, no weights)."""
+    return _CLASSES[architecture].rotary(config=config).to(device)
+
+
+def expert_sources(name: str, experts: int) -> list[list[str]] | None:
+    """For a decoder layer's parameter `name` that fuses per-expert
+    checkpoint tensors: per expert, the tensors (relative to the layer)
+    whose rows it concatenates; the parameter is those blocks stacked along
+    a new first dimension. None for a parameter stored as it is."""
+    projections = _FUSED_EXPERTS.get(name)
+    if projections is None:
+        return None
+    return [[f"mlp.experts.{e}.{proj}.weight" for proj in projections] for e in range(experts)]
 
 
 def load_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
@@ -86,7 +188,9 @@ def load_state(module: nn.Module, state: dict[str, torch.Tensor]) -> None:
 
 
 def new_cache() -> Any:
-    """An empty KV cache; its layers are created as the shard's layers fill them."""
+    """An empty KV cache; its layers are created as the shard's layers fill
+    them. Every slot keeps all its keys, sliding layers included: the
+    sliding mask hides the ones outside the window."""
     return DynamicCache()
 
 
@@ -95,19 +199,45 @@ def cache_length(cache: Any) -> int:
     return int(cache.get_seq_length())
 
 
-def causal_mask(
-    config: PretrainedConfig, hidden: torch.Tensor, cache: Any, position_ids: torch.Tensor
-) -> Any:
-    """The attention mask for `hidden` [1, T, H] following what `cache`
-    holds; must be made before the layers append this step's keys. May be
-    None, meaning "plain causal" to the SDPA kernel."""
-    return create_causal_mask(
-        config=config,
-        inputs_embeds=hidden,
-        attention_mask=None,
-        cache=cache,
-        position_ids=position_ids,
-    )
+def position_embeddings(
+    rotary: nn.Module,
+    architecture: str,
+    hidden: torch.Tensor,
+    position_ids: torch.Tensor,
+    kinds: set[str],
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """cos/sin for `position_ids`, per layer kind in `kinds` (one shared
+    pair unless the family rotates each kind at its own base)."""
+    if _CLASSES[architecture].rotary_per_kind:
+        return {kind: rotary(hidden, position_ids, kind) for kind in kinds}
+    shared = rotary(hidden, position_ids)
+    return dict.fromkeys(kinds, shared)
+
+
+def attention_masks(
+    config: PretrainedConfig,
+    hidden: torch.Tensor,
+    cache: Any,
+    position_ids: torch.Tensor,
+    kinds: set[str],
+) -> dict[str, Any]:
+    """The attention mask per layer kind in `kinds` for `hidden` [1, T, H]
+    following what `cache` holds; must be made before the layers append
+    this step's keys. A mask may be None, meaning "plain causal" to SDPA."""
+    makers = {
+        FULL_ATTENTION: create_causal_mask,
+        SLIDING_ATTENTION: create_sliding_window_causal_mask,
+    }
+    return {
+        kind: makers[kind](
+            config=config,
+            inputs_embeds=hidden,
+            attention_mask=None,
+            cache=cache,
+            position_ids=position_ids,
+        )
+        for kind in kinds
+    }
 
 
 def run_layer(

@@ -5,7 +5,10 @@ then given the tensors that runtime.model.weights reads for exactly this
 shard, so a node serving [a, b) of L layers holds about (b-a)/L of the
 weights. The layers are transformers' own classes (the numerics are theirs,
 which is what makes the parity test against the full model meaningful);
-every call into transformers goes through torch_adapter.
+every call into transformers goes through torch_adapter. What the shard
+computes around them is the family's (runtime/model/architectures.py): the
+embedding scale, one attention mask and one rotary pair per layer kind
+(full or sliding window), the final-logit softcap.
 
 Weights are read one tensor at a time, a block of rows at a time, and each
 block is converted (fp32/bf16/fp16) or quantized (q8/q4) straight into the
@@ -58,6 +61,10 @@ SmolLM2-135M, 8-bit rows moved q8's per-token error on [0, 10) from 0.018
 to 0.055 (the whole model's logits stayed at 0.035); the manifest's
 calibration records such a model's errors span by span.
 
+Mixture-of-experts layers hold their experts as transformers does, fused
+per layer, assembled from the checkpoint's per-expert tensors; q8/q4 are
+refused for them (`recipe_refusal` says why).
+
 Each session has its own KV cache, a DynamicCache whose slots are local to
 the shard (slot 0 is layer `start`).
 """
@@ -73,9 +80,10 @@ import numpy as np
 import torch
 from torch import nn
 
+from runtime.model import architectures
 from runtime.model.backends import torch_adapter as adapter
 from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
-from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
+from runtime.model.recipes import QUANT_GROUP_SIZE, RECIPES, Recipe, check_recipe
 from runtime.model.weights import RawTensor, SafetensorsReader, architecture, shard_shapes
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -242,20 +250,32 @@ class QuantizedEmbedding(PlainAffine):
 
 
 class DequantizingLinear(PlainAffine):
-    """A bias-free linear layer on the affine grid for devices without the
-    int4 kernel: the whole weight is dequantized for each matmul."""
+    """A linear layer on the affine grid for devices without the int4
+    kernel: the whole weight is dequantized for each matmul. A projection's
+    bias (Qwen2's q/k/v) stays in float, `output_bias`."""
+
+    output_bias: torch.Tensor | None
+
+    def __init__(self, rows: int, width: int, bits: int, device: torch.device) -> None:
+        super().__init__(rows, width, bits, device)
+        self.register_buffer("output_bias", None, False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return nn.functional.linear(x, self.dequantize(slice(None), x.dtype))
+        return nn.functional.linear(
+            x, self.dequantize(slice(None), x.dtype), _bias_for(self.output_bias, x.dtype)
+        )
 
 
 class Int4KernelLinear(nn.Module):
-    """A bias-free linear layer on the affine grid, computed by torch's CPU
-    int4 kernel (see the module docstring): `bits` / 4 planes of digits in
-    the kernel's packing, with a bfloat16 scale and zero per plane and group."""
+    """A linear layer on the affine grid, computed by torch's CPU int4
+    kernel (see the module docstring): `bits` / 4 planes of digits in the
+    kernel's packing, with a bfloat16 scale and zero per plane and group.
+    A projection's bias stays in float (`output_bias`) and is added to the
+    kernel's output in the activations' dtype."""
 
     packed: torch.Tensor
     scale_zeros: torch.Tensor
+    output_bias: torch.Tensor | None
 
     def __init__(self, rows: int, width: int, bits: int) -> None:
         super().__init__()
@@ -269,6 +289,7 @@ class Int4KernelLinear(nn.Module):
             torch.empty(self.planes * groups, rows, 2, dtype=_KERNEL_DTYPE),
             False,
         )
+        self.register_buffer("output_bias", None, False)
 
     def fill(self, first_row: int, grid: AffineGrid) -> None:
         """Pack a block of quantized rows starting at `first_row`, which (like
@@ -292,8 +313,16 @@ class Int4KernelLinear(nn.Module):
             flat = flat.repeat(1, self.planes)  # each plane multiplies the same input
         out = torch._weight_int4pack_mm_for_cpu(
             flat, self.packed, QUANT_GROUP_SIZE, self.scale_zeros
-        )
-        return out.to(x.dtype).reshape(*x.shape[:-1], self.rows)
+        ).to(x.dtype)
+        bias = _bias_for(self.output_bias, x.dtype)
+        if bias is not None:
+            out = out + bias
+        return out.reshape(*x.shape[:-1], self.rows)
+
+
+def _bias_for(bias: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """A quantized projection's float bias in the activations' dtype."""
+    return None if bias is None else bias.to(dtype)
 
 
 QuantizedLinear = Int4KernelLinear | DequantizingLinear
@@ -319,11 +348,20 @@ class TorchShard(ShardPosition):
         self._torch_device = torch.device(device)
         self._reader = SafetensorsReader(spec.model_dir)
         config, shapes = shard_shapes(spec.model_dir, spec.start, spec.end, self._reader)
+        refusal = recipe_refusal(config, self.recipe.name)
+        if refusal is not None:
+            raise BackendError(refusal)
         self.num_layers = int(config["num_hidden_layers"])
         self.hidden_size = int(config["hidden_size"])
         self.vocab_size = int(config["vocab_size"])
         self._arch = architecture(config)
-        self._hf_config = adapter.load_config(spec.model_dir)
+        self._experts = architectures.num_experts(config)
+        self._embed_scale = architectures.embedding_scale(config)
+        self._softcap = architectures.final_logit_softcap(config)
+        self._hf_config = adapter.load_config(spec.model_dir, self._arch)
+        kinds = architectures.layer_kinds(config)
+        adapter.check_layer_kinds(self._hf_config, kinds, architectures.sliding_window(config))
+        self._kinds = kinds[spec.start : spec.end]
 
         self._embed: nn.Module | None = None
         if self.is_first:
@@ -374,20 +412,45 @@ class TorchShard(ShardPosition):
         return head
 
     def _load_module(self, module: nn.Module, prefix: str) -> nn.Module:
-        """Give a meta-device module its tensors `prefix` + parameter name.
-        Under q8/q4 each bias-free Linear is first replaced by a quantized
-        one built from the checkpoint."""
+        """Give a meta-device module its tensors `prefix` + parameter name
+        (fused expert parameters from their per-expert tensors). Under
+        q8/q4 each Linear is first replaced by a quantized one built from
+        the checkpoint."""
         if self.recipe.bits is not None:
             for name, child in list(module.named_modules()):
                 if isinstance(child, nn.Linear):
-                    if child.bias is not None:
-                        raise BackendError("quantized recipes need bias-free projections")
                     parent_name, _, attribute = name.rpartition(".")
                     quantized = self._quantized_linear(f"{prefix}{name}.weight")
+                    if child.bias is not None:
+                        quantized.output_bias = self._dense(f"{prefix}{name}.bias")
                     setattr(module.get_submodule(parent_name), attribute, quantized)
-        state = {name: self._dense(prefix + name) for name, _ in module.named_parameters()}
+        state = {name: self._parameter(prefix, name) for name, _ in module.named_parameters()}
         adapter.load_state(module, state)
         return module
+
+    def _parameter(self, prefix: str, name: str) -> torch.Tensor:
+        """Parameter `name` of the module whose tensors start with `prefix`."""
+        sources = adapter.expert_sources(name, self._experts)
+        if sources is None:
+            return self._dense(prefix + name)
+        return self._stacked([[prefix + n for n in group] for group in sources])
+
+    def _stacked(self, groups: list[list[str]]) -> torch.Tensor:
+        """Per group, its tensors' rows one after another; the groups
+        stacked along a new first dimension (an MoE layer's experts), in
+        the recipe's dtype, filled block by block like `_dense`."""
+        shapes = [self._reader.shape_of(name) for name in groups[0]]
+        rows = sum(shape[0] for shape in shapes)
+        out = torch.empty(
+            (len(groups), rows, *shapes[0][1:]), dtype=self._dtype, device=self._torch_device
+        )
+        for index, group in enumerate(groups):
+            offset = 0
+            for name in group:
+                for first_row, block in self._row_blocks(name):
+                    out[index, offset + first_row : offset + first_row + len(block)] = block
+                offset += self._reader.shape_of(name)[0]
+        return out
 
     def _quantized_linear(self, name: str) -> QuantizedLinear:
         rows, width = self._reader.shape_of(name)
@@ -454,17 +517,25 @@ class TorchShard(ShardPosition):
             raise BackendError(f"positions must continue the cache at {past}, got {positions[:1]}")
         with torch.inference_mode():
             position_ids = torch.from_numpy(positions.astype(np.int64)).to(self.device)[None]
-            mask = adapter.causal_mask(self._hf_config, hidden, cache.inner, position_ids)
-            rotary = self._rotary(hidden, position_ids)
-            for layer in self._layers:
-                hidden = adapter.run_layer(layer, hidden, mask, rotary, position_ids, cache.inner)
+            kinds = set(self._kinds)
+            masks = adapter.attention_masks(
+                self._hf_config, hidden, cache.inner, position_ids, kinds
+            )
+            rotary = adapter.position_embeddings(
+                self._rotary, self._arch, hidden, position_ids, kinds
+            )
+            for layer, kind in zip(self._layers, self._kinds, strict=True):
+                hidden = adapter.run_layer(
+                    layer, hidden, masks[kind], rotary[kind], position_ids, cache.inner
+                )
             if self.is_last and apply_head:
                 return self._head(hidden)
             return hidden[0].float().cpu().numpy()
 
     def head(self, hidden: np.ndarray) -> np.ndarray:
-        """Final norm and LM head applied to hidden states [T, hidden_size]
-        (last shard only): logits [T, vocab_size] float32."""
+        """Final norm and LM head (and the family's softcap) applied to
+        hidden states [T, hidden_size] (last shard only): logits
+        [T, vocab_size] float32."""
         if not self.is_last:
             raise BackendError("only the last shard has the LM head")
         with torch.inference_mode():
@@ -473,7 +544,10 @@ class TorchShard(ShardPosition):
 
     def _head(self, hidden: torch.Tensor) -> np.ndarray:
         assert self._norm is not None and self._lm_head is not None
-        return self._lm_head(self._norm(hidden))[0].float().cpu().numpy()
+        logits = self._lm_head(self._norm(hidden))
+        if self._softcap is not None:
+            logits = torch.tanh(logits / self._softcap) * self._softcap
+        return logits[0].float().cpu().numpy()
 
     def _input_hidden(self, inputs: np.ndarray) -> torch.Tensor:
         inputs = np.asarray(inputs)
@@ -485,7 +559,11 @@ class TorchShard(ShardPosition):
                     raise BackendError(f"token id out of range [0, {self.vocab_size})")
                 assert self._embed is not None
                 ids = torch.from_numpy(inputs.astype(np.int64)).to(self.device)
-                return self._embed(ids)[None]
+                embedded = self._embed(ids)[None]
+                if self._embed_scale is not None:
+                    # As transformers does: the scale rounded to the weights' dtype.
+                    embedded = embedded * torch.tensor(self._embed_scale, dtype=embedded.dtype)
+                return embedded
             if inputs.ndim != 2 or inputs.shape[1] != self.hidden_size:
                 raise BackendError(
                     f"shard takes hidden states [T, {self.hidden_size}], got {inputs.shape}"
@@ -530,6 +608,23 @@ def _to_torch(name: str, raw: RawTensor) -> torch.Tensor:
         raise BackendError(f"tensor {name!r} has dtype {raw.dtype}; expected F32, BF16 or F16")
     # bytearray: torch.frombuffer wants a writable buffer; this copies one block.
     return torch.frombuffer(bytearray(raw.data), dtype=_RAW_DTYPES[raw.dtype]).reshape(raw.shape)
+
+
+def recipe_refusal(config: dict[str, Any], recipe: str) -> str | None:
+    """Why this backend will not run `recipe` for the model of `config`
+    (read_config's), or None. q8/q4 quantize the nn.Linear projections;
+    transformers 5 keeps a mixture-of-experts layer's experts as fused 3-D
+    parameters, not Linears, so q8/q4 would leave most of such a model's
+    weights in float32 and call it quantized. They are refused instead
+    (MLX quantizes the experts: serve q8/q4 MoE shards there)."""
+    if RECIPES[recipe].bits is not None and architectures.family(config).experts:
+        return (
+            f"backend torch does not run recipe {recipe} for {architecture(config)}: its "
+            "experts are fused parameters that torch's q8/q4 (which quantize Linear "
+            "projections) would leave in float32; use fp32, bf16 or fp16 on torch, "
+            "or q8/q4 on mlx"
+        )
+    return None
 
 
 def load_torch_shard(spec: ShardSpec, device: str | None = None) -> TorchShard:
