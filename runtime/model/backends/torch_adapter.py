@@ -35,6 +35,7 @@ from transformers.models.qwen3 import modeling_qwen3
 from transformers.models.qwen3_moe import modeling_qwen3_moe
 
 from runtime.model.architectures import FULL_ATTENTION, SLIDING_ATTENTION
+from runtime.model.backends import IMPORT_LOCK
 from runtime.model.backends.base import BackendError
 
 
@@ -120,9 +121,13 @@ TRANSFORMERS_VERSION = transformers.__version__
 
 
 def load_config(model_dir: Path, architecture: str) -> PretrainedConfig:
-    """The model's transformers config, set to the kernels we use."""
-    config = AutoConfig.from_pretrained(model_dir)
-    supports_sdpa = getattr(transformers, architecture)._supports_sdpa
+    """The model's transformers config, set to the kernels we use. Under
+    IMPORT_LOCK: the config class and the model class are resolved through
+    transformers' lazy module, which another thread (a chat entry loading
+    its tokenizer) may be resolving at the same time."""
+    with IMPORT_LOCK:
+        config = AutoConfig.from_pretrained(model_dir)
+        supports_sdpa = getattr(transformers, architecture)._supports_sdpa
     config._attn_implementation = (
         ATTENTION_IMPLEMENTATION if supports_sdpa else FALLBACK_ATTENTION_IMPLEMENTATION
     )
