@@ -1,5 +1,5 @@
-"""`shardmesh demo` (what `make demo` runs) end to end, on a quiet machine
-and on one that another CPU-heavy job keeps busy."""
+"""`shardmesh demo` (what `make demo` runs) end to end, on a machine that
+another CPU-heavy job keeps busy (the quiet case is the easier one)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,15 @@ import trio
 
 from tests.test_cli import shardmesh_command
 
-DEMO_TIMEOUT_S = 120.0
 LOADED_DEMO_TIMEOUT_S = 240.0
 """Under the load below a demo takes about twice as long as on a quiet
 machine (its nodes get half the cores); the bound leaves room beyond that."""
 
 LOADED_RUNS_ENV = "SHARDMESH_DEMO_RUNS"
-LOADED_RUNS = 2
-"""Demos in a row under load in the suite (about a minute each on 2 cores).
+LOADED_RUNS = 1
+"""Demos in a row under load in the suite (one is about 80 s on 2 cores).
 The issue's soak is ten: `SHARDMESH_DEMO_RUNS=10 pytest
-tests/test_cli_demo.py -k load` runs it."""
+tests/test_cli_demo.py` runs it."""
 
 BURNER = """
 import time
@@ -56,24 +55,11 @@ async def run_demo(timeout_s: float) -> str:
 
 
 @pytest.mark.slow
-async def test_demo_runs_and_exits_0() -> None:
-    out = await run_demo(DEMO_TIMEOUT_S)
-    assert "full membership at every node" in out
-    assert "tiny-qwen3 fully covered" in out
-    assert "tokens streamed through node0, node1, node2]" in out
-    assert "where the time went: first token " in out
-    assert "coverage: tiny-qwen3 (8 layers): covered [0, 8); gaps none" in out
-    assert "HTTP 503 model_loading" in out and "HTTP 200 through" in out
-    assert "without it: HTTP 401 unauthorized" in out and "committed at index" in out
-    assert "tiny-llama [0, 4) fp32 tier managed managed=True" in out
-    assert "declared node4 dead" in out and "within" in out
-
-
-@pytest.mark.slow
 async def test_demo_passes_in_a_row_beside_a_cpu_heavy_job() -> None:
     """The issue's failure: on a busy machine the demo's stop step timed out
     with a traceback. A load generator holds every core while the demo runs
-    again and again."""
+    (again and again under SHARDMESH_DEMO_RUNS), and each run tells the
+    whole story."""
     runs = int(os.environ.get(LOADED_RUNS_ENV, LOADED_RUNS))
     burn_s = str(runs * LOADED_DEMO_TIMEOUT_S)
     one_thread = {**os.environ, "OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1"}
@@ -83,9 +69,21 @@ async def test_demo_passes_in_a_row_beside_a_cpu_heavy_job() -> None:
     ]
     try:
         for _ in range(runs):
-            await run_demo(LOADED_DEMO_TIMEOUT_S)
+            check_story(await run_demo(LOADED_DEMO_TIMEOUT_S))
         assert all(burner.poll() is None for burner in burners), "the load stopped early"
     finally:
         for burner in burners:
             burner.kill()
             burner.wait()
+
+
+def check_story(out: str) -> None:
+    assert "full membership at every node" in out
+    assert "tiny-qwen3 fully covered" in out
+    assert "tokens streamed through node0, node1, node2]" in out
+    assert "where the time went: first token " in out
+    assert "coverage: tiny-qwen3 (8 layers): covered [0, 8); gaps none" in out
+    assert "HTTP 503 model_loading" in out and "HTTP 200 through" in out
+    assert "without it: HTTP 401 unauthorized" in out and "committed at index" in out
+    assert "tiny-llama [0, 4) fp32 tier managed managed=True" in out
+    assert "declared node4 dead" in out and "within" in out
