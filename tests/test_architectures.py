@@ -314,8 +314,10 @@ def test_moe_quantization(models: Callable[[str], Model]) -> None:
             BackendError, match=f"does not run recipe {recipe} for {MOE}: its experts"
         ):
             load_torch_shard(ShardSpec(model_dir, 1, 3, recipe), "cpu")
+        # The doctor says so at its recipe check, before it loads anything,
+        # as a node's check before joining does (tests/test_node_preflight.py).
         refused = run_doctor(model_dir, 1, 3, recipe, "torch", measure=False)
-        assert (refused.admitted, refused.reason) == (False, "load_failed")
+        assert (refused.admitted, refused.reason) == (False, "recipe_unsupported")
     calibrated = load_golden(model_dir, load_manifest(model_dir)).calibration
     assert sorted(calibrated) == sorted(r for r in RECIPES if RECIPES[r].bits is None)
     if backend_available("mlx"):

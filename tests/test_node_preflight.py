@@ -7,6 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from runtime.model.tiny import make_tiny_model
+
 pytest_plugins = ["tests.runtime_fixtures"]
 
 
@@ -42,6 +44,16 @@ def test_each_mistake_is_one_line_before_joining(qwen3_dir: Path, tmp_path: Path
             f"run `shardmesh manifest build {empty}`",
         ),
     ]
+    moe = make_tiny_model(tmp_path / "moe", layers=2, family="qwen3_moe")
+    cases.append(
+        (
+            ["--model", str(moe), "--layers", "0:2", "--recipe", "q8", "--backend", "torch"],
+            "shardmesh node: error: --model: backend torch does not run recipe q8 for "
+            "Qwen3MoeForCausalLM: its experts are fused parameters that torch's q8/q4 (which "
+            "quantize Linear projections) would leave in float32; use fp32, bf16 or fp16 on "
+            "torch, or q8/q4 on mlx",
+        )
+    )
     for number, (args, line) in enumerate(cases):
         state_dir = tmp_path / f"state{number}"
         done = node(state_dir, *args)

@@ -33,6 +33,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from runtime.model.recipes import RECIPES
+
 FULL_ATTENTION = "full_attention"
 SLIDING_ATTENTION = "sliding_attention"
 LAYER_KINDS = (FULL_ATTENTION, SLIDING_ATTENTION)
@@ -271,3 +273,22 @@ def rope_parameters(config: dict[str, Any], kind: str) -> dict[str, Any]:
     if kind == SLIDING_ATTENTION and "rope_local_base_freq" in config:
         params = {"rope_type": "default", "rope_theta": config["rope_local_base_freq"]}
     return params
+
+
+def recipe_refusal(config: dict[str, Any], backend: str, recipe: str) -> str | None:
+    """Why `backend` will not run `recipe` for the model of `config`
+    (read_config's), or None; it imports nothing, so a node checks it
+    before it joins. torch's q8/q4 quantize the nn.Linear projections, and
+    transformers 5 keeps a mixture-of-experts layer's experts as fused 3-D
+    parameters, not Linears: q8/q4 would leave most of such a model's
+    weights in float32 and call it quantized. They are refused instead (MLX
+    quantizes the experts: serve q8/q4 MoE shards there)."""
+    quantized = recipe in RECIPES and RECIPES[recipe].bits is not None
+    if backend == "torch" and quantized and family(config).experts:
+        return (
+            f"backend torch does not run recipe {recipe} for {config['architectures'][0]}: "
+            "its experts are fused parameters that torch's q8/q4 (which quantize Linear "
+            "projections) would leave in float32; use fp32, bf16 or fp16 on torch, "
+            "or q8/q4 on mlx"
+        )
+    return None

@@ -64,6 +64,7 @@ from typing import Any
 
 import numpy as np
 
+from runtime.model.architectures import recipe_refusal
 from runtime.model.backends import (
     BACKENDS,
     REQUIRED_MODULES,
@@ -244,7 +245,8 @@ def preflight(
     recipe's support on the device needs the backend: the doctor checks it)."""
     run = _Run(Path(model_dir), start, end, recipe, backend or default_backend())
     steps = [("backend", _check_backend_installed), ("manifest", _check_manifest)]
-    return _execute(run, [*steps, ("span", _check_span)], mode="preflight")
+    steps += [("span", _check_span), ("recipe", _check_recipe_for_model)]
+    return _execute(run, steps, mode="preflight")
 
 
 def backend_refusal(backend: str | None = None) -> str | None:
@@ -634,11 +636,22 @@ def _check_span(run: _Run) -> dict[str, Any]:
 
 def _check_recipe(run: _Run) -> dict[str, Any]:
     assert run.backend is not None and run.device is not None
+    _check_recipe_for_model(run)
     try:
         run.recipe = check_recipe(run.backend, run.recipe_name, run.device)
     except BackendError as exc:
         raise _Refused("recipe_unsupported", str(exc), recipe=run.recipe_name) from None
     return {"recipe": run.recipe.name, "dtype": run.recipe.dtype, "bits": run.recipe.bits}
+
+
+def _check_recipe_for_model(run: _Run) -> dict[str, Any]:
+    """The part of the recipe check that needs no device: whether the
+    backend runs this recipe for this model's architecture at all."""
+    assert run.config is not None and run.backend is not None
+    refusal = recipe_refusal(run.config, run.backend, run.recipe_name)
+    if refusal is not None:
+        raise _Refused("recipe_unsupported", refusal, recipe=run.recipe_name)
+    return {"recipe": run.recipe_name}
 
 
 def _check_memory(run: _Run) -> dict[str, Any]:

@@ -67,7 +67,7 @@ from typing import Any
 
 import numpy as np
 
-from runtime.model.architectures import embedding_scale
+from runtime.model.architectures import embedding_scale, recipe_refusal
 from runtime.model.backends.base import BackendError, ShardSpec
 from runtime.model.progress import Progress
 from runtime.model.recipes import RECIPES, row_errors
@@ -274,10 +274,10 @@ def compute_calibration(
     exact for fp16 and bf16 values and a no-op for the float32 recipes.
 
     A recipe the reference does not run for this model (q8/q4 of a
-    mixture of experts, `torch_backend.recipe_refusal`) is left out: the
+    mixture of experts, `architectures.recipe_refusal`) is left out: the
     doctor then holds another backend's shards of it to the recipe's
     global tolerance."""
-    from runtime.model.backends.torch_backend import load_torch_shard, recipe_refusal
+    from runtime.model.backends.torch_backend import load_torch_shard
 
     config = read_config(model_dir)
     layers = config["num_hidden_layers"]
@@ -285,7 +285,7 @@ def compute_calibration(
     positions = np.arange(len(ids), dtype=np.int64)
     calibration = {}
     for recipe in RECIPES:
-        if recipe_refusal(config, recipe) is not None:
+        if recipe_refusal(config, "torch", recipe) is not None:
             continue
         if progress:
             progress.phase(f"calibrating {recipe}: reference error of every span", layers)

@@ -63,7 +63,7 @@ calibration records such a model's errors span by span.
 
 Mixture-of-experts layers hold their experts as transformers does, fused
 per layer, assembled from the checkpoint's per-expert tensors; q8/q4 are
-refused for them (`recipe_refusal` says why).
+refused for them (`architectures.recipe_refusal` says why).
 
 Each session has its own KV cache, a DynamicCache whose slots are local to
 the shard (slot 0 is layer `start`).
@@ -83,7 +83,7 @@ from torch import nn
 from runtime.model import architectures
 from runtime.model.backends import torch_adapter as adapter
 from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
-from runtime.model.recipes import QUANT_GROUP_SIZE, RECIPES, Recipe, check_recipe
+from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
 from runtime.model.weights import RawTensor, SafetensorsReader, architecture, shard_shapes
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -348,7 +348,7 @@ class TorchShard(ShardPosition):
         self._torch_device = torch.device(device)
         self._reader = SafetensorsReader(spec.model_dir)
         config, shapes = shard_shapes(spec.model_dir, spec.start, spec.end, self._reader)
-        refusal = recipe_refusal(config, self.recipe.name)
+        refusal = architectures.recipe_refusal(config, "torch", self.recipe.name)
         if refusal is not None:
             raise BackendError(refusal)
         self.num_layers = int(config["num_hidden_layers"])
@@ -608,23 +608,6 @@ def _to_torch(name: str, raw: RawTensor) -> torch.Tensor:
         raise BackendError(f"tensor {name!r} has dtype {raw.dtype}; expected F32, BF16 or F16")
     # bytearray: torch.frombuffer wants a writable buffer; this copies one block.
     return torch.frombuffer(bytearray(raw.data), dtype=_RAW_DTYPES[raw.dtype]).reshape(raw.shape)
-
-
-def recipe_refusal(config: dict[str, Any], recipe: str) -> str | None:
-    """Why this backend will not run `recipe` for the model of `config`
-    (read_config's), or None. q8/q4 quantize the nn.Linear projections;
-    transformers 5 keeps a mixture-of-experts layer's experts as fused 3-D
-    parameters, not Linears, so q8/q4 would leave most of such a model's
-    weights in float32 and call it quantized. They are refused instead
-    (MLX quantizes the experts: serve q8/q4 MoE shards there)."""
-    if RECIPES[recipe].bits is not None and architectures.family(config).experts:
-        return (
-            f"backend torch does not run recipe {recipe} for {architecture(config)}: its "
-            "experts are fused parameters that torch's q8/q4 (which quantize Linear "
-            "projections) would leave in float32; use fp32, bf16 or fp16 on torch, "
-            "or q8/q4 on mlx"
-        )
-    return None
 
 
 def load_torch_shard(spec: ShardSpec, device: str | None = None) -> TorchShard:
