@@ -132,6 +132,9 @@ TARGET_LARGE_3HOP_RATIO = 0.9
 TARGET_REAL_3HOP_RATIO = 0.9
 """A 3-hop swarm of the real checkpoint keeps at least this share of
 transformers' decode rate in one process (`real_3hop_vs_single`)."""
+REAL_THREADS = 1
+"""Compute threads per node (and the anchor's) for the real checkpoint
+without --pin (`real_model` says why)."""
 TARGET_CURVE_RATIO = 0.9
 """A 3-hop decode with CurveZMQ planes keeps at least this share of the same
 swarm's speed with plaintext planes (`curve_3hop_decode_ratio`)."""
@@ -316,12 +319,17 @@ def _idle_control(
 def real_model(
     root: Path, tokens: int, requests: int, pinned: Sequence[frozenset[int]] | None
 ) -> dict[str, Any]:
-    """The figures of the real checkpoint (fp32, every core per node, as
-    the large model), fetched and converted on first use; the CURVE
-    control is the large model's business."""
+    """The figures of the real checkpoint (fp32), fetched and converted on
+    first use; the CURVE control is the large model's business. One compute
+    thread per node and for the anchor, unless --pin gives each node cores
+    of its own: on a machine whose cores others share, torch's OpenMP
+    threads wait on each other at every op (a 2-thread decode of a small
+    model measured 60x slower than 1 thread beside one busy process), so
+    one thread is what measures the pipeline rather than the neighbours."""
     with Progress("smollm2-135m") as progress:
         folder = smollm2_135m(progress=progress).folder
-    return measure(root, folder, os.cpu_count() or 1, tokens, requests, pinned, False)
+    threads = REAL_THREADS if pinned is None else len(pinned[1])
+    return measure(root, folder, threads, tokens, requests, pinned, False)
 
 
 def generated(root: Path, name: str) -> Path:
@@ -348,12 +356,11 @@ def measure(
     `curve_3hop_decode_ratio` compares with."""
     manifest = load_manifest(model_dir)
     name, layers = manifest["name"], manifest["num_layers"]
-    if pinned is not None:
-        import torch
+    import torch
 
-        if threads > 1:  # a model that gains from threads gets the node's set
-            threads = len(pinned[1])
-        torch.set_num_threads(threads)  # the anchor computes as a node does
+    if pinned is not None and threads > 1:  # a model that gains from threads: the node's set
+        threads = len(pinned[1])
+    torch.set_num_threads(threads)  # the anchor computes as a node does
     anchor = _single_process(model_dir, tokens)
 
     def swarm(hops: int, curve: bool = True) -> dict[str, Any]:
