@@ -62,11 +62,18 @@ async def run_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
 def test_bad_arguments_exit_2_with_usage(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    assert_usage_error(argv, message, capsys)
+
+
+def assert_usage_error(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], usage: str = "shardmesh"
+) -> None:
+    """`main(argv)` exits 2 printing `usage` (the command's) and `message`."""
     with pytest.raises(SystemExit) as exited:
         main(argv)
     assert exited.value.code == 2
     err = capsys.readouterr().err
-    assert "usage: shardmesh" in err
+    assert f"usage: {usage}" in err
     assert message in err
 
 

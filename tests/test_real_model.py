@@ -31,7 +31,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import json
-from collections import Counter
 from contextlib import aclosing
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,14 +43,12 @@ import transformers
 import trio
 from safetensors.numpy import load_file, save_file
 
-from mesh.identity import Identity
-from mesh.transport import open_planes
+from benchmarks.pipeline import serve_engine
 from runtime.inference.chain import Hop
 from runtime.inference.chat import ModelTokenizer
 from runtime.inference.dispatch import Engine
-from runtime.inference.hop_server import HopServer
 from runtime.model.backends import load_shard
-from runtime.model.backends.base import ShardBackend, ShardSpec
+from runtime.model.backends.base import ShardSpec
 from runtime.model.doctor import DoctorReport, run_doctor
 from runtime.model.manifest import (
     GOLDEN_FILE,
@@ -79,7 +76,6 @@ SPANS = [(0, 10), (10, 20), (20, 30)]
 REDUCED = ["fp16", "bf16", "q8", "q4"]
 PROMPT = "What is the capital of France? Answer in one sentence."
 NEW_TOKENS = 16
-LOOPBACK = "tcp://127.0.0.1:0"
 
 
 @pytest.fixture(scope="session")
@@ -140,25 +136,6 @@ def test_import_is_the_model_transformers_reads(
 # --- fp32: the chain is the model --------------------------------------------------
 
 
-async def _serve(
-    shard: ShardBackend | None, *, task_status: trio.TaskStatus[tuple[Engine, str, str]]
-) -> None:
-    """A node on loopback planes: an entry (no shard) or a hop."""
-    drops: Counter[str] = Counter()
-    identity = Identity.generate()
-    async with open_planes(LOOPBACK, LOOPBACK, drops=drops, keys=identity.plane_keys()) as (
-        _control,
-        data,
-    ):
-        hop = None
-        if shard is not None:
-            hop = HopServer(data, shard, model=MODEL, drops=drops, signer=identity)
-        engine = Engine(data, drops=drops, signer=identity, hop_server=hop)
-        async with trio.open_nursery() as nursery:
-            await nursery.start(engine.run)
-            task_status.started((engine, data.keys.node_id.hex(), data.address))
-
-
 async def test_fp32_three_hop_chain_writes_transformers_greedy_text(
     smollm2: Pretrained, transformers_model: Any
 ) -> None:
@@ -174,12 +151,12 @@ async def test_fp32_three_hop_chain_writes_transformers_greedy_text(
 
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS)
     async with trio.open_nursery() as nursery:
-        entry, _, _ = await nursery.start(_serve, None)
+        entry: Engine = await nursery.start(serve_engine, None, MODEL)
         hops = []
         for start, end in SPANS:
             shard = load_shard(ShardSpec(smollm2.folder, start, end, "fp32"), "torch")
-            _, node_id, address = await nursery.start(_serve, shard)
-            hops.append(Hop(node_id, address, (start, end)))
+            hop: Engine = await nursery.start(serve_engine, shard, MODEL)
+            hops.append(Hop(hop.plane.keys.node_id.hex(), hop.plane.address, (start, end)))
         stream = entry.pipeline.generate(MODEL, hops, prompt, params, seed=0)
         async with aclosing(stream) as generated:
             tokens = [token async for token in generated]

@@ -21,6 +21,7 @@ from runtime.model.manifest import (
 )
 from runtime.model.peer_manifest import manifest_mismatch
 from runtime.model.tiny import make_tiny_model
+from tests.test_cli import assert_usage_error
 
 
 @pytest.fixture(scope="module")
@@ -94,12 +95,7 @@ def test_installed_goldens_must_hash_as_the_manifest_says(built: Path, copy: Pat
 def test_bad_serve_arguments_exit_2_with_usage(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with pytest.raises(SystemExit) as exited:
-        main(argv)
-    assert exited.value.code == 2
-    err = capsys.readouterr().err
-    assert "usage: shardmesh serve" in err
-    assert message in err
+    assert_usage_error(argv, message, capsys, usage="shardmesh serve")
 
 
 def test_a_folder_that_cannot_be_served_is_one_line_and_exit_2(
