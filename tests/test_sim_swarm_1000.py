@@ -17,7 +17,11 @@ from mesh.membership import MemberState
 from simulations.cluster import MembershipCluster
 from simulations.network import NetworkConfig
 
-pytestmark = pytest.mark.slow
+# The suite's 300 s guard is for hangs; these runs are known long: on 2
+# cores the twenty seeds take about 200-250 s on a quiet machine and 370 s
+# beside one busy process (a fresh-clone CI run), so they get three times
+# the guard until the simulator's speed work (issue 17, item 7) lands.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NODES = 1000
 FALSE_POSITIVE_SEEDS = range(2000, 2020)
