@@ -37,7 +37,7 @@ from transformers.cache_utils import get_layer_types_and_kwargs
 
 from runtime.cli.main import TINY_FAMILIES
 from runtime.model import architectures
-from runtime.model.backends import ShardSpec, backend_available, load_shard
+from runtime.model.backends import ShardSpec, load_shard
 from runtime.model.backends.base import BackendError, ShardBackend
 from runtime.model.backends.torch_backend import load_torch_shard
 from runtime.model.doctor import run_doctor
@@ -154,7 +154,6 @@ LONGROPE = {
     "short_factor": [1.0] * 8,
     "long_factor": [4.0] * 8,
 }
-MLX = pytest.mark.skipif(not backend_available("mlx"), reason="mlx is not installed")
 
 
 class Model:
@@ -242,7 +241,6 @@ def test_torch_shards_match_transformers(models: Callable[[str], Model], arch: s
     assert _max_abs(_chain(shards), _reference(model.hf)) <= TORCH_ATOL
 
 
-@MLX
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_mlx_shards_match_transformers(models: Callable[[str], Model], arch: str) -> None:
     model = models(arch)
@@ -283,7 +281,6 @@ def test_doctor_admits_fp32_on_torch(models: Callable[[str], Model], arch: str) 
         assert report.admitted, report.to_json()
 
 
-@MLX
 @pytest.mark.parametrize("arch", ARCHITECTURES)
 def test_doctor_admits_every_recipe_on_mlx(models: Callable[[str], Model], arch: str) -> None:
     """fp32 on the whole model and a middle span, every other recipe on the
@@ -320,10 +317,9 @@ def test_moe_quantization(models: Callable[[str], Model]) -> None:
         assert (refused.admitted, refused.reason) == (False, "recipe_unsupported")
     calibrated = load_golden(model_dir, load_manifest(model_dir)).calibration
     assert sorted(calibrated) == sorted(r for r in RECIPES if RECIPES[r].bits is None)
-    if backend_available("mlx"):
-        fp32 = load_shard(ShardSpec(model_dir, 1, 3, "fp32"), "mlx").info()["weight_bytes"]
-        q8 = load_shard(ShardSpec(model_dir, 1, 3, "q8"), "mlx").info()["weight_bytes"]
-        assert q8 < 0.35 * fp32  # ~9/32 of fp32: the experts are quantized too
+    fp32 = load_shard(ShardSpec(model_dir, 1, 3, "fp32"), "mlx").info()["weight_bytes"]
+    q8 = load_shard(ShardSpec(model_dir, 1, 3, "q8"), "mlx").info()["weight_bytes"]
+    assert q8 < 0.35 * fp32  # ~9/32 of fp32: the experts are quantized too
 
 
 def test_unsupported_architecture_is_refused_by_name(
@@ -341,7 +337,6 @@ def test_unsupported_architecture_is_refused_by_name(
             load_shard(ShardSpec(model_dir, 0, 1, "fp32"), backend)
 
 
-@MLX
 @pytest.mark.parametrize(
     ("arch", "edit", "refusal"),
     [

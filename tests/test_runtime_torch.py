@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 from benchmarks.runtime import load_peak, run_in_fresh_process
-from runtime.model.backends import ShardSpec, backend_available, load_shard
+from runtime.model.backends import ShardSpec, load_shard
 from runtime.model.backends.base import BackendError, ShardBackend
 from runtime.model.backends.torch_backend import (
     DequantizingLinear,
@@ -182,7 +182,6 @@ def test_int4_kernel_computes_the_grid(bits: int) -> None:
     )
 
 
-@pytest.mark.skipif(not backend_available("mlx"), reason="mlx is not installed")
 def test_q8_chain_mixes_torch_and_mlx(qwen3_dir: Path) -> None:
     """q8 hops of either backend quantize alike (affine groups of 64; torch
     rounds the scales to bfloat16, MLX keeps them float32, and MLX keeps
