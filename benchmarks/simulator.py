@@ -15,6 +15,13 @@ fresh child process, so its CPU time and peak RSS are its own:
   60 s partition case at 1k, 3k and 10k nodes (1 is linear; the target,
   "about N log N", is at most 1.2).
 
+A case is stopped once it has used `CPU_CAP_FACTOR` times its CPU target
+or `MEMORY_CAP_FACTOR` times its memory target: it has failed them by then,
+and a run that goes on can take a shared machine down (10,000 nodes
+partitioned reached 16 GB before they were stopped). A stopped case reports
+`stopped` ("cpu" or "memory") and what it had used; its figures are null,
+and so is the growth exponent when one of its runs was stopped.
+
 `--quick` divides every node count by fifty (a smoke test of the benchmark
 itself, not a measurement). The last line printed is one JSON object with
 the figures above at its top level, `targets`, `meets_targets`, and every
@@ -26,6 +33,8 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
 from typing import Any, Final
@@ -40,8 +49,22 @@ TARGETS: Final = {
 }
 """Issue 17's figures: each measured figure must be at most its target."""
 
+CPU_CAP_FACTOR: Final = 10.0
+"""Multiple of a case's CPU target at which it is stopped (module doc):
+generous, so that a case over its target still reports how far over."""
+
+MEMORY_CAP_FACTOR: Final = 4.0
+"""Multiple of a case's memory target at which it is stopped: 4 GB for the
+10,000-node cases, which a shared machine can spare."""
+
+POLL_S: Final = 1.0
+"""How often a child's resident memory is read: a second is a few MB of
+growth even for the largest case, well inside the cap's margin."""
+
 CHILD: Final = """
 import json, resource, sys, time
+cpu_cap = int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_CPU, (cpu_cap, cpu_cap + 5))
 from simulations.scenario import run_scenario
 scenario = json.loads(sys.argv[1])
 wall = time.perf_counter()
@@ -56,7 +79,7 @@ print(json.dumps({
 }))
 """
 """A case's child: CPU and RSS include importing the simulator (~0.3 s,
-~60 MB), the same for every case."""
+~60 MB), the same for every case. The kernel stops it at its CPU cap."""
 
 
 def steady(nodes: int) -> dict[str, Any]:
@@ -77,20 +100,58 @@ def partition(nodes: int, duration: float, at: float, heal: float) -> dict[str, 
     return {"name": "partition", "duration": duration, "nodes": {"count": nodes}, "faults": [cut]}
 
 
-def measure(scenario: dict[str, Any]) -> dict[str, Any]:
-    done = subprocess.run(
-        [sys.executable, "-c", CHILD, json.dumps(scenario)],
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    figures: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+def _usage(pid: int) -> tuple[float, float] | None:
+    """(CPU seconds, resident MB) of a running process, from /proc; None
+    where there is no /proc (the memory cap is then not enforced)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat, open(f"/proc/{pid}/statm") as statm:
+            fields = stat.read().rpartition(")")[2].split()
+            pages = int(statm.read().split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return cpu, pages * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def measure(scenario: dict[str, Any], cpu_cap_s: float, rss_cap_mb: float) -> dict[str, Any]:
+    """Run one case in a child, stopping it at the caps (module doc)."""
     nodes = scenario["nodes"]["count"]
-    print(
-        f"{scenario['name']:>9} {nodes:>6} nodes {scenario['duration']:>5.0f} s: "
-        f"{figures['cpu_s']:7.1f} CPU-s {figures['rss_mb']:7.0f} MB",
-        file=sys.stderr,
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, json.dumps(scenario), str(math.ceil(cpu_cap_s))],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
+    peak_mb, cpu_s, stopped = 0.0, 0.0, None
+    while True:
+        try:
+            out, err = child.communicate(timeout=POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            usage = _usage(child.pid)
+            if usage is not None:
+                cpu_s, rss_mb = usage
+                peak_mb = max(peak_mb, rss_mb)
+                if rss_mb > rss_cap_mb:
+                    stopped = "memory"
+                    child.kill()
+    if stopped is None and child.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
+        stopped, cpu_s = "cpu", cpu_cap_s  # the soft CPU limit, or the hard one past it
+    where = f"{scenario['name']:>9} {nodes:>6} nodes {scenario['duration']:>5.0f} s:"
+    if stopped is not None:
+        print(f"{where} stopped at its {stopped} cap", file=sys.stderr)
+        return {
+            "nodes": nodes,
+            "duration_s": scenario["duration"],
+            "stopped": stopped,
+            "cpu_s_at_stop": round(cpu_s, 1),
+            "rss_mb_at_stop": round(peak_mb, 1),
+        }
+    if child.returncode != 0:
+        raise subprocess.CalledProcessError(child.returncode, child.args, out, err)
+    figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    print(f"{where} {figures['cpu_s']:7.1f} CPU-s {figures['rss_mb']:7.0f} MB", file=sys.stderr)
     return {"nodes": nodes, "duration_s": scenario["duration"], **figures}
 
 
@@ -103,6 +164,10 @@ def growth_exponent(runs: list[dict[str, Any]]) -> float:
     return num / sum((x - mean_x) ** 2 for x in xs)
 
 
+def _figure(case: dict[str, Any], key: str, digits: int) -> float | None:
+    return None if "stopped" in case else round(case[key], digits)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -110,26 +175,38 @@ def main() -> None:
     args = parser.parse_args()
     scale = 50 if args.quick else 1
     k1, k3, k10 = 1000 // scale, 3000 // scale, 10_000 // scale
+    small = (
+        CPU_CAP_FACTOR * TARGETS["partition_1k_cpu_s"],
+        MEMORY_CAP_FACTOR * TARGETS["partition_1k_rss_mb"],
+    )
+    large = (
+        CPU_CAP_FACTOR * TARGETS["partition_10k_cpu_s"],
+        MEMORY_CAP_FACTOR * TARGETS["partition_10k_rss_mb"],
+    )
     cases = {
-        "steady_1k_600s": measure(steady(k1)),
-        "partition_1k": measure(partition(k1, 150.0, 30.0, 90.0)),
-        "partition_10k": measure(partition(k10, 60.0, 10.0, 40.0)),
+        "steady_1k_600s": measure(steady(k1), *small),
+        "partition_1k": measure(partition(k1, 150.0, 30.0, 90.0), *small),
+        "partition_10k": measure(partition(k10, 60.0, 10.0, 40.0), *large),
     }
-    sixty = [measure(partition(n, 60.0, 10.0, 40.0)) for n in (k1, k3)]
+    sixty = [measure(partition(n, 60.0, 10.0, 40.0), *large) for n in (k1, k3)]
     sixty.append(cases["partition_10k"])
     figures = {
-        "steady_1k_600s_cpu_s": round(cases["steady_1k_600s"]["cpu_s"], 2),
-        "partition_1k_cpu_s": round(cases["partition_1k"]["cpu_s"], 2),
-        "partition_1k_rss_mb": round(cases["partition_1k"]["rss_mb"], 1),
-        "partition_10k_cpu_s": round(cases["partition_10k"]["cpu_s"], 2),
-        "partition_10k_rss_mb": round(cases["partition_10k"]["rss_mb"], 1),
-        "growth_exponent": round(growth_exponent(sixty), 3),
+        "steady_1k_600s_cpu_s": _figure(cases["steady_1k_600s"], "cpu_s", 2),
+        "partition_1k_cpu_s": _figure(cases["partition_1k"], "cpu_s", 2),
+        "partition_1k_rss_mb": _figure(cases["partition_1k"], "rss_mb", 1),
+        "partition_10k_cpu_s": _figure(cases["partition_10k"], "cpu_s", 2),
+        "partition_10k_rss_mb": _figure(cases["partition_10k"], "rss_mb", 1),
+        "growth_exponent": (
+            None if any("stopped" in run for run in sixty) else round(growth_exponent(sixty), 3)
+        ),
     }
     report = {
         **figures,
         "quick": args.quick,
         "targets": TARGETS,
-        "meets_targets": all(figures[key] <= limit for key, limit in TARGETS.items()),
+        "meets_targets": all(
+            value is not None and value <= TARGETS[key] for key, value in figures.items()
+        ),
         "cases": {**cases, "growth_60s": sixty},
     }
     print(json.dumps(report))

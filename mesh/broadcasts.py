@@ -11,9 +11,15 @@ pending updates and still sends dozens of messages a second.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Hashable
 
 from mesh.messages import Update
+
+SHRINK_BYTES = 4096
+"""An emptied level whose dict has grown past this (about 150 entries'
+worth) is replaced by a new one, giving its table back; smaller ones are
+kept, since growing a dict again from nothing costs more than it saves."""
 
 MAX_SKIPPED = 16
 """Updates too big for the rest of a message that are passed over before
@@ -80,15 +86,20 @@ class BroadcastQueue:
         """Count one more transmit for `keys`, all now at `level`."""
         bucket = self._levels[level]
         sent = level + 1
+        level_of = self._level_of
         if sent >= limit:
             for key in keys:
                 del bucket[key]
-                del self._level_of[key]
-            return
-        if sent == len(self._levels):
-            self._levels.append({})
-        above = self._levels[sent]
-        level_of = self._level_of
-        for key in keys:
-            above[key] = bucket.pop(key)
-            level_of[key] = sent
+                del level_of[key]
+        else:
+            if sent == len(self._levels):
+                self._levels.append({})
+            above = self._levels[sent]
+            for key in keys:
+                above[key] = bucket.pop(key)
+                level_of[key] = sent
+        if not bucket and sys.getsizeof(bucket) > SHRINK_BYTES:
+            # A dict keeps its table at the largest size it ever had: after
+            # a healed partition a level holds a thousand updates for a
+            # moment and nothing after, in every one of a thousand nodes.
+            self._levels[level] = {}

@@ -68,9 +68,11 @@ class MembershipConfig:
     links are bad cannot get a healthy node declared dead quickly."""
 
     push_pull_interval: float
-    """Seconds between full-state syncs with one random member, scaled by
+    """Seconds between state syncs with one random member, scaled by
     ceil(log2 N - 5) + 1 above 32 nodes so total sync traffic stays flat.
-    It repairs whatever gossip missed (e.g. updates that aged out)."""
+    It repairs whatever gossip missed (e.g. updates that aged out). A sync
+    compares digests and trades only the entries the two hold differently
+    (`mesh.sync`), so one between members that agree costs a digest."""
 
     awareness_max_multiplier: int
     """Lifeguard local health: when our own probes go unanswered without
@@ -83,7 +85,7 @@ class MembershipConfig:
 
     reconnect_interval: float
     """Every this many seconds, ping one random dead (not departed) member;
-    an answer triggers a full-state sync. This is what heals a partition:
+    an answer triggers a state sync. This is what heals a partition:
     after it, each side thinks the other is dead and would never talk to it
     again otherwise (serf does the same with its reconnect loop)."""
 

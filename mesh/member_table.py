@@ -6,19 +6,37 @@ many tables, copied entry by entry only when an entry changes. A real node
 starts empty and fills its table from a join; the simulator starts 10,000
 cores from one shared view, which would otherwise take 10,000 x 10,000
 entries (tens of GB) before the first message is sent.
+
+The table also keeps its delta-sync digest (`mesh.sync`): per fine bucket,
+the XOR of its members' fingerprints, updated by every change that goes
+through it, and which members changed most recently. So an entry's Alive
+and accusation change only through `restate`, and a record only through
+`set_record`; a record counts in the digest only while its node is a
+member (a record may arrive before its subject's Alive; it is synced once
+the member is known).
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from array import array
+from collections.abc import Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Final, Literal, get_args
 
 from mesh.identity import Verifier
 from mesh.messages import Alive, Dead, Record, Suspect, signer_of, signing_bytes
+from mesh.sync import (
+    BUCKETS,
+    MAX_RECENT,
+    bucket_of,
+    fine_bucket,
+    fine_range,
+    fold,
+    member_fingerprint,
+)
 
 
 class MemberState(StrEnum):
@@ -67,14 +85,15 @@ def state_name(state: MemberState) -> MemberStateName:
 
 
 class MemberEntry:
-    """Everything one node believes about one member (mutable, owned by one table)."""
+    """Everything one node believes about one member (mutable, owned by one
+    table). When it was last heard from is kept by the table (`seen`), not
+    here: a successful probe then costs no copy of a shared entry."""
 
     __slots__ = (
         "accusation",
         "addr",
         "alive",
         "incarnation",
-        "last_seen",
         "node",
         "state",
         "state_since",
@@ -88,7 +107,6 @@ class MemberEntry:
         self.accusation: Suspect | Dead | None = None
         self.state = MemberState.ALIVE
         self.state_since = now
-        self.last_seen: float | None = None
 
     def clone(self) -> MemberEntry:
         twin = MemberEntry.__new__(MemberEntry)
@@ -99,11 +117,17 @@ class MemberEntry:
 
 @dataclass(frozen=True, slots=True)
 class StartingView:
-    """A swarm state that many membership cores can start from, unchanged."""
+    """A swarm state that many membership cores can start from, unchanged.
+
+    `digest` is its delta-sync digest per fine bucket and `by_bucket` its
+    members per fine bucket, in `nodes` order (`mesh.sync`); `build` fills
+    them in."""
 
     members: Mapping[bytes, MemberEntry]
     nodes: Sequence[bytes]
     records: Mapping[bytes, Record]
+    digest: Sequence[int]
+    by_bucket: Sequence[Sequence[bytes]]
 
     @classmethod
     def build(
@@ -123,10 +147,16 @@ class StartingView:
             for r in records
             if r.node in members and verifier(r.node, signing_bytes(r), r.signature)
         }
-        return cls(members, tuple(members), kept)
+        digest = [0] * BUCKETS
+        by_bucket: list[list[bytes]] = [[] for _ in range(BUCKETS)]
+        for node, entry in members.items():
+            fine = fine_bucket(node)
+            digest[fine] ^= member_fingerprint(entry.alive, None, kept.get(node))
+            by_bucket[fine].append(node)
+        return cls(members, tuple(members), kept, tuple(digest), tuple(map(tuple, by_bucket)))
 
 
-_EMPTY_VIEW = StartingView({}, (), {})
+_EMPTY_VIEW = StartingView({}, (), {}, (0,) * BUCKETS, ((),) * BUCKETS)
 
 
 class MemberTable:
@@ -143,6 +173,10 @@ class MemberTable:
         self._extra_nodes: list[bytes] = []  # members not in the base, in join order
         self._extra_index: dict[bytes, int] = {}
         self._forgotten: set[bytes] = set()
+        self._by_bucket = base.by_bucket
+        self._digest = array("q", base.digest)
+        self._changed: dict[bytes, None] = {}  # most recently changed last
+        self._last_seen: dict[bytes, float] = {}
 
     # --- members ------------------------------------------------------------
 
@@ -160,11 +194,6 @@ class MemberTable:
             raise KeyError(node)
         return entry
 
-    def writable(self, node: bytes) -> MemberEntry | None:
-        """The entry for `node`, copied out of the shared base if need be."""
-        shared = self.get(node)
-        return None if shared is None else self.own(shared)
-
     def own(self, entry: MemberEntry) -> MemberEntry:
         """This table's own, writable copy of `entry` (one `get` returned):
         itself when it is already ours, else a copy out of the shared base."""
@@ -175,7 +204,16 @@ class MemberTable:
         return mine
 
     def add(self, entry: MemberEntry) -> None:
+        """Hold `entry` as the member `entry.node`, in place of any entry
+        for that node."""
         node = entry.node
+        record = self.record(node)
+        previous = self.get(node)
+        change = member_fingerprint(entry.alive, entry.accusation, record)
+        if previous is not None:
+            change ^= member_fingerprint(previous.alive, previous.accusation, record)
+        self._digest[fine_bucket(node)] ^= change
+        self._note_change(node)
         self._own[node] = entry
         if node in self._forgotten:
             self._forgotten.discard(node)
@@ -183,9 +221,31 @@ class MemberTable:
             self._extra_index[node] = len(self._extra_nodes)
             self._extra_nodes.append(node)
 
+    def restate(self, entry: MemberEntry, alive: Alive, accusation: Suspect | Dead | None) -> None:
+        """Give `entry` (this table's own: see `own`) a new Alive and
+        accusation, keeping the digest up to date."""
+        before = entry.alive.fingerprint()
+        if entry.accusation is not None:
+            before ^= entry.accusation.fingerprint()
+        after = alive.fingerprint()
+        if accusation is not None:
+            after ^= accusation.fingerprint()
+        self._digest[fine_bucket(entry.node)] ^= before ^ after
+        self._note_change(entry.node)
+        entry.alive = alive
+        entry.accusation = accusation
+
     def forget(self, node: bytes) -> None:
+        entry = self.get(node)
+        if entry is not None:
+            record = self.record(node)
+            self._digest[fine_bucket(node)] ^= member_fingerprint(
+                entry.alive, entry.accusation, record
+            )
         self._own.pop(node, None)
         self._own_records.pop(node, None)
+        self._last_seen.pop(node, None)
+        self._changed.pop(node, None)
         if node in self._base:
             self._forgotten.add(node)
             return
@@ -216,13 +276,71 @@ class MemberTable:
         return self._base_records.get(node)
 
     def set_record(self, record: Record) -> None:
-        self._own_records[record.node] = record
+        node = record.node
+        if self.get(node) is not None:
+            previous = self.record(node)
+            change = record.fingerprint()
+            if previous is not None:
+                change ^= previous.fingerprint()
+            self._digest[fine_bucket(node)] ^= change
+            self._note_change(node)
+        self._own_records[node] = record
 
     def records(self) -> Iterator[Record]:
         yield from self._own_records.values()
         for node, record in self._base_records.items():
             if node not in self._own_records and node not in self._forgotten:
                 yield record
+
+    # --- liveness -----------------------------------------------------------
+
+    def seen(self, node: bytes, now: float) -> None:
+        """`node` answered us at `now` (a probe's ack)."""
+        self._last_seen[node] = now
+
+    def last_seen(self, node: bytes) -> float | None:
+        return self._last_seen.get(node)
+
+    # --- delta sync (mesh.sync) ----------------------------------------------
+
+    def digest(self, bits: int) -> tuple[int, ...]:
+        """The table's digest at `bits` bucket bits."""
+        return fold(self._digest, bits)
+
+    def _note_change(self, node: bytes) -> None:
+        changed = self._changed
+        changed.pop(node, None)
+        changed[node] = None
+        if len(changed) > MAX_RECENT:
+            del changed[next(iter(changed))]
+
+    def take_changed(self) -> list[MemberEntry]:
+        """The members changed most recently (at most `MAX_RECENT`, oldest
+        change first), forgetting them: the next call names only later ones."""
+        changed, self._changed = self._changed, {}
+        return [entry for entry in map(self.get, changed) if entry is not None]
+
+    def fingerprint(self, entry: MemberEntry) -> int:
+        """The member fingerprint of `entry`, one of this table's."""
+        return member_fingerprint(entry.alive, entry.accusation, self.record(entry.node))
+
+    def in_buckets(self, bits: int, buckets: Collection[int]) -> Iterator[MemberEntry]:
+        """Every member in `buckets` (at `bits` bucket bits), in a fixed
+        order: the starting view's by bucket, then those learned since."""
+        by_bucket = self._by_bucket
+        for bucket in buckets:
+            for fine in fine_range(bucket, bits):
+                for node in by_bucket[fine]:
+                    entry = self.get(node)
+                    if entry is not None:
+                        yield entry
+        if self._extra_nodes:
+            wanted = set(buckets)
+            for node in self._extra_nodes:
+                if bucket_of(node, bits) in wanted:
+                    entry = self.get(node)
+                    if entry is not None:
+                        yield entry
 
     # --- random choice ------------------------------------------------------
 

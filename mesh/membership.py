@@ -28,8 +28,11 @@ Protocol summary (SWIM, arXiv cs/0204058, with Lifeguard, arXiv 1707.00788):
   instead of accusing healthy peers.
 - Updates ride on every ping and ack and on periodic gossip to a few random
   members; each node retransmits an update ~mult*log10(N) times.
-- Periodically a node swaps its full state with one random member, and
-  pings one random dead member so that healed partitions merge again.
+- Periodically a node syncs its state with one random member, and pings
+  one random dead member so that healed partitions merge again (its ack
+  starts a sync). A sync compares digests first and trades only the
+  entries the two hold differently (`mesh.sync`); joins and strangers get
+  the full state.
 
 Trust (DESIGN.md, "Trust": any member but a voter may be Byzantine):
 
@@ -70,7 +73,7 @@ import heapq
 import math
 import random
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from mesh.broadcasts import BroadcastQueue
@@ -99,15 +102,16 @@ from mesh.messages import (
     PushPull,
     Record,
     Suspect,
+    SyncDelta,
+    SyncDigest,
     Update,
     alive_signing_bytes,
     dead_signing_bytes,
     record_signing_bytes,
-    signer_of,
-    signing_bytes,
     suspect_signing_bytes,
 )
 from mesh.newcomers import NewcomerLimit
+from mesh.sync import bits_for, digest_bits, well_formed_delta
 
 MAX_COUNTER = MAX_UINT
 """Incarnations and record sequence numbers stay below 2**63 (wire limit)."""
@@ -132,6 +136,12 @@ R_UNASKED_ACK = "ack_from_unasked"
 neither the probe's target nor a helper we asked. Sequence numbers are
 easy to guess; the sender, authenticated by the plane, is not, so only
 the target itself (directly, or through a helper) can keep it alive."""
+R_SYNC_MALFORMED = "sync_malformed"
+"""Drop reason: a delta-sync message out of shape (`mesh.sync`): a digest
+that is not a power of two of at most 256 fingerprints, or a delta whose
+buckets are not ascending within its bits or that holds a member outside
+them. The wire refuses these too; the core checks again because the
+simulator hands it messages that never were bytes."""
 
 # Estimated encoded sizes, used only to keep piggybacked updates within the
 # packet budget without encoding them twice. Generous upper bounds.
@@ -176,34 +186,45 @@ class MemberView:
 
 
 class _Suspicion:
-    """Lifeguard's shrinking suspicion timer for one member."""
+    """Lifeguard's shrinking suspicion timer for one member.
 
-    __slots__ = ("accusers", "deadline", "k", "last_look", "max_timeout", "min_timeout", "start")
+    A partition has every member suspect most others at once, so this is
+    kept small: accusers are a tuple (one or two of them at most, since
+    confirmations stop once `settled`), and (k, min, max timeout), which
+    depend only on the swarm's size, are one tuple shared by every
+    suspicion made at that size."""
 
-    def __init__(self, start: float, accuser: bytes, k: int, lo: float, hi: float) -> None:
+    __slots__ = ("accusers", "deadline", "last_look", "limits", "start")
+
+    def __init__(self, start: float, accuser: bytes, limits: tuple[int, float, float]) -> None:
         self.start = start
         self.last_look = False
-        self.accusers = {accuser}
-        self.k = k
-        self.min_timeout = lo
-        self.max_timeout = hi
+        self.accusers: tuple[bytes, ...] = (accuser,)
+        self.limits = limits
+        k, lo, hi = limits
         self.deadline = start + (lo if k == 0 else hi)
+
+    @property
+    def k(self) -> int:
+        """Independent confirmations that bring the timeout to its minimum."""
+        return self.limits[0]
 
     @property
     def settled(self) -> bool:
         """At its minimum timeout: further confirmations change nothing, so
         they are neither counted nor gossiped (in a 50/50 partition that is
         the difference between k and n/2 accusations per suspect)."""
-        return len(self.accusers) > self.k
+        return len(self.accusers) > self.limits[0]
 
     def confirm(self, accuser: bytes) -> None:
         """Count one more independent accuser and shorten the timeout."""
-        self.accusers.add(accuser)
+        self.accusers += (accuser,)
         confirmations = len(self.accusers) - 1
-        if self.k > 0:
-            fraction = math.log(confirmations + 1) / math.log(self.k + 1)
-            timeout = self.max_timeout - fraction * (self.max_timeout - self.min_timeout)
-            self.deadline = self.start + max(self.min_timeout, timeout)
+        k, lo, hi = self.limits
+        if k > 0:
+            fraction = math.log(confirmations + 1) / math.log(k + 1)
+            timeout = hi - fraction * (hi - lo)
+            self.deadline = self.start + max(lo, timeout)
 
 
 class _Probe:
@@ -228,9 +249,11 @@ def _update_size(update: Update) -> int:
     return _SIZE_ACCUSATION
 
 
-def _broadcast_key(update: Update) -> tuple[str, bytes]:
-    """Updates with the same key supersede one another in the send queue."""
-    return ("r" if isinstance(update, Record) else "m", update.node)
+def _broadcast_key(update: Update) -> Hashable:
+    """Updates with the same key supersede one another in the send queue:
+    news of a member (its id itself, the cheapest key to keep by the
+    thousand), or its record."""
+    return ("r", update.node) if isinstance(update, Record) else update.node
 
 
 class Membership:
@@ -280,6 +303,9 @@ class Membership:
         # (deadline, node) for every armed suspicion timer; entries whose
         # suspicion is gone or was re-armed are skipped when they surface.
         self._suspicion_timers: list[tuple[float, bytes]] = []
+        self._limits_at = -1  # the live count `_limits` was worked out for
+        self._limits: tuple[int, float, float] = (0, 0.0, 0.0)
+        self._oldest_gone = math.inf  # no member gone (dead or left) before this
         self._awareness = 0
         self._leaving = False
         self._join_seeds: tuple[tuple[bytes, str], ...] = ()
@@ -295,9 +321,9 @@ class Membership:
         self._next_introduction = now
 
         me = MemberEntry(self._sign_alive(min(incarnation, MAX_COUNTER)), now)
-        me.last_seen = now
         in_view = self._table.get(self.node_id) is not None
         self._table.add(me)
+        self._table.seen(self.node_id, now)
         self._me = me
         self._live_count = self._table.initial_live_count() + (0 if in_view else 1)
         self._queue(me.alive)
@@ -344,7 +370,7 @@ class Membership:
             self.node_id,
             self._signer.sign(dead_signing_bytes(self.node_id, me.incarnation, self.node_id)),
         )
-        me.accusation = farewell
+        self._table.restate(me, me.alive, farewell)
         self._set_state(me, MemberState.LEFT, now)
         self._queue(farewell)
         # Send it now to more members than one gossip round would reach: the
@@ -396,6 +422,10 @@ class Membership:
                 self._apply_all(message.updates, now)
             case PushPull():
                 self._on_push_pull(envelope, message, now)
+            case SyncDigest():
+                self._on_sync_digest(envelope, message, now)
+            case SyncDelta():
+                self._on_sync_delta(envelope, message, now)
 
     def tick(self, now: float) -> None:
         """Fire every timer due at `now`; call it at `next_deadline()` (or later)."""
@@ -424,7 +454,7 @@ class Membership:
         if now >= self._next_gossip:
             self._gossip(now)
         if now >= self._next_push_pull:
-            self._periodic_push_pull(now)
+            self._periodic_sync(now)
         if now >= self._next_reconnect:
             self._reconnect(now)
 
@@ -433,27 +463,33 @@ class Membership:
         it, so drivers re-read it after every step."""
         # Gossip rounds only matter while there is something to gossip; an
         # idle swarm then wakes once per probe, not five times a second.
+        # (Comparisons rather than min(): drivers ask after every message.)
         deadline = self._next_join
-        if self._broadcasts:
-            deadline = min(deadline, self._next_gossip)
+        if self._broadcasts and self._next_gossip < deadline:
+            deadline = self._next_gossip
         if self._leaving:
             return deadline
-        deadline = min(deadline, self._next_probe, self._next_push_pull, self._next_reconnect)
+        for due in (self._next_probe, self._next_push_pull, self._next_reconnect):
+            if due < deadline:
+                deadline = due
         probe = self._probe
         if probe is not None:
-            deadline = min(deadline, probe.end)
-            if not probe.acked:
-                deadline = min(deadline, probe.direct_deadline)
+            if probe.end < deadline:
+                deadline = probe.end
+            if not probe.acked and probe.direct_deadline < deadline:
+                deadline = probe.direct_deadline
         timers = self._suspicion_timers
         while timers:
             due, node = timers[0]
             suspicion = self._suspicions.get(node)
             if suspicion is not None and suspicion.deadline == due:
-                deadline = min(deadline, due)
+                if due < deadline:
+                    deadline = due
                 break
             heapq.heappop(timers)  # stale: refuted, decided or re-armed
         for _, _, _, nack_at, _ in self._relays.values():
-            deadline = min(deadline, nack_at)
+            if nack_at < deadline:
+                deadline = nack_at
         return deadline
 
     def take_sends(self) -> list[Send]:
@@ -578,9 +614,8 @@ class Membership:
                 return
             probe.acked = True
             self._adjust_awareness(-1)
-            target = self._table.writable(probe.target)
-            if target is not None:
-                target.last_seen = now
+            if self._table.get(probe.target) is not None:
+                self._table.seen(probe.target, now)
             return
         relay = self._relays.get(ack.seq)
         if relay is not None:
@@ -593,8 +628,8 @@ class Membership:
         sender = self._table.get(envelope.sender)
         if sender is not None and sender.state is MemberState.DEAD:
             # A reconnect ping came back: the "dead" member is reachable again
-            # (typically a healed partition). Merge our full states.
-            self._send(sender.node, sender.addr, self._full_state(join=False, reply=False))
+            # (typically a healed partition). Sync our states.
+            self._start_sync(sender.node, sender.addr)
 
     def _on_ping_req(self, envelope: Envelope, req: PingReq, now: float) -> None:
         self._seq += 1
@@ -651,8 +686,7 @@ class Membership:
         """
         me = self._me
         me.incarnation = min(max(me.incarnation, incarnation) + 1, MAX_COUNTER)
-        me.alive = self._sign_alive(me.incarnation)
-        me.accusation = None
+        self._table.restate(me, self._sign_alive(me.incarnation), None)
         self._queue(me.alive)
         self._adjust_awareness(1)
         accuser_member = self._table.get(accuser) if accuser is not None else None
@@ -662,8 +696,44 @@ class Membership:
     # --- applying updates --------------------------------------------------------------
 
     def _apply_all(self, updates: tuple[Update, ...], now: float) -> None:
+        """Apply piggybacked updates in order.
+
+        Most are news we already hold: every member sends each update
+        about 4 * log10(N) times, so a healed 1,000-node partition brings
+        each member some 20,000 copies of what it learned once. Those are
+        recognised here by the very tests the `_apply_*` methods open with
+        (an Alive not above what we hold; an accusation of a stranger,
+        below what we hold, or of a member already gone; a confirmation of
+        a suspicion that has it, or needs no more), at the cost of one
+        lookup; everything else takes the full path.
+        """
+        get = self._table.get
+        me = self.node_id
+        suspicions = self._suspicions
         for update in updates:
-            self._apply(update, now)
+            if isinstance(update, Record) or update.node == me:
+                self._apply(update, now)
+                continue
+            member = get(update.node)
+            if isinstance(update, Alive):
+                if member is None or update.incarnation > member.incarnation:
+                    self._apply_alive(update, now)
+            elif (
+                member is None
+                or update.incarnation < member.incarnation
+                or member.state in GONE_STATES
+            ):
+                continue
+            elif isinstance(update, Dead):
+                self._apply_dead(update, now)
+            elif member.state is not MemberState.SUSPECT or update.incarnation > member.incarnation:
+                self._apply_suspect(update, now)
+            else:
+                suspicion = suspicions.get(update.node)
+                if not (
+                    suspicion is None or suspicion.settled or update.accuser in suspicion.accusers
+                ):
+                    self._apply_suspect(update, now)
 
     def _apply(self, update: Update, now: float, relay: bool = True) -> None:
         match update:
@@ -717,7 +787,7 @@ class Membership:
         return True
 
     def _authentic(self, update: Update) -> bool:
-        if self._verify(signer_of(update), signing_bytes(update), update.signature):
+        if update.verified(self._verify):
             return True
         self.drops["bad_signature"] += 1
         return False
@@ -765,8 +835,7 @@ class Membership:
         was = member.state
         member.incarnation = alive.incarnation
         member.addr = alive.addr
-        member.alive = alive
-        member.accusation = None
+        self._table.restate(member, alive, None)
         self._suspicions.pop(alive.node, None)
         if was is not MemberState.ALIVE:
             self._set_state(member, MemberState.ALIVE, now)
@@ -782,42 +851,51 @@ class Membership:
             return
         if member.state in GONE_STATES:
             return
+        if member.state is MemberState.SUSPECT and suspect.incarnation == member.incarnation:
+            # A confirmation (we never hold ourselves suspect). One that
+            # would change nothing is dropped before its accuser and its
+            # signature are checked: most are copies of one we counted.
+            suspicion = self._suspicions.get(suspect.node)
+            if suspicion is None or suspicion.settled or suspect.accuser in suspicion.accusers:
+                return
+            if not (verified or (self._may_accuse(suspect, member) and self._authentic(suspect))):
+                return
+            suspicion.confirm(suspect.accuser)
+            heapq.heappush(self._suspicion_timers, (suspicion.deadline, suspect.node))
+            if relay:
+                self._queue(suspect, key=("s", suspect.node, suspect.accuser))
+            return
         if not (verified or self._may_accuse(suspect, member)):
             return
         if suspect.node == self.node_id:
             if not self._leaving and (verified or self._authentic(suspect)):
                 self._refute(suspect.incarnation, now, suspect.accuser)
             return
-        if member.state is MemberState.SUSPECT and suspect.incarnation == member.incarnation:
-            suspicion = self._suspicions.get(suspect.node)
-            if suspicion is None or suspicion.settled or suspect.accuser in suspicion.accusers:
-                return
-            if not (verified or self._authentic(suspect)):
-                return
-            suspicion.confirm(suspect.accuser)
-            heapq.heappush(self._suspicion_timers, (suspicion.deadline, suspect.node))
-            if relay:
-                self._queue(suspect, key=("s", suspect.node + suspect.accuser))
-            return
         if not (verified or self._authentic(suspect)):
             return
         member = self._table.own(member)
         member.incarnation = suspect.incarnation
-        member.accusation = suspect
+        self._table.restate(member, member.alive, suspect)
         self._set_state(member, MemberState.SUSPECT, now)
-        n = self._live_count
-        suspicion = _Suspicion(
-            now,
-            suspect.accuser,
-            self.config.suspicion_confirmations(n),
-            self.config.suspicion_min_timeout(n),
-            self.config.suspicion_max_timeout(n),
-        )
+        suspicion = _Suspicion(now, suspect.accuser, self._suspicion_limits())
         self._suspicions[suspect.node] = suspicion
         heapq.heappush(self._suspicion_timers, (suspicion.deadline, suspect.node))
         self._events.append(MemberEvent("suspect", suspect.node, suspect.incarnation, now))
         if relay:
             self._queue(suspect)
+
+    def _suspicion_limits(self) -> tuple[int, float, float]:
+        """(k, min, max timeout) for a suspicion starting now (`_Suspicion`)."""
+        n = self._live_count
+        if self._limits_at != n:
+            config = self.config
+            self._limits_at = n
+            self._limits = (
+                config.suspicion_confirmations(n),
+                config.suspicion_min_timeout(n),
+                config.suspicion_max_timeout(n),
+            )
+        return self._limits
 
     def _apply_dead(
         self, dead: Dead, now: float, *, verified: bool = False, relay: bool = True
@@ -838,7 +916,7 @@ class Membership:
         departed = dead.accuser == dead.node
         member = self._table.own(member)
         member.incarnation = dead.incarnation
-        member.accusation = dead
+        self._table.restate(member, member.alive, dead)
         self._suspicions.pop(dead.node, None)
         state = MemberState.LEFT if departed else MemberState.DEAD
         self._set_state(member, state, now)
@@ -880,10 +958,12 @@ class Membership:
         self._live_count += int(live_after) - int(live_before)
         member.state = state
         member.state_since = now
+        if not live_after and now < self._oldest_gone:
+            self._oldest_gone = now
 
     # --- dissemination ---------------------------------------------------------------
 
-    def _queue(self, update: Update, key: tuple[str, bytes] | None = None) -> None:
+    def _queue(self, update: Update, key: Hashable | None = None) -> None:
         """Queue `update` for piggybacking, replacing older news of the same node."""
         self._broadcasts.put(key or _broadcast_key(update), update, _update_size(update))
 
@@ -967,13 +1047,7 @@ class Membership:
         )
 
     def _on_push_pull(self, envelope: Envelope, message: PushPull, now: float) -> None:
-        """Merge another node's full state, then answer with ours.
-
-        Only news about the sender itself is gossiped on (that is how a
-        joiner becomes known); the rest stays local. Re-gossiping a whole
-        swarm's worth of state after every sync would flood the network,
-        and the other nodes get the same news from their own syncs.
-        """
+        """Merge another node's full state, then answer with ours."""
         sender = envelope.sender
         # The first full state a seed returns to our join: we asked for it,
         # and it is how a joiner learns a swarm of thousands at once, so its
@@ -981,21 +1055,118 @@ class Membership:
         vouched = (
             message.reply and not self._joined and any(sender == s for s, _ in self._join_seeds)
         )
-        for update in message.states:
-            if isinstance(update, Dead) and update.accuser != update.node:
-                self._merge_remote_death(update, now)
-            elif isinstance(update, Alive):
-                self._apply_alive(update, now, relay=update.node == sender, vouched=vouched)
-            else:
-                self._apply(update, now, relay=update.node == sender)
-        for record in message.records:
-            self._apply_record(record, now, relay=record.node == sender)
+        self._merge(sender, message.states, message.records, now, vouched=vouched)
         if message.reply:
             if not self._joined:
                 self._joined = True
                 self._next_join = math.inf
             return
         self._send(envelope.sender, envelope.addr, self._full_state(join=False, reply=True))
+
+    def _merge(
+        self,
+        sender: bytes,
+        states: Sequence[Alive | Suspect | Dead],
+        records: Sequence[Record],
+        now: float,
+        *,
+        vouched: bool = False,
+    ) -> None:
+        """Merge another node's state for some members (all of them, in a
+        full state), in order: each member's Alive before its accusation.
+
+        Only news about the sender itself is gossiped on (that is how a
+        joiner becomes known); the rest stays local. Re-gossiping a whole
+        swarm's worth of state after every sync would flood the network,
+        and the other nodes get the same news from their own syncs.
+        """
+        for update in states:
+            if isinstance(update, Dead) and update.accuser != update.node:
+                self._merge_remote_death(update, now)
+            elif isinstance(update, Alive):
+                self._apply_alive(update, now, relay=update.node == sender, vouched=vouched)
+            else:
+                self._apply(update, now, relay=update.node == sender)
+        for record in records:
+            self._apply_record(record, now, relay=record.node == sender)
+
+    # --- delta sync (mesh.sync) ------------------------------------------------------
+
+    def _start_sync(self, node: bytes, addr: str) -> None:
+        """Open a delta sync with `node`: our digest, at a bucket count
+        that suits the swarm's size, with our latest changes."""
+        states, records = self._state_of(self._table.take_changed())
+        digest = self._table.digest(digest_bits(self._live_count))
+        self._send(node, addr, SyncDigest(digest, states, records))
+
+    def _on_sync_digest(self, envelope: Envelope, message: SyncDigest, now: float) -> None:
+        """Step two: merge the latest changes it carries; then, where our
+        digests differ, send all we hold there."""
+        theirs = message.fingerprints
+        bits = bits_for(len(theirs))
+        if bits is None:
+            self.drops[R_SYNC_MALFORMED] += 1
+            return
+        self._merge(envelope.sender, message.states, message.records, now)
+        ours = self._table.digest(bits)
+        differ = tuple(
+            bucket
+            for bucket, (mine, other) in enumerate(zip(ours, theirs, strict=True))
+            if mine != other
+        )
+        if not differ:
+            return
+        states, records = self._state_of(self._table.in_buckets(bits, differ))
+        self._send(envelope.sender, envelope.addr, SyncDelta(False, bits, differ, states, records))
+
+    def _on_sync_delta(self, envelope: Envelope, message: SyncDelta, now: float) -> None:
+        """Step two's answer: merge what we hold differently, then send back
+        what the other side holds differently or not at all. Step three's:
+        merge it."""
+        if not well_formed_delta(
+            message.reply, message.bits, message.buckets, message.states, message.records
+        ):
+            self.drops[R_SYNC_MALFORMED] += 1
+            return
+        if message.reply:
+            self._merge(envelope.sender, message.states, message.records, now)
+            return
+        table = self._table
+        theirs: dict[bytes, int] = {}  # their member fingerprints, as `mesh.sync` defines them
+        for update in (*message.states, *message.records):
+            theirs[update.node] = theirs.get(update.node, 0) ^ update.fingerprint()
+        news = {node for node, fingerprint in theirs.items() if not self._holds(node, fingerprint)}
+        states = [update for update in message.states if update.node in news]
+        records = [record for record in message.records if record.node in news]
+        self._merge(envelope.sender, states, records, now)
+        stale = (
+            entry
+            for entry in table.in_buckets(message.bits, message.buckets)
+            if theirs.get(entry.node) != table.fingerprint(entry)
+        )
+        ours, our_records = self._state_of(stale)
+        if ours:
+            self._send(envelope.sender, envelope.addr, SyncDelta(True, 0, (), ours, our_records))
+
+    def _holds(self, node: bytes, fingerprint: int) -> bool:
+        """Whether we hold member `node` exactly as `fingerprint` says."""
+        entry = self._table.get(node)
+        return entry is not None and self._table.fingerprint(entry) == fingerprint
+
+    def _state_of(
+        self, entries: Iterable[MemberEntry]
+    ) -> tuple[tuple[Alive | Suspect | Dead, ...], tuple[Record, ...]]:
+        """The states and records a full state would carry for `entries`."""
+        states: list[Alive | Suspect | Dead] = []
+        records: list[Record] = []
+        for entry in entries:
+            states.append(entry.alive)
+            if entry.accusation is not None:
+                states.append(entry.accusation)
+            record = self._table.record(entry.node)
+            if record is not None:
+                records.append(record)
+        return tuple(states), tuple(records)
 
     def _merge_remote_death(self, dead: Dead, now: float) -> None:
         """Another node's full state says `dead.node` is dead.
@@ -1017,16 +1188,16 @@ class Membership:
             return
         self._accuse(member, now)
 
-    def _periodic_push_pull(self, now: float) -> None:
+    def _periodic_sync(self, now: float) -> None:
         self._next_push_pull = now + self.config.push_pull_period(self._live_count)
         self._forget_old_members(now)
         peers = self._random_peers(1, now, live_only=True)
         if peers:
             peer = self._table.entry(peers[0])
-            self._send(peer.node, peer.addr, self._full_state(join=False, reply=False))
+            self._start_sync(peer.node, peer.addr)
 
     def _reconnect(self, now: float) -> None:
-        """Ping one random dead member; its ack triggers a full-state merge."""
+        """Ping one random dead member; its ack starts a sync (`_on_ack`)."""
         self._next_reconnect = now + self.config.reconnect_interval
         for _ in range(8):
             node = self._table.random_peer(self._rng)
@@ -1039,10 +1210,23 @@ class Membership:
                 return
 
     def _forget_old_members(self, now: float) -> None:
+        """Forget members gone longer than `reconnect_timeout`. The table is
+        read only when one may be due (`_oldest_gone`): every sync period,
+        at every member, it would otherwise be a pass over the whole swarm."""
         horizon = now - self.config.reconnect_timeout
-        stale = [m.node for m in self._table if m.state in GONE_STATES and m.state_since < horizon]
+        if self._oldest_gone >= horizon:
+            return
+        stale = []
+        oldest = math.inf
+        for member in self._table:
+            if member.state in GONE_STATES:
+                if member.state_since < horizon:
+                    stale.append(member.node)
+                else:
+                    oldest = min(oldest, member.state_since)
         for node in stale:
             self._table.forget(node)
+        self._oldest_gone = oldest
 
     # --- helpers -------------------------------------------------------------------
 
@@ -1064,6 +1248,6 @@ class Membership:
             member.incarnation,
             member.state,
             member.state_since,
-            member.last_seen,
+            self._table.last_seen(member.node),
             self._table.record(member.node),
         )

@@ -41,6 +41,8 @@ valid type)::
     5 Gossip    [updates]
     6 PushPull  [join, reply, states, records]
     7 Consensus [payload, signature]   (payload: consensus.codec bytes)
+    8 SyncDigest  [fingerprints, states, records]         (mesh.sync)
+    9 SyncDelta   [reply, bits, buckets, states, records]  (mesh.sync)
 
 Update kinds (append-only, same rules)::
 
@@ -98,8 +100,11 @@ from mesh.messages import (
     PushPull,
     Record,
     Suspect,
+    SyncDelta,
+    SyncDigest,
     Update,
 )
+from mesh.sync import BUCKETS, MAX_BUCKET_BITS, MAX_RECENT, bits_for, well_formed_delta
 
 PROTOCOL_VERSION: Final = 1
 
@@ -129,6 +134,10 @@ MAX_UPDATES_PER_MESSAGE: Final = 256
 # simulation must fit with headroom; the byte cap above still applies, so in
 # practice records at realistic sizes fit for a couple of thousand nodes.
 MAX_PUSHPULL_ENTRIES: Final = 16_384
+
+# States (an Alive and an accusation each) or records a delta-sync digest
+# carries for the members its sender changed last (mesh.sync.MAX_RECENT).
+MAX_RECENT_UPDATES: Final = 2 * MAX_RECENT
 
 # Characters in an address such as "tcp://host:port": a DNS name is at most
 # 253 characters, plus "tcp://" and ":65535" is 265; an ipc path is at most
@@ -582,7 +591,17 @@ def _records(value: object) -> tuple[Record, ...]:
 # --- messages ---------------------------------------------------------------
 
 MESSAGE_TYPE_IDS: Final[Mapping[type, int]] = MappingProxyType(
-    {Ping: 1, PingReq: 2, Ack: 3, Nack: 4, Gossip: 5, PushPull: 6, Consensus: 7}
+    {
+        Ping: 1,
+        PingReq: 2,
+        Ack: 3,
+        Nack: 4,
+        Gossip: 5,
+        PushPull: 6,
+        Consensus: 7,
+        SyncDigest: 8,
+        SyncDelta: 9,
+    }
 )
 
 _U = MAX_UPDATES_PER_MESSAGE
@@ -619,6 +638,14 @@ def _body_value(message: Any) -> list[Any]:
             ]
         case Consensus():
             return [_consensus_payload(message.payload), _signature(message.signature)]
+        case SyncDigest():
+            return [
+                _fingerprints(message.fingerprints),
+                _recent_value(message.states, _states_value),
+                _recent_value(message.records, _records_value),
+            ]
+        case SyncDelta():
+            return _delta_value(message)
     _fail(REASON_UNKNOWN_TYPE, "not a message")
 
 
@@ -669,6 +696,77 @@ def _consensus(body: object) -> Consensus:
     return Consensus(_consensus_payload(payload), _signature(signature))
 
 
+# --- delta sync (mesh.sync) -------------------------------------------------
+
+
+def _fingerprints(value: object) -> list[int]:
+    items = sequence(value, "fingerprints", max_items=BUCKETS)
+    if bits_for(len(items)) is None:
+        _fail(REASON_BAD_FIELD, f"a digest has a power of two of at most {BUCKETS} fingerprints")
+    return [uint(item, "fingerprint") for item in items]
+
+
+def _bits(value: object) -> int:
+    return uint(value, "bits", high=MAX_BUCKET_BITS)
+
+
+def _buckets(value: object) -> tuple[int, ...]:
+    return tuple(uint(b, "bucket") for b in sequence(value, "buckets", max_items=BUCKETS))
+
+
+def _check_delta(delta: SyncDelta) -> SyncDelta:
+    """How a delta's checked fields fit together: the rule the core applies
+    too (`mesh.sync.well_formed_delta`)."""
+    fits = well_formed_delta(delta.reply, delta.bits, delta.buckets, delta.states, delta.records)
+    if not fits:
+        _fail(
+            REASON_BAD_FIELD, "a delta names ascending buckets within bits, and only their members"
+        )
+    return delta
+
+
+def _delta_value(message: SyncDelta) -> list[Any]:
+    value = [
+        boolean(message.reply, "reply"),
+        _bits(message.bits),
+        list(_buckets(message.buckets)),
+        _states_value(message.states),
+        _records_value(message.records),
+    ]
+    _check_delta(message)
+    return value
+
+
+def _recent_value(
+    updates: Sequence[Update], encode: Callable[[object], list[list[Any]]]
+) -> list[list[Any]]:
+    """A digest's recent states or records: as a full state's, fewer."""
+    if len(updates) > MAX_RECENT_UPDATES:
+        _fail(REASON_BAD_FIELD, "a digest carries the state of a few members")
+    return encode(updates)
+
+
+def _sync_digest(body: object) -> SyncDigest:
+    fingerprints, states, records = array(body, "sync digest", size=3)
+    for recent in (states, records):
+        if type(recent) is list and len(recent) > MAX_RECENT_UPDATES:
+            _fail(REASON_BAD_FIELD, "a digest carries the state of a few members")
+    return SyncDigest(tuple(_fingerprints(fingerprints)), _states(states), _records(records))
+
+
+def _sync_delta(body: object) -> SyncDelta:
+    reply, bits, buckets, states, records = array(body, "sync delta", size=5)
+    return _check_delta(
+        SyncDelta(
+            boolean(reply, "reply"),
+            _bits(bits),
+            _buckets(buckets),
+            _states(states),
+            _records(records),
+        )
+    )
+
+
 _BODY_DECODERS: Final[Mapping[int, Callable[[object], Message]]] = MappingProxyType(
     {
         MESSAGE_TYPE_IDS[Ping]: _ping,
@@ -678,6 +776,8 @@ _BODY_DECODERS: Final[Mapping[int, Callable[[object], Message]]] = MappingProxyT
         MESSAGE_TYPE_IDS[Gossip]: _gossip,
         MESSAGE_TYPE_IDS[PushPull]: _push_pull,
         MESSAGE_TYPE_IDS[Consensus]: _consensus,
+        MESSAGE_TYPE_IDS[SyncDigest]: _sync_digest,
+        MESSAGE_TYPE_IDS[SyncDelta]: _sync_delta,
     }
 )
 

@@ -11,7 +11,7 @@ after a partition or a burst of crashes:
   returning to zero.
 * ``traffic``: messages (and bytes, when the network counts them) sent
   per node and second in each step, the mean over running nodes and the
-  busiest node. Suspicion storms and push-pull syncs after a heal show here.
+  busiest node. Suspicion storms and state syncs after a heal show here.
 * ``spread``: for each ``publish`` fault, the fraction of running nodes
   holding the new record against seconds since it was published.
 
@@ -39,7 +39,7 @@ import contextlib
 import csv
 import itertools
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -115,7 +115,7 @@ def run_sampled(cluster: MembershipCluster, until: float, step: float) -> Sample
 
 
 def beliefs(
-    verdicts: Sequence[tuple[float, int, str, int, int]],
+    verdicts: Iterable[tuple[float, int, str, int, int]],
 ) -> tuple[list[float], list[int], list[int]]:
     """(times, suspect, dead): after each verdict, how many (observer,
     subject) pairs hold the subject suspect, and dead. A later verdict about

@@ -39,6 +39,7 @@ from mesh.messages import (
     Ping,
     PushPull,
     Suspect,
+    SyncDelta,
     alive_signing_bytes,
     dead_signing_bytes,
     suspect_signing_bytes,
@@ -254,7 +255,7 @@ attack = st.tuples(
     st.sampled_from(HONEST),  # the victim
     st.sampled_from(HONEST),  # whom the message goes to
     st.sampled_from(["suspect", "dead"]),
-    st.sampled_from(["gossip", "push_pull", "ping"]),
+    st.sampled_from(["gossip", "push_pull", "sync", "ping"]),
     st.one_of(st.just(FORGED_MAX), st.integers(0, 3), st.integers(1, MAX_COUNTER)),
     st.floats(0.0, 2.0),  # seconds before the next one
 )
@@ -286,6 +287,11 @@ def test_accusations_from_strangers_non_members_or_forgers_never_kill_an_honest_
             message = Gossip((update,))
         elif how == "push_pull":
             message = PushPull(False, seed % 2 == 0, (update,), ())
+        elif how == "sync":  # as a delta sync's step two or its reply
+            if seed % 2:
+                message = SyncDelta(False, 8, (victim_id[0],), (update,), ())
+            else:
+                message = SyncDelta(True, 0, (), (update,), ())
         else:
             message = Ping(1, net.nodes[to].node_id, (update,))
         say(net, key, to, message)

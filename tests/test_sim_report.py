@@ -101,7 +101,7 @@ def test_traffic_by_message_type_adds_up_to_the_total() -> None:
     scenario = {"duration": 30.0, "nodes": {"count": 20}, "network": {"count_bytes": True}}
     traffic = run_scenario(scenario, seed=1)["traffic"]
     by_type = traffic["by_type"]
-    assert {"Ping", "Ack", "Gossip", "PushPull"} <= set(by_type)
+    assert {"Ping", "Ack", "Gossip", "SyncDigest"} <= set(by_type)
     for unit in ("messages_per_node_second", "bytes_per_node_second"):
         total = sum(kind[unit] for kind in by_type.values())
         assert abs(total - traffic[unit]) < 1e-9 * traffic[unit]

@@ -31,7 +31,10 @@ from mesh.messages import (
     PushPull,
     Record,
     Suspect,
+    SyncDelta,
+    SyncDigest,
 )
+from mesh.sync import BUCKETS
 from mesh.wire import (
     DROP_REASONS,
     MAX_ADDR_CHARS,
@@ -40,6 +43,7 @@ from mesh.wire import (
     MAX_DEPTH,
     MAX_MAP_ENTRIES,
     MAX_PUSHPULL_ENTRIES,
+    MAX_RECENT_UPDATES,
     MAX_RECORD_BODY_BYTES,
     MAX_TENSOR_HEADER_BYTES,
     MAX_TENSOR_RANK,
@@ -92,6 +96,13 @@ EXAMPLES = [
     PushPull(True, False, (ALIVE, SUSPECT, DEAD), (RECORD,)),
     PushPull(False, True, (), ()),
     Consensus(b"\x84\x06", SIG),
+    SyncDigest((0,)),
+    SyncDigest(tuple(range(BUCKETS))),
+    SyncDigest((1, 2), (ALIVE, SUSPECT, DEAD), (RECORD,)),
+    SyncDelta(False, 1, (0,), (ALIVE, SUSPECT, DEAD), (RECORD,)),
+    SyncDelta(False, 8, (0, 32, 200), (ALIVE, SUSPECT), ()),
+    SyncDelta(True, 0, (), (ALIVE, SUSPECT, DEAD), (RECORD,)),
+    SyncDelta(True, 0, (), (), ()),
 ]
 
 GOSSIP = Envelope(NODE, ADDR, Gossip((ALIVE,)))
@@ -124,6 +135,37 @@ messages = st.one_of(
         st.lists(records, max_size=3).map(tuple),
     ),
     st.builds(Consensus, st.binary(min_size=1, max_size=256), signatures),
+    st.builds(
+        SyncDigest,
+        st.integers(0, 8)
+        .flatmap(lambda k: st.lists(uints, min_size=1 << k, max_size=1 << k))
+        .map(tuple),
+        st.lists(states, max_size=4).map(tuple),
+        st.lists(records, max_size=3).map(tuple),
+    ),
+    st.builds(
+        lambda bits, extra, states, records: SyncDelta(
+            False,
+            bits,
+            tuple(
+                sorted({u.node[0] >> (8 - bits) for u in states + records} | {extra >> (8 - bits)})
+            ),
+            tuple(states),
+            tuple(records),
+        ),
+        st.integers(0, 8),
+        st.integers(0, 255),
+        st.lists(states, max_size=4),
+        st.lists(records, max_size=3),
+    ),
+    st.builds(
+        SyncDelta,
+        st.just(True),
+        st.just(0),
+        st.just(()),
+        st.lists(states, max_size=4).map(tuple),
+        st.lists(records, max_size=3).map(tuple),
+    ),
 )
 envelopes = st.builds(Envelope, node_ids, addrs, messages)
 
@@ -171,7 +213,7 @@ def test_every_message_type_round_trips(message: Any) -> None:
 def test_any_valid_envelope_round_trips(envelope: Envelope) -> None:
     decoded = decode_envelope(encode_envelope(envelope))
     assert decoded == envelope
-    for name in ("updates", "states", "records"):
+    for name in ("updates", "states", "records", "fingerprints", "buckets"):
         if hasattr(decoded.message, name):
             assert type(getattr(decoded.message, name)) is tuple
 
@@ -179,6 +221,7 @@ def test_any_valid_envelope_round_trips(envelope: Envelope) -> None:
 def test_type_ids_are_the_documented_append_only_table() -> None:
     assert dict(MESSAGE_TYPE_IDS) == {
         Ping: 1, PingReq: 2, Ack: 3, Nack: 4, Gossip: 5, PushPull: 6, Consensus: 7,
+        SyncDigest: 8, SyncDelta: 9,
     }  # fmt: skip
     assert dict(UPDATE_KIND_IDS) == {Alive: 1, Suspect: 2, Dead: 3, Record: 4}
     value = raw(GOSSIP)
@@ -362,7 +405,7 @@ def test_a_future_version_is_bad_version_even_with_an_unknown_layout() -> None:
     assert reason_of(cbor2.dumps({0: 2, 9: "whatever"})) == REASON_BAD_VERSION
 
 
-@pytest.mark.parametrize("type_id", [0, 8, 99, MAX_UINT])
+@pytest.mark.parametrize("type_id", [0, 10, 99, MAX_UINT])
 def test_unknown_message_types_are_refused(type_id: int) -> None:
     value = raw()
     value[1] = type_id
@@ -380,6 +423,9 @@ def _tamper(path: tuple[Any, ...], new: object, envelope: Envelope = GOSSIP) -> 
 
 ALIVE_AT = (4, 0, 0)  # envelope body > updates > first update
 PUSH_PULL = Envelope(NODE, ADDR, PushPull(True, False, (ALIVE,), (RECORD,)))
+DIGEST = Envelope(NODE, ADDR, SyncDigest((1, 2)))
+DELTA = Envelope(NODE, ADDR, SyncDelta(False, 8, (NODE[0], OTHER[0]), (ALIVE, SUSPECT), ()))
+REPLY = Envelope(NODE, ADDR, SyncDelta(True, 0, (), (ALIVE,), (RECORD,)))
 
 
 @pytest.mark.parametrize(
@@ -415,6 +461,34 @@ PUSH_PULL = Envelope(NODE, ADDR, PushPull(True, False, (ALIVE,), (RECORD,)))
             _tamper((4, 3, 0, 3), bytes(MAX_RECORD_BODY_BYTES + 1), PUSH_PULL),
             id="record-body-too-big",
         ),
+        pytest.param(_tamper((4, 0), [1, 2, 3], DIGEST), id="digest-of-three"),
+        pytest.param(_tamper((4, 0), [], DIGEST), id="digest-empty"),
+        pytest.param(_tamper((4, 0), [0] * (BUCKETS * 2), DIGEST), id="digest-too-long"),
+        pytest.param(_tamper((4, 0, 0), -1, DIGEST), id="fingerprint-negative"),
+        pytest.param(_tamper((4, 0, 0), 2**63, DIGEST), id="fingerprint-2**63"),
+        pytest.param(
+            _tamper((4, 1), [[1, NODE, 1, ADDR, SIG]] * (MAX_RECENT_UPDATES + 1), DIGEST),
+            id="digest-with-too-many-recent-states",
+        ),
+        pytest.param(
+            _tamper((4, 2), [[1, NODE, 1, ADDR, SIG]], DIGEST), id="digest-alive-in-records"
+        ),
+        pytest.param(_tamper((4,), [[1, 2]], DIGEST), id="digest-without-recent-state"),
+        pytest.param(_tamper((4, 1), 9, DELTA), id="delta-bits-9"),
+        pytest.param(_tamper((4, 2), [OTHER[0], NODE[0]], DELTA), id="buckets-descending"),
+        pytest.param(_tamper((4, 2), [NODE[0], NODE[0]], DELTA), id="buckets-repeated"),
+        pytest.param(_tamper((4, 2), [], DELTA), id="delta-without-buckets"),
+        pytest.param(_tamper((4, 2), [NODE[0]], DELTA), id="member-outside-buckets"),
+        pytest.param(_tamper((4, 2), [NODE[0], OTHER[0], 256], DELTA), id="bucket-past-bits"),
+        pytest.param(_tamper((4, 2), [0], REPLY), id="reply-with-buckets"),
+        pytest.param(_tamper((4, 1), 3, REPLY), id="reply-with-bits"),
+        pytest.param(_tamper((4, 0), 0, DELTA), id="delta-reply-as-int"),
+        pytest.param(
+            _tamper((4, 4, 0), [1, NODE, 1, ADDR, SIG], REPLY), id="delta-alive-in-records"
+        ),
+        pytest.param(
+            _tamper((4, 3, 0), [4, NODE, 1, b"", SIG], REPLY), id="delta-record-in-states"
+        ),
         pytest.param(cbor2.dumps([1, 5, NODE, ADDR, [[]]]), id="envelope-as-array"),
         pytest.param(cbor2.dumps({False: 1, 1: 5, 2: NODE, 3: ADDR, 4: [[]]}), id="bool-key"),
         pytest.param(cbor2.dumps({0: 1, 1: 5, 2: NODE, 3: ADDR}), id="missing-body"),
@@ -431,6 +505,12 @@ def test_too_many_push_pull_entries_are_refused() -> None:
     assert reason_of(_tamper((4, 2), [alive] * (MAX_PUSHPULL_ENTRIES + 1), PUSH_PULL)) == (
         REASON_BAD_FIELD
     )
+
+
+def test_too_many_delta_entries_are_refused() -> None:
+    alive = [1, NODE, 1, "", SIG]
+    too_many = _tamper((4, 3), [alive] * (MAX_PUSHPULL_ENTRIES + 1), REPLY)
+    assert reason_of(too_many) == REASON_BAD_FIELD
 
 
 def test_non_bytes_input_is_a_decode_error() -> None:
@@ -456,6 +536,10 @@ def test_non_bytes_input_is_a_decode_error() -> None:
         (Envelope(NODE, ADDR, PushPull(1, False, (), ())), REASON_BAD_FIELD),  # type: ignore[arg-type]
         (Envelope(NODE, ADDR, PushPull(True, False, (RECORD,), ())), REASON_BAD_FIELD),  # type: ignore[arg-type]
         (Envelope(NODE, ADDR, PushPull(True, False, (), (ALIVE,))), REASON_BAD_FIELD),  # type: ignore[arg-type]
+        (Envelope(NODE, ADDR, SyncDigest((1, 2, 3))), REASON_BAD_FIELD),
+        (Envelope(NODE, ADDR, SyncDigest((2**63,))), REASON_BAD_FIELD),
+        (Envelope(NODE, ADDR, SyncDelta(False, 8, (OTHER[0],), (ALIVE,), ())), REASON_BAD_FIELD),
+        (Envelope(NODE, ADDR, SyncDelta(True, 0, (), (RECORD,), ())), REASON_BAD_FIELD),  # type: ignore[arg-type]
         (Envelope(NODE, ADDR, Consensus(b"", SIG)), REASON_BAD_FIELD),
         (Envelope(NODE, ADDR, Consensus(b"x", SIG[:63])), REASON_BAD_FIELD),
         (Envelope(NODE, ADDR, "hello"), REASON_UNKNOWN_TYPE),  # type: ignore[arg-type]
