@@ -25,6 +25,7 @@ import trio
 
 from runtime.cli.chat_client import ChatClientError, stream_chat
 from runtime.cli.localswarm import (
+    STOP_TIMEOUT_S,
     LocalNode,
     LocalSwarm,
     SwarmError,
@@ -196,7 +197,7 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     took = await watch(
         swarm, remaining, members, all_see(remaining, [leaver], "left"), CONVERGE_TIMEOUT_S, t0
     )
-    code = await leaver.wait_exit(10)
+    code = await leaver.wait_exit(STOP_TIMEOUT_S)
     _say(f"every remaining node shows {leaver.name} left after {took:.2f}s; exit code {code}")
     if code != 0:
         raise SwarmError(f"{leaver.name} exited {code} after SIGTERM")
@@ -211,6 +212,10 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     async with trio.open_nursery() as nursery:
         for node in remaining:
             nursery.start_soon(stop, node)
+    for node in remaining:
+        if node.escalated is not None:
+            late = f"was still stopping after {STOP_TIMEOUT_S:.0f} s"
+            _say(f"  {node.name} {late}: sent {node.escalated}")
     _say("exit codes: " + ", ".join(f"{name}={code}" for name, code in sorted(codes.items())))
     if any(codes.values()):
         raise SwarmError("a node did not exit cleanly")
@@ -370,6 +375,14 @@ def run_demo(*, nodes: int = 5, profile: str = "local", keep: bool = False) -> i
         trio.run(demo, root, nodes, profile)
     except (SwarmError, AssertionError) as exc:
         _say(f"demo FAILED: {exc}")
+        return 1
+    except BaseExceptionGroup as group:
+        # Steps that run side by side (stopping the nodes) fail as a group.
+        failed, other = group.split((SwarmError, AssertionError))
+        if failed is None or other is not None:
+            raise
+        for failure in failed.exceptions:
+            _say(f"demo FAILED: {failure}")
         return 1
     except KeyboardInterrupt:
         _say("demo interrupted")

@@ -33,6 +33,15 @@ from runtime.node.state_dir import read_operator_token, read_ready
 
 POLL_S = 0.1
 
+STOP_TIMEOUT_S = 30.0
+"""How long a stopped node may drain and leave before it is told again. An
+idle node on a quiet machine exits within 2 s (a leave's grace, then
+teardown); a machine that another job keeps busy has been seen to take
+over 10 s, so the bound is generous: it only ever costs a stuck node."""
+
+STOP_AT_ONCE_S = 10.0
+"""After the second SIGTERM a node skips its drain; past this it is killed."""
+
 SHARED_MACHINE_ENV = {"OMP_NUM_THREADS": "1"}
 """Every node of a local swarm shares this machine's cores: one compute
 thread each keeps them from oversubscribing it (a tiny model gains nothing
@@ -69,6 +78,7 @@ class LocalNode:
         self.log_path = log_path
         self.process: trio.Process | None = None
         self.info: dict[str, Any] = {}
+        self.escalated: str | None = None  # the signal its last stop had to add (`stop`)
 
     @property
     def node_id(self) -> str:
@@ -358,10 +368,22 @@ class LocalSwarm:
         }
         raise SwarmError(f"{what}: not reached within {timeout}s; last views: {summary}")
 
-    async def stop(self, node: LocalNode, timeout: float = 10.0) -> int:
-        """SIGTERM (graceful leave) and wait for the exit code."""
+    async def stop(self, node: LocalNode, timeout: float = STOP_TIMEOUT_S) -> int:
+        """SIGTERM (a drain and a graceful leave) and wait for the exit code.
+
+        A node still running after `timeout` gets the second SIGTERM, its
+        "stop at once", and after `STOP_AT_ONCE_S` more a SIGKILL: a stop
+        always ends, and `node.escalated` says which signal it took. The
+        code is the process's own (-9 after the SIGKILL)."""
+        assert node.process is not None
         node.signal(signal.SIGTERM)
-        return await node.wait_exit(timeout)
+        for then in (signal.SIGTERM, signal.SIGKILL):
+            with trio.move_on_after(timeout):
+                return await node.process.wait()
+            node.escalated = signal.Signals(then).name
+            node.signal(then)
+            timeout = STOP_AT_ONCE_S
+        return await node.process.wait()
 
 
 def member_states(status: dict[str, Any] | None) -> dict[str, str]:
