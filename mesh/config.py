@@ -129,6 +129,40 @@ class MembershipConfig:
     higher lets a rack, a lab subnet or a cloud region full of honest
     volunteers join faster."""
 
+    # --- protocol switches -------------------------------------------------
+    # Parts of the protocol a researcher can turn off (or, for eager gossip,
+    # on) to measure what each is worth. Every profile runs with the
+    # defaults: Lifeguard whole, as memberlist does, plus our direct
+    # refutation; switching all four Lifeguard parts off is plain SWIM.
+
+    local_health: bool = True
+    """Lifeguard's local health (LHA-probe): a node whose probes go
+    unanswered slows its own probing (`awareness_max_multiplier`). Off, a
+    node with bad links of its own accuses healthy members at full speed."""
+
+    dynamic_suspicion: bool = True
+    """Lifeguard's LHA-suspicion: a suspicion starts long and shrinks as
+    others confirm it. Off, every suspicion lasts the minimum timeout, as in
+    SWIM: faster verdicts on real crashes, and more false ones under loss."""
+
+    nacks: bool = True
+    """Lifeguard's nacks: a helper that cannot reach the target says so, and
+    the asker counts only silent helpers against its own health. Off, no
+    Nack is sent and a failed probe counts once against the asker."""
+
+    buddy: bool = True
+    """Lifeguard's buddy system: a probe of a suspect carries the suspicion,
+    so the suspect can refute at once rather than when gossip reaches it."""
+
+    refute_to_accuser: bool = True
+    """A refutation also goes straight to the accuser (not in memberlist):
+    the member most likely to declare us dead hears of it first."""
+
+    eager_gossip: bool = False
+    """Gossip news at once instead of at the next round: updates spread a
+    round (`gossip_interval`) sooner per hop, for more, smaller gossip
+    messages (a burst of news costs a round per message that brings some)."""
+
     def __post_init__(self) -> None:
         if self.probe_timeout >= self.probe_interval:
             raise ValueError("probe_timeout must be shorter than probe_interval")

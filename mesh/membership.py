@@ -450,7 +450,8 @@ class Membership:
                 self._suspicion_expired(node, now)
         for seq in [s for s, relay in self._relays.items() if now >= relay[3]]:
             requester, requester_addr, requester_seq, _, _ = self._relays.pop(seq)
-            self._send(requester, requester_addr, Nack(requester_seq))
+            if self.config.nacks:
+                self._send(requester, requester_addr, Nack(requester_seq))
         if now >= self._next_gossip:
             self._gossip(now)
         if now >= self._next_push_pull:
@@ -516,6 +517,8 @@ class Membership:
         return seconds * (self._awareness + 1)
 
     def _adjust_awareness(self, delta: int) -> None:
+        if not self.config.local_health:
+            return
         top = self.config.awareness_max_multiplier - 1
         self._awareness = max(0, min(top, self._awareness + delta))
 
@@ -545,7 +548,11 @@ class Membership:
         # Buddy system: a suspect hears of its suspicion on the probe itself,
         # so it can refute at once rather than when gossip happens to reach it.
         first: tuple[Update, ...] = ()
-        if target.state is MemberState.SUSPECT and isinstance(target.accusation, Suspect):
+        if (
+            self.config.buddy
+            and target.state is MemberState.SUSPECT
+            and isinstance(target.accusation, Suspect)
+        ):
             first = (target.accusation,)
         self._send(
             target.node, target.addr, Ping(self._seq, target.node, first + self._piggyback())
@@ -577,8 +584,9 @@ class Membership:
         if probe.acked:
             return
         # Lifeguard: every helper that did not even nack suggests our own
-        # links are the problem; with no helpers to ask, blame ourselves once.
-        if probe.helpers > 0:
+        # links are the problem; with no helpers to ask (or no nacks to tell
+        # us who tried), blame ourselves once.
+        if probe.helpers > 0 and self.config.nacks:
             self._adjust_awareness(probe.helpers - probe.nacks)
         else:
             self._adjust_awareness(1)
@@ -690,7 +698,7 @@ class Membership:
         self._queue(me.alive)
         self._adjust_awareness(1)
         accuser_member = self._table.get(accuser) if accuser is not None else None
-        if accuser_member is not None and accuser != self.node_id:
+        if accuser_member is not None and accuser != self.node_id and self.config.refute_to_accuser:
             self._send(accuser_member.node, accuser_member.addr, Gossip((me.alive,)))
 
     # --- applying updates --------------------------------------------------------------
@@ -891,7 +899,7 @@ class Membership:
             config = self.config
             self._limits_at = n
             self._limits = (
-                config.suspicion_confirmations(n),
+                config.suspicion_confirmations(n) if config.dynamic_suspicion else 0,
                 config.suspicion_min_timeout(n),
                 config.suspicion_max_timeout(n),
             )
@@ -964,8 +972,11 @@ class Membership:
     # --- dissemination ---------------------------------------------------------------
 
     def _queue(self, update: Update, key: Hashable | None = None) -> None:
-        """Queue `update` for piggybacking, replacing older news of the same node."""
+        """Queue `update` for piggybacking, replacing older news of the same
+        node; with eager gossip, a round is due at once."""
         self._broadcasts.put(key or _broadcast_key(update), update, _update_size(update))
+        if self.config.eager_gossip:
+            self._next_gossip = -math.inf
 
     def _piggyback(self) -> tuple[Update, ...]:
         """Take the least-sent updates that fit the packet budget."""
