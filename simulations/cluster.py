@@ -22,7 +22,7 @@ import math
 from array import array
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -30,6 +30,7 @@ from mesh.config import MembershipConfig
 from mesh.member_table import GONE_STATES, LIVE_STATES, StartingView
 from mesh.membership import MemberEvent, Membership
 from mesh.messages import Alive, Envelope, alive_signing_bytes
+from simulations.clock import NodeClock
 from simulations.loop import EventLoop, Timer
 from simulations.network import Cut, Network, NetworkConfig, Partition, SizeOf
 from simulations.seeds import component_rng
@@ -120,7 +121,7 @@ class _Fault:
 
 
 class _SimNode:
-    __slots__ = ("addr", "faults", "index", "lives", "membership", "status", "tick")
+    __slots__ = ("addr", "clock", "faults", "index", "lives", "membership", "status", "tick")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -131,6 +132,9 @@ class _SimNode:
         self.lives = 0
         self.faults: list[_Fault] = []
         """When this node was crashed, paused or gone, oldest first."""
+        self.clock: NodeClock | None = None
+        """Its own clock once skewed (`MembershipCluster.skew`); None: it
+        reads virtual time. The machine's, so it outlives crashes."""
 
 
 @dataclass
@@ -177,6 +181,7 @@ class MembershipCluster:
         size_of: SizeOf | None = None,
         keep_trace: bool = False,
         record_size: int = DEFAULT_RECORD_SIZE,
+        loop: EventLoop | None = None,
     ) -> None:
         if n < 1:
             raise ValueError("a cluster needs at least one node")
@@ -185,7 +190,9 @@ class MembershipCluster:
         self.n = n
         self.seed = seed
         self.config = config or MembershipConfig.lan()
-        self.loop = EventLoop()
+        # A given loop is shared with another simulated cluster (placement's
+        # Raft voters), so both advance in one virtual time.
+        self.loop = EventLoop() if loop is None else loop
         self.network = Network(
             self.loop,
             network or NetworkConfig.lan(),
@@ -261,14 +268,16 @@ class MembershipCluster:
         core = node.membership
         if core is None or node.status is not NodeStatus.UP:
             return
-        core.receive(envelope, self.loop.now)
+        now = self.loop.now
+        core.receive(envelope, now if node.clock is None else node.clock.local(now))
         self._flush(node, core)
 
     def _tick(self, node: _SimNode) -> None:
         node.tick = None
         core = node.membership
         if core is not None and node.status is NodeStatus.UP:
-            core.tick(self.loop.now)
+            now = self.loop.now
+            core.tick(now if node.clock is None else node.clock.local(now))
             self._flush(node, core)
 
     def _flush(self, node: _SimNode, core: Membership) -> None:
@@ -286,11 +295,17 @@ class MembershipCluster:
                     send(src, dst, out.envelope)
         events = core.take_events()
         if events:
+            if node.clock is not None:
+                # Stamped by its own clock in the step being flushed: the
+                # trace and the metrics keep virtual time.
+                events = [replace(event, at=self.loop.now) for event in events]
             self._on_events(node.index, events)
         # Exactly one pending tick per node: keep the armed one if it fires no
         # later than needed (an early tick is harmless: the core fires nothing
         # that is not due), otherwise replace it.
         deadline = core.next_deadline()
+        if node.clock is not None:
+            deadline = node.clock.virtual(deadline)
         tick = node.tick
         if tick is not None:
             if tick[0] <= deadline:
@@ -342,6 +357,11 @@ class MembershipCluster:
         """sha256 (hex) over every trace line so far: same seed, same digest."""
         return self._trace.hexdigest()
 
+    def _clock(self, node: _SimNode) -> float:
+        """What ``node``'s own clock reads now: the time its core is told."""
+        now = self.loop.now
+        return now if node.clock is None else node.clock.local(now)
+
     # --- starting nodes ------------------------------------------------------
 
     def _new_core(self, node: _SimNode, view: StartingView | None = None) -> Membership:
@@ -352,7 +372,7 @@ class MembershipCluster:
             addr=node.addr,
             config=self.config,
             rng=component_rng(self.seed, "node", node.index, "life", node.lives),
-            now=self.loop.now,
+            now=self._clock(node),
             starting_view=view,
         )
         node.membership = core
@@ -391,7 +411,7 @@ class MembershipCluster:
         self._trace_action(node.index, "start")
         contacts = [self._seed(i) for i in range(min(seeds, node.index))]
         if contacts:
-            core.join(contacts, self.loop.now)
+            core.join(contacts, self._clock(node))
         self._flush(node, core)
 
     def _seed(self, index: int) -> tuple[bytes, str]:
@@ -465,6 +485,32 @@ class MembershipCluster:
         self.network.resume(node.index)
         node.tick = self.loop.call_at(self.loop.now, self._tick, node)
 
+    def skew(
+        self, index: int, at: float | None = None, rate: float = 1.0, jump: float = 0.0
+    ) -> None:
+        """From ``at`` on, node ``index``'s clock counts ``rate`` seconds per
+        second, after leaping ``jump`` seconds ahead (`simulations.clock`):
+        its core is told that clock's time, so its timers fire early (rate
+        above 1), late (below 1), or all at once (a jump). Messages still
+        travel in virtual time. The clock is the machine's: it stays skewed
+        through crashes and restarts until another skew sets it."""
+
+        def start() -> None:
+            node = self.nodes[index]
+            if node.clock is None:
+                node.clock = NodeClock(self.loop.now, self.loop.now, 1.0)
+            node.clock.skew(self.loop.now, rate, jump)
+            self._trace_action(index, "skew")
+            if node.tick is not None:
+                # Armed by the old clock: re-arm by the new one (an early
+                # tick fires nothing that is not due, then re-reads it).
+                node.tick.cancel()
+                node.tick = self.loop.call_at(self.loop.now, self._tick, node)
+
+        if rate <= 0 or jump < 0:
+            raise ValueError("a clock runs at a positive rate and only jumps forward")
+        self._at(at, start)
+
     def restart(self, index: int, at: float | None = None) -> None:
         """Start a crashed (or departed) node again with the same identity.
 
@@ -483,7 +529,7 @@ class MembershipCluster:
             node.faults[-1].end = self.loop.now
             seed = self._live_seed(index)
             if seed is not None:
-                core.join([seed], self.loop.now)
+                core.join([seed], self._clock(node))
             self._flush(node, core)
 
         self._at(at, start)
@@ -499,7 +545,7 @@ class MembershipCluster:
             self._trace_action(index, "leave")
             # Gone from the swarm's point of view from the announcement on.
             node.faults.append(_Fault("left", self.loop.now))
-            core.leave(self.loop.now)
+            core.leave(self._clock(node))
             self._flush(node, core)
             self.loop.call_later(LEAVE_LINGER, lambda: self._exit(node, core))
 
@@ -574,7 +620,7 @@ class MembershipCluster:
             if payload is None:
                 label = f"sim-record node={index} t={self.loop.now:.6f} ".encode()
                 payload = label.ljust(self.record_size, b".")[: max(self.record_size, 1)]
-            record = core.publish_record(payload, self.loop.now)
+            record = core.publish_record(payload, self._clock(node))
             publication.seq = record.seq
             publication.at = self.loop.now
             self._trace_action(index, "publish", record.seq)

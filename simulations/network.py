@@ -9,6 +9,9 @@ scaled to what matters for protocols that run over UDP-like datagrams:
   a later one overtake an earlier one, as datagrams do;
 - independent loss and duplication per message (a duplicate gets its own
   latency draw, so it may arrive first);
+- optional bandwidth, per link or for all: a message first waits for the
+  messages sent before it on the same directed link, then takes its encoded
+  size / bandwidth to transmit, then its latency (see ``Network.send``);
 - partitions: sets of groups with a start and a heal time; a message between
   nodes in different groups of any active partition is dropped, both when it
   is sent and, if it was already in flight when the partition started, when
@@ -42,6 +45,9 @@ Deliver = Callable[[int, Any], None]
 
 SizeOf = Callable[[Any], int]
 """size_of(message) -> bytes on the wire."""
+
+_LinkRule = tuple[frozenset[int], float, Callable[[], float], float | None]
+"""A link set apart (`Network.set_link`): targets, loss, latency, bandwidth."""
 
 # LAN defaults: a switched datacentre or home LAN has one-way delays of a few
 # hundred microseconds to a couple of milliseconds under load.
@@ -89,6 +95,11 @@ class NetworkConfig:
     """Virtual seconds a node spends on one inbound message."""
     count_bytes: bool = False
     """Measure every message's encoded size (costs an encode per message)."""
+    bandwidth: float | None = None
+    """Bytes per second each directed link transmits (unlimited when not
+    set, None). When set, a message waits for the ones before it on its
+    link and takes its encoded size / bandwidth to transmit (costs an
+    encode per message)."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.loss <= 1.0 or not 0.0 <= self.duplicate <= 1.0:
@@ -99,6 +110,10 @@ class NetworkConfig:
             raise ValueError("queue_capacity must be at least 1")
         if self.jitter_kind not in ("uniform", "lognormal"):
             raise ValueError(f"unknown jitter_kind {self.jitter_kind!r}")
+        if self.jitter_sigma < 0:
+            raise ValueError("jitter_sigma must be non-negative")
+        if self.bandwidth is not None and not self.bandwidth > 0:
+            raise ValueError("bandwidth must be positive (or None: unlimited)")
 
     @classmethod
     def lan(cls, **overrides: Any) -> NetworkConfig:
@@ -124,6 +139,14 @@ class NetworkConfig:
         if name == "wan":
             return cls.wan(**overrides)
         raise ValueError(f"unknown network profile {name!r} (lan, wan)")
+
+
+LINK_FIELDS: frozenset[str] = frozenset(
+    {"base_latency", "jitter", "jitter_kind", "jitter_sigma", "loss", "bandwidth"}
+)
+"""The `NetworkConfig` fields one link may set apart (`Network.set_link`):
+what a path's length, quality and capacity decide. Duplication, the inbound
+queue and byte counting belong to the network or the receiving node."""
 
 
 @dataclass
@@ -176,9 +199,15 @@ class Network:
         self.config = config
         self._rng = rng
         self._deliver = deliver
-        if config.count_bytes and size_of is None:
+        if size_of is None:
             size_of = wire_size
         self._size_of = size_of if config.count_bytes else None
+        self._measure = size_of
+        """How bandwidth sizes a message; called only for links that have a
+        bandwidth, so the unlimited default never encodes anything."""
+        self._link_free: dict[tuple[int, int], float] = {}
+        """Per directed link with a bandwidth, when it finishes transmitting
+        what was sent on it so far (the next message starts then)."""
         self.sent_messages: list[int] = []
         self.sent_bytes: list[int] = []
         self.received_messages: list[int] = []
@@ -199,9 +228,10 @@ class Network:
         """Per node, a key equal for two nodes iff no active partition splits
         them; None while no partition is active (the common, fast case)."""
         self._latency = self._make_latency(config, rng)
-        self._links: dict[int, list[tuple[frozenset[int], float, Callable[[], float]]]] = {}
-        """Per source node, (targets, loss, latency) of the links set apart
-        from the config (`set_link`); the first that names a target wins."""
+        self._links: dict[int, list[_LinkRule]] = {}
+        """Per source node, (targets, loss, latency, bandwidth) of the links
+        set apart from the config (`set_link`); the first that names a
+        target wins."""
         for _ in range(n):
             self.add_node()
 
@@ -234,22 +264,30 @@ class Network:
     # --- sending ----------------------------------------------------------
 
     def send(self, src: int, dst: int, message: Any) -> None:
-        """Put ``message`` on the link from ``src`` to ``dst``."""
+        """Put ``message`` on the link from ``src`` to ``dst``: it arrives
+        after its latency, plus, on a link with a bandwidth, its wait for the
+        link and its transmission (``_transmit``)."""
         self.sent_messages[src] += 1
         kind = type(getattr(message, "message", message)).__name__
         self.sent_by_type[kind] += 1
+        size = None
         if self._size_of is not None:
             size = self._size_of(message)
             self.sent_bytes[src] += size
             self.bytes_by_type[kind] += size
         config = self.config
         random_ = self._rng.random
-        loss, latency = config.loss, self._latency
+        loss, latency, bandwidth = config.loss, self._latency, config.bandwidth
         if self._links:
-            for targets, link_loss, link_latency in self._links.get(src, ()):
+            for targets, link_loss, link_latency, link_bandwidth in self._links.get(src, ()):
                 if dst in targets:
-                    loss, latency = link_loss, link_latency
+                    loss, latency, bandwidth = link_loss, link_latency, link_bandwidth
                     break
+        departs = self.loop.now
+        if bandwidth is not None:
+            if size is None:
+                size = self._measure(message)
+            departs = self._transmit(src, dst, size, bandwidth)
         if loss and random_() < loss:
             self.drops["loss"] += 1
             return
@@ -261,12 +299,32 @@ class Network:
             self.drops["cut"] += 1
             return
         post = self.loop.post
-        now = self.loop.now
         item = (src, dst, message)
-        post(now + latency(), self._arrive, item)
+        post(departs + latency(), self._arrive, item)
         if config.duplicate and random_() < config.duplicate:
             self.duplicated += 1
-            post(now + latency(), self._arrive, item)
+            post(departs + latency(), self._arrive, item)
+
+    def _transmit(self, src: int, dst: int, size: int, bandwidth: float) -> float:
+        """When a message of ``size`` bytes sent now has left ``src`` for
+        ``dst``: after everything sent before it on that link, plus its own
+        size / bandwidth (its latency comes on top).
+
+        Trade-offs, to keep the model one float per link: the sender's queue
+        is unbounded (an overloaded link shows as growing delay, never as
+        send-side drops), each directed link has its own capacity (a node
+        sending to many peers is not limited by one shared uplink), and a
+        message lost or cut off on the way still took its transmission time,
+        as it does on a real wire.
+        """
+        key = (src, dst)
+        start = self._link_free.get(key, -math.inf)
+        now = self.loop.now
+        if start < now:
+            start = now
+        done = start + size / bandwidth
+        self._link_free[key] = done
+        return done
 
     # --- receiving --------------------------------------------------------
 
@@ -409,25 +467,18 @@ class Network:
 
     # --- links unlike the rest ---------------------------------------------
 
-    def set_link(
-        self,
-        sources: Iterable[int],
-        targets: Iterable[int],
-        *,
-        base_latency: float | None = None,
-        jitter: float | None = None,
-        loss: float | None = None,
-    ) -> None:
-        """Give the links from ``sources`` to ``targets`` their own latency
-        and loss (one way; None keeps the config's). Set before the run; a
-        link named by several calls takes the first."""
-        config = replace(
-            self.config,
-            base_latency=self.config.base_latency if base_latency is None else base_latency,
-            jitter=self.config.jitter if jitter is None else jitter,
-            loss=self.config.loss if loss is None else loss,
-        )  # validates the values like any config
-        rule = (frozenset(targets), config.loss, self._make_latency(config, self._rng))
+    def set_link(self, sources: Iterable[int], targets: Iterable[int], **fields: Any) -> None:
+        """Give the links from ``sources`` to ``targets`` their own values of
+        the config's ``LINK_FIELDS`` (one way; a field not given keeps the
+        config's, and ``bandwidth=None`` makes them unlimited), e.g. a
+        lognormal latency for a group of far-away nodes. Set before the run;
+        a link named by several calls takes the first."""
+        unknown = sorted(set(fields) - LINK_FIELDS)
+        if unknown:
+            raise ValueError(f"a link cannot set {', '.join(unknown)}")
+        config = replace(self.config, **fields)  # validates the values like any config
+        latency = self._make_latency(config, self._rng)
+        rule = (frozenset(targets), config.loss, latency, config.bandwidth)
         for source in sources:
             self._links.setdefault(source, []).append(rule)
 

@@ -8,7 +8,9 @@ Example::
 
     [placement]
     voters = 3                 # Raft voters (default 3)
-    # detect_s = 10.0          # crash -> "dead" at the leader
+    # detect_s = 10.0          # crash -> "dead" at the leader (the oracle)
+    # membership = "swim"      # real SWIM cores instead of the oracle; then
+    # swim = {profile = "lan", suspicion_mult = 4}  # optionally its config
 
     [placement.policy]         # the policy's knobs (consensus.settings)
     verify_fraction = 0.25     # share of answers the entries spot-check
@@ -42,13 +44,16 @@ Example::
     [[faults]]
     kind = "partition"
     voters = [[0], [1, 2]]     # or "leader": whoever leads at `at`, alone
+    # workers = [1]            # swim: cut off too, on a side of their own
     at = 50.0
     heal = 80.0
 
 Workers are numbered in the order the tables list them (a `count` of n
 takes n numbers), voters from 0. `simulations.schema` checks every key.
 The metrics' `verification` says what liars cost and how soon the spot
-checks had them quarantined (`PlacementCluster.metrics`).
+checks had them quarantined (`PlacementCluster.metrics`); with
+`membership = "swim"`, `membership` says when the leader's own core saw
+each crash, and what its views cost (`PlacementCluster._membership`).
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ from consensus.placement import ModelFacts
 from consensus.settings import PlacementSettings, with_settings
 from simulations.placement_cluster import GB, Lies, PlacementCluster, WorkerSpec
 from simulations.report import write_placement_plot, write_verification_plot
+from simulations.schema import swim_config
 
 PLACEMENT_FAULTS = ("crash", "restart", "partition")
 
@@ -100,6 +106,7 @@ def run_placement_scenario(
         voters=table["voters"],
         policy=with_settings(PlacementSettings(), table["policy"]),
         detect_s=table["detect_s"],
+        membership=swim_config(table["swim"]) if table["membership"] == "swim" else None,
         keep_trace=timeline is not None,
     )
     cluster.trace_scenario(scenario_digest)
@@ -123,10 +130,13 @@ def run_placement_scenario(
 def _schedule(cluster: PlacementCluster, fault: Mapping[str, Any]) -> None:
     at = fault["at"]
     if fault["kind"] == "partition":
+        workers = fault["workers"] or ()
         if fault["voters"] == "leader":
-            cluster.isolate_leader(at, fault["heal"])
+            cluster.isolate_leader(at, fault["heal"], workers)
+        elif fault["voters"] is None:
+            cluster.cut_off_workers(workers, at, fault["heal"])
         else:
-            cluster.partition_voters(fault["voters"], at, fault["heal"])
+            cluster.partition_voters(fault["voters"], at, fault["heal"], workers)
     elif fault["kind"] == "crash":
         cluster.crash(fault["worker"], at)
     else:

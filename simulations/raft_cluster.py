@@ -184,6 +184,10 @@ class RaftCluster:
         self.violations: list[str] = []
         self.proposals: list[Proposal] = []
         self.on_commit: Callable[[int, Entry], None] | None = None
+        self.on_role: Callable[[int], None] | None = None
+        """Called with a node's index after its role or term changed, or it
+        crashed or restarted: an observer of who leads sees every transition
+        as it happens instead of sampling."""
         self._trace = hashlib.sha256()
         self.trace_lines: list[str] | None = [] if keep_trace else None
         for s in self.nodes:
@@ -316,6 +320,8 @@ class RaftCluster:
             s.tick = None
         self.network.crash(i)
         self._record(f"crash {i}")
+        if self.on_role is not None:
+            self.on_role(i)
 
     def restart(self, i: int) -> None:
         """Start node `i` again from exactly what it had persisted."""
@@ -325,6 +331,8 @@ class RaftCluster:
         self.network.revive(i)
         self._start(s)
         self._record(f"restart {i}")
+        if self.on_role is not None:
+            self.on_role(i)
 
     def damage_log(self, i: int, lose: int) -> None:
         """While node `i` is down, its disk loses its last `lose` log entries
@@ -457,6 +465,8 @@ class RaftCluster:
                 if other != s.index:
                     self.violations.append(f"two leaders in term {r.term}: {other} and {s.index}")
                 self.elected_at.setdefault(r.term, self.loop.now)
+            if self.on_role is not None:
+                self.on_role(s.index)
         while r.has_ready():
             rd = r.ready()
             if self.fsync_s > 0:

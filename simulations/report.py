@@ -15,8 +15,11 @@ after a partition or a burst of crashes:
 * ``spread``: for each ``publish`` fault, the fraction of running nodes
   holding the new record against seconds since it was published.
 
-A placement run draws ``placement`` (requests and those served, with the
-commands that changed what serves them) and ``verification``: the
+A placement run draws ``placement``, three tracks over one time axis:
+requests and those served, with the commands that changed what serves
+them; which voter leads and could commit, with term changes marked and
+leaderless spans shaded; and each model's served fraction, with the spans
+it had no complete chain shaded. And ``verification``: the
 fraction of served answers that were correct over time, with each liar's
 first lie and quarantine marked. A liar's dip ends at its quarantine.
 
@@ -63,6 +66,16 @@ VERIFY_BIN_S: Final = 10.0
 tens of seconds, so a wider bin would smear a dip and the recovery after a
 quarantine into one step; at tens of requests a minute a bin still holds
 several answers (a bin with none is a gap in the line)."""
+SERVED_BIN_S: Final = 10.0
+"""Seconds per point of a model's served fraction. A chain lost to a crash
+stays lost for the detection and the dead grace, tens of seconds, so a wider
+bin would blur where an outage starts and ends; at tens of requests a minute
+a bin still holds several (a bin with none is a gap in the line)."""
+PLACEMENT_TRACKS: Final = (3.0, 1.0, 1.5)
+"""Heights of the placement figure's tracks (demand, leader, availability):
+demand keeps the usual figure's height; a leader track needs a row per voter
+and no more; availability a 0-1 fraction with room to read it."""
+LEADERLESS_COLOUR: Final = "tab:red"
 LIAR_COLOURS: Final = ("tab:red", "tab:orange", "tab:purple", "tab:brown", "tab:pink")
 """One per liar, in turn: its first lie and its quarantine share a colour,
 none of them the served-correct line's blue."""
@@ -163,15 +176,27 @@ Rows = tuple[list[str], list[list[Any]]]
 
 
 @contextlib.contextmanager
-def _figure(out: Path, name: str, written: list[Path]) -> Iterator[Any]:
-    """Axes to draw on; on exit, the figure saved as `name` in every format."""
+def _figure(
+    out: Path, name: str, written: list[Path], heights: Sequence[float] = (1.0,)
+) -> Iterator[Any]:
+    """Axes to draw on, one track per entry of `heights`: one track, the
+    axes; more, a column of axes over one time axis, the first track as tall
+    as a one-track figure. On exit, the figure saved as `name` in every
+    format."""
     import matplotlib  # see plots_unavailable
 
     matplotlib.use("Agg")  # files only: never open a window
     matplotlib.rcParams["svg.hashsalt"] = "shardmesh"  # stable SVG ids, run to run
     from matplotlib import pyplot
 
-    figure, axes = pyplot.subplots(figsize=FIGURE_SIZE_IN, dpi=FIGURE_DPI)
+    width, height = FIGURE_SIZE_IN
+    figure, axes = pyplot.subplots(
+        len(heights),
+        figsize=(width, height * sum(heights) / heights[0]),
+        dpi=FIGURE_DPI,
+        sharex=True,
+        gridspec_kw={"height_ratios": heights},
+    )
     try:
         yield axes
         figure.tight_layout()
@@ -200,36 +225,129 @@ def _write_csv(path: Path, header: list[str], rows: list[list[Any]]) -> Path:
 
 
 def write_placement_plot(cluster: PlacementCluster, out: Path) -> Path:
-    """`placement`: per model, requests and those served over time, with
-    the placement commands that changed what serves it; in every format,
-    with `placement.csv` (each request: time, model, served)."""
+    """`placement`, three tracks over time: per model, requests and those
+    served, with the placement commands that changed what serves it; the
+    voter that could commit (`PlacementCluster.committing_leader`), with
+    term changes marked and leaderless spans shaded; per model, its served
+    fraction per `SERVED_BIN_S`, with the spans from its first request on
+    that it had no complete chain shaded (what `incomplete_chain_s` sums).
+    In every format, with `placement.csv` in long form, one row per
+    `request` (value: served, 1 or 0), `leader` span (voter, empty where
+    none could commit, and the highest term), `chain` span of every model
+    from t = 0 (value: complete, 1 or 0) and `served_fraction` bin (empty
+    where no request came)."""
     out.mkdir(parents=True, exist_ok=True)
     written: list[Path] = []
-    with _figure(out, "placement", written) as axes:
-        for model in sorted({model for _, model, _ in cluster.requests}):
-            times = [at for at, name, _ in cluster.requests if name == model]
-            served = list(itertools.accumulate(
-                int(ok) for _, name, ok in cluster.requests if name == model
-            ))  # fmt: skip
-            line = axes.step(times, range(1, len(times) + 1), where="post",
-                             label=f"{model}: requests")  # fmt: skip
-            axes.step(times, served, where="post", linestyle="--",
-                      color=line[0].get_color(), label=f"{model}: served")  # fmt: skip
-        styles = {"Assign": "tab:green", "Release": "tab:grey", "MarkAdmissionFailed": "tab:red"}
-        labelled: set[str] = set()
-        for at, kind, _ in cluster.commits:
-            label = None if kind in labelled else f"{kind} committed"
-            labelled.add(kind)
-            axes.axvline(at, color=styles.get(kind, "black"), linewidth=0.7, linestyle=":",
-                         label=label)  # fmt: skip
-        axes.set_xlim(0, cluster.now)
-        axes.set_xlabel("virtual seconds")
-        axes.set_ylabel("chat requests, cumulative")
-        axes.set_title(f"demand placement, {len(cluster.workers)} workers, seed {cluster.seed}")
-        axes.legend(loc="upper left")
-    rows = [[at, model, int(ok)] for at, model, ok in cluster.requests]
-    _write_csv(out / "placement.csv", ["time_s", "model", "served"], rows)
+    models = sorted({model for _, model, _ in cluster.requests})
+    with _figure(out, "placement", written, PLACEMENT_TRACKS) as (demand, leaders, availability):
+        colours = _draw_demand(demand, cluster, models)
+        leader_rows = _draw_leaders(leaders, cluster)
+        served_rows = _draw_availability(availability, cluster, models, colours)
+        availability.set_xlim(0, cluster.now)
+        availability.set_xlabel("virtual seconds")
+    rows: list[list[Any]] = [["request", at, at, model, "", "", int(ok)]
+                             for at, model, ok in cluster.requests]  # fmt: skip
+    rows += leader_rows
+    rows += [["chain", start, end, model, "", "", int(ok)]
+             for model in sorted(cluster.models)
+             for start, end, ok in cluster.chain_spans(model)]  # fmt: skip
+    rows += served_rows
+    header = ["series", "start_s", "end_s", "model", "voter", "term", "value"]
+    _write_csv(out / "placement.csv", header, rows)
     return out / "placement.png"
+
+
+def _once(seen: set[str], label: str) -> str | None:
+    """`label` the first time it is drawn, None after: each kind of line,
+    span or marker appears once in its legend."""
+    if label in seen:
+        return None
+    seen.add(label)
+    return label
+
+
+def _draw_demand(axes: Any, cluster: PlacementCluster, models: Sequence[str]) -> dict[str, str]:
+    """Cumulative requests and served per model, placement commits marked;
+    each model's colour, for the other tracks."""
+    colours = {}
+    for model in models:
+        times = [at for at, name, _ in cluster.requests if name == model]
+        served = list(itertools.accumulate(
+            int(ok) for _, name, ok in cluster.requests if name == model
+        ))  # fmt: skip
+        line = axes.step(times, range(1, len(times) + 1), where="post",
+                         label=f"{model}: requests")  # fmt: skip
+        colours[model] = line[0].get_color()
+        axes.step(times, served, where="post", linestyle="--",
+                  color=colours[model], label=f"{model}: served")  # fmt: skip
+    styles = {"Assign": "tab:green", "Release": "tab:grey", "MarkAdmissionFailed": "tab:red"}
+    seen: set[str] = set()
+    for at, kind, _ in cluster.commits:
+        axes.axvline(at, color=styles.get(kind, "black"), linewidth=0.7, linestyle=":",
+                     label=_once(seen, f"{kind} committed"))  # fmt: skip
+    axes.set_ylabel("chat requests, cumulative")
+    axes.set_title(f"demand placement, {len(cluster.workers)} workers, seed {cluster.seed}")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return colours
+
+
+def _draw_leaders(axes: Any, cluster: PlacementCluster) -> list[list[Any]]:
+    """The voter that could commit, term changes and leaderless spans (with
+    a marker where each begins: a failover lasts a fraction of a second,
+    too thin a span to see on minutes of run); its CSV rows."""
+    spans = cluster.leader_spans()
+    seen: set[str] = set()
+    voters = len(cluster.ledgers)
+    for number, (start, end, voter, term) in enumerate(spans):
+        if voter is None:
+            axes.axvspan(start, end, color=LEADERLESS_COLOUR, alpha=0.25, linewidth=0,
+                         label=_once(seen, "no leader that could commit"))  # fmt: skip
+            axes.plot([start], [voters - 0.5], marker="v", color=LEADERLESS_COLOUR,
+                      linestyle="none", clip_on=False,
+                      label=_once(seen, "leaderless span begins"))  # fmt: skip
+        else:
+            axes.hlines(voter, start, end, color="tab:blue", linewidth=4,
+                        label=_once(seen, "leader that could commit"))  # fmt: skip
+        if number and term != spans[number - 1][3]:
+            axes.axvline(start, color="grey", linewidth=0.7, linestyle=":",
+                         label=_once(seen, "term change"))  # fmt: skip
+    axes.set_ylim(-0.5, voters - 0.5)
+    axes.set_yticks(range(voters))
+    axes.set_ylabel("leading voter")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return [["leader", start, end, "", "" if voter is None else voter, term, ""]
+            for start, end, voter, term in spans]  # fmt: skip
+
+
+def _draw_availability(
+    axes: Any, cluster: PlacementCluster, models: Sequence[str], colours: dict[str, str]
+) -> list[list[Any]]:
+    """Per model, its served fraction per bin and the spans from its first
+    request on without a complete chain; the bins' CSV rows."""
+    rows: list[list[Any]] = []
+    seen: set[str] = set()
+    for model in models:
+        colour = colours[model]
+        since = cluster.stats[model].first_request_at
+        assert since is not None  # it has requests
+        for start, end, ok in cluster.chain_spans(model):
+            if not ok and end > since:
+                label = _once(seen, f"{model}: no complete chain")
+                axes.axvspan(max(start, since), end, color=colour, alpha=0.15, hatch="//",
+                             linewidth=0, label=label)  # fmt: skip
+        answers = [(at, ok) for at, name, ok in cluster.requests if name == model]
+        bins = served_correct(answers, SERVED_BIN_S, cluster.now)
+        starts = [start for start, _, _ in bins]
+        fractions = [served / count if count else math.nan for _, count, served in bins]
+        axes.step([*starts, starts[-1] + SERVED_BIN_S], [*fractions, fractions[-1]], where="post",
+                  color=colour, label=f"{model}: served, per {SERVED_BIN_S:g} s")  # fmt: skip
+        rows += [["served_fraction", start, min(start + SERVED_BIN_S, cluster.now), model, "", "",
+                  "" if math.isnan(fraction) else fraction]
+                 for start, fraction in zip(starts, fractions, strict=True)]  # fmt: skip
+    axes.set_ylim(0, 1.05)
+    axes.set_ylabel("fraction served")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize="small")
+    return rows
 
 
 def served_correct(

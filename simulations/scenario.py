@@ -30,7 +30,8 @@ Example::
     loss = 0.1
 
     [[faults]]
-    kind = "crash"             # crash | pause | restart | leave | publish | partition
+    kind = "crash"             # crash | pause | restart | leave | publish | skew, or a
+                               # link fault: partition | cut | bridge | ring
     node = 7                   # or nodes = [1, {range = [2, 9]}], or random = 5
     at = 10.0
 
@@ -71,7 +72,7 @@ from typing import Any
 
 from mesh.config import MembershipConfig
 from simulations.cluster import MembershipCluster, Publication
-from simulations.network import Cut, NetworkConfig, Partition
+from simulations.network import LINK_FIELDS, Cut, NetworkConfig, Partition
 from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
 from simulations.schema import LINK_FAULTS, ScenarioError, resolve
@@ -136,10 +137,10 @@ def build_cluster(
             record_size=nodes["record_size"],
         )
         for link in links:
-            latency = {key: link.get(key) for key in ("base_latency", "jitter", "loss")}
-            cluster.network.set_link(link["from"], link["to"], **latency)
+            fields = {key: value for key, value in link.items() if key in LINK_FIELDS}
+            cluster.network.set_link(link["from"], link["to"], **fields)
             if link["both"]:
-                cluster.network.set_link(link["to"], link["from"], **latency)
+                cluster.network.set_link(link["to"], link["from"], **fields)
     except ValueError as exc:  # a value the config itself refuses (e.g. loss > 1)
         raise ScenarioError(f"bad scenario settings: {exc}") from None
     picker = component_rng(seed, "scenario", "faults")
@@ -168,6 +169,8 @@ def _schedule(cluster: MembershipCluster, fault: Mapping[str, Any], picker: rand
             cluster.restart(target, at)
         elif kind == "leave":
             cluster.leave(target, at)
+        elif kind == "skew":
+            cluster.skew(target, at, rate=fault["rate"], jump=fault["jump"])
         else:
             cluster.publish(target, at)
 

@@ -21,6 +21,7 @@ import itertools
 import math
 import re
 import textwrap
+import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -92,8 +93,15 @@ def _field_docs(cls: type) -> dict[str, str]:
     return docs
 
 
-def _overrides(cls: type, skip: frozenset[str]) -> dict[str, Key]:
-    """A key per field of a config dataclass, defaulting to its profile's value."""
+def _overrides(
+    cls: type, skip: frozenset[str], limits: Mapping[str, Mapping[str, Any]] | None = None
+) -> dict[str, Key]:
+    """A key per field of a config dataclass, defaulting to its profile's
+    value, with the `limits` (Key's low, high, positive) given per field, so
+    a wrong value is an error naming its key rather than the config's.
+
+    An optional field (`float | None`) takes its kind: a scenario cannot
+    write None, and leaving the key out keeps the profile's value."""
     docs = _field_docs(cls)
     hints = typing.get_type_hints(cls)
     kinds = {float: "number", int: "integer", bool: "boolean", str: "string"}
@@ -103,10 +111,14 @@ def _overrides(cls: type, skip: frozenset[str]) -> dict[str, Key]:
             continue
         doc = docs.get(item.name, f"the profile's `{item.name}`, overridden")
         hint = hints[item.name]
+        given = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        if isinstance(hint, types.UnionType) and len(given) == 1:
+            hint = given[0]
         if typing.get_origin(hint) is typing.Literal:
             keys[item.name] = Key("choice", doc, PROFILE_DEFAULT, choices=typing.get_args(hint))
         elif hint in kinds:
-            keys[item.name] = Key(kinds[hint], doc, PROFILE_DEFAULT)
+            bounds = (limits or {}).get(item.name, {})
+            keys[item.name] = Key(kinds[hint], doc, PROFILE_DEFAULT, **bounds)
         else:
             raise TypeError(f"{cls.__name__}.{item.name}: no scenario kind for {hint!r}")
     return keys
@@ -124,6 +136,22 @@ def _policy_keys() -> dict[str, Key]:
         for name, kind in POLICY_FIELDS.items()
     }
 
+
+NETWORK_LIMITS: Final[dict[str, dict[str, Any]]] = {
+    "base_latency": {"low": 0.0},
+    "jitter": {"low": 0.0},
+    "jitter_sigma": {"low": 0.0},
+    "loss": {"low": 0.0, "high": 1.0},
+    "duplicate": {"low": 0.0, "high": 1.0},
+    "queue_capacity": {"low": 1},
+    "service_time": {"low": 0.0},
+    "bandwidth": {"positive": True},
+}
+"""What `NetworkConfig` accepts, per field, for `[network]` and its links
+alike: the schema names the key of a wrong value, the config only the field."""
+
+NETWORK_KEYS: Final = _overrides(NetworkConfig, frozenset(), NETWORK_LIMITS)
+"""`[network]`'s overrides of its profile, one per `NetworkConfig` field."""
 
 AT: Final = _number("when it happens, simulated seconds in [0, duration]", 0.0, low=0.0)
 HEAL: Final = _number("when it ends: after `at`, at most `duration`", math.inf)
@@ -148,6 +176,20 @@ FAULT_KEYS: Final[dict[str, dict[str, Key]]] = {
     "restart": {},
     "leave": {},
     "publish": {},
+    "skew": {
+        "rate": _number(
+            "seconds its clock counts per real second from `at` on: above 1 its timers "
+            "fire early, below 1 late (1.0 sets it right after an earlier skew)",
+            1.0,
+            positive=True,
+        ),
+        "jump": _number(
+            "seconds its clock leaps forward at `at` (a VM pause, a clock step): "
+            "every timer due in between fires at once",
+            0.0,
+            low=0.0,
+        ),
+    },
     "partition": {
         "groups": Key(
             "groups",
@@ -202,7 +244,14 @@ PLACEMENT_FAULT_KEYS: Final[dict[str, dict[str, Key]]] = {
         "voters": Key(
             "voters",
             'voter id sets that can only reach their own set, or "leader": '
-            "whoever leads at `at`, alone",
+            "whoever leads at `at`, alone; none: the voters stay together",
+            None,
+        ),
+        "workers": Key(
+            "nodes",
+            'membership = "swim" only: worker numbers cut off on a side of their own; the '
+            "other workers and the entries stay with the largest voter set",
+            None,
         ),
         "heal": HEAL,
     },
@@ -242,18 +291,45 @@ SCENARIO: Final[dict[str, Key]] = {
         {},
         keys={
             "profile": Key("choice", "named defaults", "lan", choices=("lan", "wan")),
-            **_overrides(NetworkConfig, frozenset()),
+            **NETWORK_KEYS,
             "links": Key(
                 "tables",
-                "links unlike the rest: their own latency and loss",
+                "links unlike the rest: their own latency, loss and bandwidth",
                 [],
                 keys={
                     "from": Key("nodes", "the links from these nodes..."),
                     "to": Key("nodes", "...to these nodes"),
                     "both": Key("boolean", "also the links back, from `to` to `from`", True),
-                    "base_latency": _number("their fixed one-way delay", PROFILE_DEFAULT, low=0.0),
-                    "jitter": _number("their random delay's scale", PROFILE_DEFAULT, low=0.0),
-                    "loss": _number("their loss probability", PROFILE_DEFAULT, low=0.0, high=1.0),
+                    "base_latency": _number(
+                        "their fixed one-way delay",
+                        PROFILE_DEFAULT,
+                        **NETWORK_LIMITS["base_latency"],
+                    ),
+                    "jitter": _number(
+                        "their random delay's scale (lognormal: its median)",
+                        PROFILE_DEFAULT,
+                        **NETWORK_LIMITS["jitter"],
+                    ),
+                    "jitter_kind": Key(
+                        "choice",
+                        "how their random delay is drawn (lognormal: a long tail)",
+                        PROFILE_DEFAULT,
+                        choices=NETWORK_KEYS["jitter_kind"].choices,
+                    ),
+                    "jitter_sigma": _number(
+                        "the shape of their lognormal delay",
+                        PROFILE_DEFAULT,
+                        **NETWORK_LIMITS["jitter_sigma"],
+                    ),
+                    "loss": _number(
+                        "their loss probability", PROFILE_DEFAULT, **NETWORK_LIMITS["loss"]
+                    ),
+                    "bandwidth": _number(
+                        "their bytes per second (unlimited unless this or `network.bandwidth` "
+                        "is set)",
+                        PROFILE_DEFAULT,
+                        **NETWORK_LIMITS["bandwidth"],
+                    ),
                 },
             ),
         },
@@ -264,6 +340,20 @@ SCENARIO: Final[dict[str, Key]] = {
 PLACEMENT: Final[dict[str, Key]] = {
     "voters": _integer("Raft voters", 3, low=1, high=9),
     "detect_s": _number("seconds from a crash to `dead` at the leader", 10.0, positive=True),
+    "membership": Key(
+        "choice",
+        "how the leader learns a worker died: oracle, `detect_s` after its crash; swim, "
+        "from its own core of real SWIM on voters, workers and entries",
+        "oracle",
+        choices=("oracle", "swim"),
+    ),
+    "swim": Key(
+        "table",
+        'membership = "swim": its configuration, a profile then field overrides '
+        "(the keys of [membership])",
+        None,
+        keys=SCENARIO["membership"].keys,
+    ),
     "models": Key(
         "tables",
         "the models that may be asked for",
@@ -344,7 +434,7 @@ def resolve(scenario: Mapping[str, Any]) -> dict[str, Any]:
     resolved = _table(scenario, top, "")
     duration = resolved["duration"]
     if placement:
-        _check_placement(resolved, duration)
+        _check_placement(resolved, duration, scenario["placement"])
     else:
         count = resolved["nodes"]["count"]
         for i, link in enumerate(resolved["network"]["links"]):
@@ -524,6 +614,8 @@ def _fault(fault: object, path: str, count: int, duration: float) -> dict[str, A
         if len(named) != 1:
             raise ScenarioError(f"{path}: say which node(s) with one of node, nodes or random")
         keys[named[0]] = TARGETS[named[0]]
+    if kind == "skew" and not {"rate", "jump"} & set(fault):
+        raise ScenarioError(f"{path}: a skew needs a `rate`, a `jump` or both")
     resolved = _table(fault, keys, path)
     _times(resolved, path, duration)
     if "node" in resolved:
@@ -558,8 +650,13 @@ def _node_groups(groups: object, kind: str, count: int, path: str) -> list[list[
     return sets
 
 
-def _check_placement(resolved: dict[str, Any], duration: float) -> None:
+def _check_placement(resolved: dict[str, Any], duration: float, written: Mapping[str, Any]) -> None:
+    """The placement checks one key cannot make alone; `written` is the
+    `[placement]` table as the file has it (a key given that its choices
+    leave unused is a mistake, even at its default value)."""
     placement = resolved["placement"]
+    swim = placement["membership"] == "swim"
+    _check_membership(placement, written)
     models = {model["name"] for model in placement["models"]}
     workers = sum(worker["count"] for worker in placement["workers"])
     for i, worker in enumerate(placement["workers"]):
@@ -592,7 +689,17 @@ def _check_placement(resolved: dict[str, Any], duration: float) -> None:
         _times(done, path, duration)
         if "worker" in done:
             done["worker"] = _member(done["worker"], workers, f"{path}.worker", "worker")
-        elif done["voters"] != "leader":
+            faults.append(done)
+            continue
+        if done["workers"] is not None:
+            if not swim:
+                raise ScenarioError(
+                    f'{path}.workers: cutting workers off needs placement.membership = "swim"'
+                )
+            done["workers"] = node_set(done["workers"], workers, f"{path}.workers", "worker")
+        if not done["voters"] and not done["workers"]:
+            raise ScenarioError(f"{path}: a partition names `voters`, `workers` or both")
+        if done["voters"] not in (None, "leader"):
             voters = done["voters"]
             if not isinstance(voters, list):
                 raise ScenarioError(f'{path}.voters: "leader" or an array of voter id sets')
@@ -602,6 +709,31 @@ def _check_placement(resolved: dict[str, Any], duration: float) -> None:
             ]
         faults.append(done)
     resolved["faults"] = faults
+
+
+def _check_membership(placement: dict[str, Any], written: Mapping[str, Any]) -> None:
+    """`placement.swim` only with SWIM, `placement.detect_s` only without,
+    and a SWIM configuration that `MembershipConfig` accepts."""
+    if placement["membership"] == "oracle":
+        if placement["swim"] is not None:
+            raise ScenarioError('placement.swim: only used with placement.membership = "swim"')
+        return
+    if "detect_s" in written:
+        raise ScenarioError(
+            'placement.detect_s: unused with placement.membership = "swim" (the leader\'s '
+            "own SWIM core detects crashes)"
+        )
+    try:
+        swim_config(placement["swim"])
+    except ValueError as exc:  # a value the config itself refuses
+        raise ScenarioError(f"placement.swim: {exc}") from None
+
+
+def swim_config(table: Mapping[str, Any] | None) -> MembershipConfig:
+    """The SWIM configuration a resolved `placement.swim` table describes
+    (None: the LAN profile)."""
+    overrides = dict(table or {"profile": "lan"})
+    return MembershipConfig.profile(overrides.pop("profile")).with_overrides(**overrides)
 
 
 # --- the reference ------------------------------------------------------------

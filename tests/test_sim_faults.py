@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from simulations.scenario import load_scenario, run_scenario
+from simulations.scenario import build_cluster, load_scenario, run_scenario
+from simulations.schema import resolve
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "simulations" / "scenarios"
 
@@ -141,3 +142,97 @@ def test_a_lossy_one_way_link_is_counted_as_loss() -> None:
     result = run_scenario(muted, seed=1)
     assert result["drops"]["network"]["loss"] > 0  # the profile itself loses nothing
     assert result["events"]["dead"] > 0  # node 0 cannot be heard: declared dead
+
+
+def test_a_lognormal_link_has_a_tail_its_uniform_twin_lacks() -> None:
+    """The same 0.2 s scale between the halves: uniform, every round trip
+    beats the 0.5 s probe timeout and nobody is suspected; lognormal with
+    that median and sigma 1.5, the tail does not, and the halves suspect
+    each other (and are refuted: nobody dies). A narrow lognormal has no
+    such tail."""
+    assert run_scenario(halves_link(jitter=0.2), seed=1)["events"] == {}
+    tail = run_scenario(halves_link(jitter=0.2, jitter_kind="lognormal", jitter_sigma=1.5), seed=1)
+    assert tail["events"]["suspect"] > 0 and "dead" not in tail["events"]
+    assert tail["view_agreement"] == 1.0
+    narrow = halves_link(jitter=0.2, jitter_kind="lognormal", jitter_sigma=0.1)
+    assert run_scenario(narrow, seed=1)["events"] == {}
+
+
+def spread(scenario: dict[str, Any]) -> dict[int, float | None]:
+    cluster = build_cluster(resolve(scenario), seed=1)
+    cluster.run_until(scenario["duration"])
+    (publication,) = cluster.publications
+    return cluster.spread_times(publication)
+
+
+def test_a_low_bandwidth_link_holds_a_big_record_back_by_its_transmission_time() -> None:
+    """An 8 KiB record published on node 0: across a 4,000 B/s link it
+    cannot arrive before its 2 s of transmission, while node 0's own half
+    has it sooner. Unlimited, everyone has it within 0.1 s."""
+    record = 8192
+    bandwidth = 4000.0
+    scenario = halves_link(bandwidth=bandwidth)
+    scenario["nodes"]["record_size"] = record
+    scenario["faults"] = [{"kind": "publish", "node": 0, "at": 5.0}]
+    slow = spread(scenario)
+    assert None not in slow.values()
+    own_half = [t for node, t in slow.items() if node < 10]
+    across = [t for node, t in slow.items() if node >= 10]
+    assert max(own_half) < record / bandwidth < min(across)  # type: ignore[type-var]
+    scenario["network"]["links"] = []
+    fast = spread(scenario)
+    assert all(t is not None and t < 0.1 for t in fast.values())
+
+
+def skewed(*faults: dict[str, Any], **network: Any) -> dict[str, Any]:
+    return {"duration": 30.0, "nodes": {"count": 10}, "network": network, "faults": list(faults)}
+
+
+def test_a_fast_clock_times_its_probes_out_early_and_accuses_healthy_peers() -> None:
+    """Round trips take 0.2 s against a 0.5 s probe timeout: nobody is
+    suspected. Node 0's clock running 8 times fast from t=5 gives it a
+    0.0625 s timeout and 0.125 s probe rounds: it accuses its peers (who
+    refute), and it is the first to. The same clock running 8 times slow
+    accuses nobody."""
+    slow_links = {"base_latency": 0.1, "jitter": 0.0}
+    assert run_scenario(skewed(**slow_links), seed=1)["events"] == {}
+    fast = skewed({"kind": "skew", "node": 0, "at": 5.0, "rate": 8.0}, **slow_links)
+    cluster = build_cluster(resolve(fast), seed=1)
+    cluster.run_until(fast["duration"])
+    suspicions = [
+        (at, observer) for at, observer, kind, _, _ in cluster.verdicts() if kind == "suspect"
+    ]
+    assert suspicions and min(suspicions)[1] == 0 and min(suspicions)[0] > 5.0
+    assert cluster.view_agreement() == 1.0 and cluster.false_positives() == []
+    slow = skewed({"kind": "skew", "node": 0, "at": 5.0, "rate": 1 / 8}, **slow_links)
+    assert run_scenario(slow, seed=1)["events"] == {}
+
+
+def first_dead(scenario: dict[str, Any]) -> tuple[float, int]:
+    cluster = build_cluster(resolve(scenario), seed=1)
+    cluster.run_until(scenario["duration"])
+    return min((at, observer) for at, observer, kind, _, _ in cluster.verdicts() if kind == "dead")
+
+
+def test_a_clock_jump_expires_a_suspicion_at_once() -> None:
+    """Node 5 crashes at t=5; the swarm suspects it at about 6.4 and, with
+    the suspicion's timeout, declares it dead after 9. Node 0's clock
+    leaping a minute ahead at t=7 expires its suspicion then: it takes a
+    last look (twice the 0.5 s probe timeout) and declares node 5 dead
+    first, before t=8."""
+    crash = {"kind": "crash", "node": 5, "at": 5.0}
+    at, _ = first_dead(skewed(crash))
+    assert at > 9.0
+    at, observer = first_dead(skewed(crash, {"kind": "skew", "node": 0, "at": 7.0, "jump": 60.0}))
+    assert observer == 0 and 7.0 <= at <= 8.0
+
+
+def test_skews_bandwidth_and_lognormal_links_are_deterministic() -> None:
+    scenario = halves_link(bandwidth=20_000.0, jitter_kind="lognormal", jitter=0.05)
+    scenario["faults"] = [
+        {"kind": "skew", "nodes": [3, 12], "at": 10.0, "rate": 3.0, "jump": 2.0},
+        {"kind": "publish", "node": 0, "at": 5.0},
+    ]
+    once = run_scenario(scenario, seed=7)
+    assert once == run_scenario(scenario, seed=7)
+    assert once["trace_digest"] != run_scenario(scenario, seed=8)["trace_digest"]

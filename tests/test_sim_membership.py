@@ -399,8 +399,10 @@ def test_scenario_errors_name_the_problem() -> None:
         run_scenario({"nodes": {"count": 3}, "faults": [{"kind": "meteor"}]}, seed=1)
     with pytest.raises(ScenarioError, match="not in"):
         run_scenario({"nodes": {"count": 3}, "faults": [{"kind": "crash", "node": 5}]}, seed=1)
-    with pytest.raises(ScenarioError, match="settings"):
+    with pytest.raises(ScenarioError, match=r"network\.loss: 2\.0 is not in \[0\.0, 1\.0\]"):
         run_scenario({"nodes": {"count": 3}, "network": {"loss": 2.0}}, seed=1)
+    with pytest.raises(ScenarioError, match="settings: probe_timeout must be shorter"):
+        run_scenario({"nodes": {"count": 3}, "membership": {"probe_interval": 0.1}}, seed=1)
     assert quantile([], 0.5) is None
     assert quantile([3.0, 1.0, 2.0], 0.5) == 2.0
     assert quantile([1.0, 2.0], 0.999) == 2.0

@@ -228,3 +228,103 @@ def test_config_validation_and_profiles() -> None:
         NetworkConfig.profile("moon")
     assert NetworkConfig.profile("wan", loss=0.1).jitter_kind == "lognormal"
     assert NetworkConfig.profile("lan").loss == 0.0
+
+
+class Wire:
+    """Byte strings on a network that sizes them by their length: arrival
+    times by payload, to check what bandwidth does to each message."""
+
+    def __init__(self, config: NetworkConfig, n: int = 3) -> None:
+        self.loop = EventLoop()
+        self.sized: list[bytes] = []
+        self.arrived: dict[bytes, float] = {}
+        self.net = Network(
+            self.loop,
+            config,
+            component_rng(1, "network"),
+            lambda dst, message: self.arrived.setdefault(message, self.loop.now),
+            n=n,
+            size_of=self.size_of,
+        )
+
+    def size_of(self, message: bytes) -> int:
+        self.sized.append(message)
+        return len(message)
+
+    def send_at(self, at: float, src: int, dst: int, message: bytes) -> None:
+        self.loop.call_at(at, lambda: self.net.send(src, dst, message))
+
+
+def test_a_slow_link_adds_transmission_time_and_queues_messages_behind_each_other() -> None:
+    """1,000 bytes/s and 10 ms of latency: a 500-byte message takes 0.51 s;
+    the next one on the same directed link waits for it, while another
+    link, the reverse direction included, is free."""
+    wire = Wire(NetworkConfig.lan(base_latency=0.01, jitter=0.0, service_time=0.0, bandwidth=1e3))
+    first, second, third = b"a" * 500, b"b" * 500, b"c" * 100
+    for message in (first, second, third):
+        wire.send_at(0.0, 0, 1, message)
+    wire.send_at(0.0, 0, 2, b"d" * 250)
+    wire.send_at(0.2, 1, 0, b"e" * 100)
+    wire.send_at(5.0, 0, 1, b"f" * 200)  # the link has long been idle again
+    wire.loop.run_until(10.0)
+    expected = {first: 0.51, second: 1.01, third: 1.11, b"d" * 250: 0.26}
+    expected |= {b"e" * 100: 0.31, b"f" * 200: 5.21}
+    assert wire.arrived == pytest.approx(expected)
+
+
+def test_only_links_with_a_bandwidth_measure_their_messages() -> None:
+    """The unlimited default never sizes (encodes) a message; a link given
+    a bandwidth sizes its own, and `bandwidth=None` makes a link unlimited
+    in a limited network."""
+    unlimited = Wire(NetworkConfig.lan(base_latency=0.01, jitter=0.0, service_time=0.0))
+    unlimited.net.set_link([0], [2], bandwidth=100.0)
+    for dst in (1, 2):
+        unlimited.send_at(0.0, 0, dst, b"to %d" % dst)
+    unlimited.send_at(0.0, 1, 2, b"from 1")
+    unlimited.loop.run_until(1.0)
+    assert unlimited.sized == [b"to 2"]
+    assert unlimited.arrived == pytest.approx({b"to 1": 0.01, b"to 2": 0.05, b"from 1": 0.01})
+
+    limited = Wire(NetworkConfig.lan(base_latency=0.01, jitter=0.0, bandwidth=10.0))
+    limited.net.set_link([0], [1], bandwidth=None)
+    limited.send_at(0.0, 0, 1, b"x" * 100)
+    limited.loop.run_until(1.0)
+    assert limited.sized == [] and limited.arrived == pytest.approx({b"x" * 100: 0.01})
+
+
+def test_a_lognormal_link_gives_a_long_tail_to_its_group_only() -> None:
+    """On a LAN (uniform 0.5-2 ms), the links from node 0 to the group
+    {2, 3} get a lognormal delay with a 5 ms median: those, and only those,
+    have a tail; the way back keeps the LAN's."""
+    config = NetworkConfig.lan(service_time=0.0)
+    sim = Echo(4, config)
+    median = 0.005
+    sim.net.set_link([0], [2, 3], jitter_kind="lognormal", jitter=median, jitter_sigma=1.0)
+    for k in range(3000):
+        sim.loop.call_at(k * 0.001, lambda k=k: sim.ping(0, 1 + k % 3, sim.loop.now))
+        sim.loop.call_at(k * 0.001, lambda: sim.ping(2, 0, sim.loop.now))
+    sim.loop.run_until(60.0)
+    delays: dict[int, list[float]] = {0: [], 1: [], 2: [], 3: []}
+    for t, dst, (kind, _, sent) in sim.arrivals:  # type: ignore[misc]
+        if kind == "ping":
+            delays[dst].append(t - sent)
+    band = config.base_latency + config.jitter + 1e-12
+    assert len(delays[1]) == 1000 and max(delays[1]) <= band
+    for far in (2, 3):
+        assert statistics.median(delays[far]) == pytest.approx(
+            config.base_latency + median, rel=0.15
+        )
+        assert max(delays[far]) > config.base_latency + 5 * median  # the tail
+    assert len(delays[0]) == 3000 and max(delays[0]) <= band  # from the group: LAN
+
+
+def test_link_and_bandwidth_validation() -> None:
+    with pytest.raises(ValueError, match="bandwidth must be positive"):
+        NetworkConfig(bandwidth=0.0)
+    with pytest.raises(ValueError, match="jitter_sigma"):
+        NetworkConfig(jitter_sigma=-0.5)
+    net = Echo(2, NetworkConfig.lan()).net
+    with pytest.raises(ValueError, match="a link cannot set duplicate"):
+        net.set_link([0], [1], duplicate=0.5)
+    with pytest.raises(ValueError, match="jitter_kind"):
+        net.set_link([0], [1], jitter_kind="pareto")

@@ -3,6 +3,7 @@ a chat-demand workload, scenario by scenario and over many seeds."""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import pytest
@@ -108,6 +109,70 @@ def test_a_leader_cut_off_from_the_voters_places_nothing_and_the_ledgers_agree_a
     cluster.run_until(90)
     cluster.check()  # includes: every replica's ledger equal at equal applied index
     assert len({ledger.snapshot() for ledger in cluster.ledgers}) == 1
+
+
+def test_leaderless_time_is_nil_when_calm_and_an_election_when_the_leader_is_cut_off() -> None:
+    calm, cut = swarm(), swarm()
+    cut.isolate_leader(at=10, heal=20)
+    calm.run_until(30)
+    cut.run_until(30)
+    cut.check()
+    quiet, failover = calm.metrics(), cut.metrics()
+    assert quiet["leaderless_s"] == 0.0 and quiet["leader_changes"] == 0
+    assert quiet["first_leader_at"] < 1.0  # type: ignore[operator]
+    # The cut-off leader keeps its role until CheckQuorum steps it down, but
+    # from the cut on it reaches no quorum: the outage starts at 10 s and
+    # lasts the others' election timeout (10-20 ticks) and a vote.
+    timeout = cut.raft.config.election_ticks * cut.raft.tick_s
+    assert timeout / 2 < failover["leaderless_s"] < 4 * timeout  # type: ignore[operator]
+    assert failover["leader_changes"] == 1
+    # One outage (a span per term it saw), from the cut to the new leader.
+    first = failover["first_leader_at"]
+    assert isinstance(first, float)
+    outage = [(start, end) for start, end, voter, _ in cut.leader_spans()
+              if voter is None and start >= first]  # fmt: skip
+    assert outage[0][0] == 10 and all(a[1] == b[0] for a, b in itertools.pairwise(outage))
+    assert outage[-1][1] - 10 == pytest.approx(failover["leaderless_s"], abs=1e-6)
+
+
+def test_a_voter_partition_without_a_majority_is_leaderless_until_it_heals() -> None:
+    cluster = swarm()
+    cluster.partition_voters([[0], [1], [2]], at=10, heal=15)
+    cluster.run_until(30)
+    cluster.check()
+    timeout = cluster.raft.config.election_ticks * cluster.raft.tick_s
+    leaderless = cluster.metrics()["leaderless_s"]
+    assert 5.0 < leaderless < 5.0 + 4 * timeout  # type: ignore[operator]
+    assert cluster.committing_leader() is not None
+
+
+def test_incomplete_chain_time_grows_while_no_worker_serves_y_and_stops_once_replaced() -> None:
+    def incomplete() -> float:
+        return cluster.metrics()["models"]["y"]["incomplete_chain_s"]  # type: ignore[index]
+
+    cluster = swarm()
+    cluster.demand("y", 60, start=5, stop=140)
+    cluster.run_until(40)
+    (first,) = serving(cluster, "y")
+    # From the first request: the decision, the load and the doctor.
+    assert LOAD_Y_S <= incomplete() < LOAD_Y_S + 2.0
+    before = incomplete()
+    cluster.crash(first, at=40)
+    cluster.run_until(100)
+    # The leader sees the crash after detection, then the replacement loads.
+    outage = incomplete() - before
+    assert cluster.detect_s + LOAD_Y_S <= outage < 60 - 2.0
+    cluster.run_until(140)
+    cluster.check()
+    assert incomplete() == before + outage and cluster.servable("y")
+    # Exact, not sampled: with no liar, a request is served exactly when a
+    # complete chain exists as it arrives.
+    spans = cluster.chain_spans("y")
+    assert [(start, ok) for start, _, ok in spans] == [(0.0, False), (spans[1][0], True),
+                                                      (40, False), (spans[3][0], True)]  # fmt: skip
+    for at, model, served in cluster.requests:
+        if model == "y":
+            assert served == next(ok for start, end, ok in spans if start <= at < end), at
 
 
 @settings(max_examples=12, deadline=None)

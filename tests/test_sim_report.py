@@ -4,14 +4,26 @@ sampling a run for them changes nothing in it."""
 from __future__ import annotations
 
 import csv
+import itertools
 from pathlib import Path
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consensus.placement import ModelFacts
 from simulations.cluster import MembershipCluster
 from simulations.network import NetworkConfig
-from simulations.report import FORMATS, beliefs, run_sampled, sample_step, write_plots
+from simulations.placement_cluster import GB, PlacementCluster, WorkerSpec
+from simulations.report import (
+    FORMATS,
+    SERVED_BIN_S,
+    beliefs,
+    run_sampled,
+    sample_step,
+    write_placement_plot,
+    write_plots,
+)
 
 
 def crashing_cluster(seed: int) -> MembershipCluster:
@@ -106,3 +118,59 @@ def test_traffic_by_message_type_adds_up_to_the_total() -> None:
         total = sum(kind[unit] for kind in by_type.values())
         assert abs(total - traffic[unit]) < 1e-9 * traffic[unit]
     assert by_type["Ping"]["messages_per_node_second"] > 0
+
+
+def test_the_placement_figure_tracks_leadership_and_chains_as_the_metrics_count_them(
+    tmp_path: Path,
+) -> None:
+    """The leader and availability series in `placement.csv` add up to the
+    metrics: leaderless spans to `leaderless_s`, chain gaps from the first
+    request to `incomplete_chain_s`, and each bin's served fraction to the
+    requests beside it."""
+    workers = [WorkerSpec(24, ("y",)), WorkerSpec(24, ("y",))]
+    cluster = PlacementCluster(1, workers, {"y": ModelFacts(32, GB // 2)})
+    cluster.demand("y", 60, start=5, stop=100)
+    cluster.isolate_leader(at=30, heal=35)
+    cluster.run_until(35)
+    cluster.crash(next(i for i, w in enumerate(cluster.workers) if w.serving), at=35)
+    cluster.run_until(100)
+    cluster.check()
+    metrics = cluster.metrics()
+    write_placement_plot(cluster, tmp_path)
+    for suffix in (*FORMATS, "csv"):
+        assert (tmp_path / f"placement.{suffix}").stat().st_size > 0, suffix
+    with (tmp_path / "placement.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    series: dict[str, list[dict[str, str]]] = {}
+    for row in rows:
+        series.setdefault(row["series"], []).append(row)
+
+    leaders = [(float(r["start_s"]), float(r["end_s"]), r["voter"]) for r in series["leader"]]
+    assert leaders[0][0] == 0.0 and leaders[-1][1] == 100.0
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(leaders))
+    first = metrics["first_leader_at"]
+    assert isinstance(first, float)
+    leaderless = sum(end - start for start, end, voter in leaders if not voter and start >= first)
+    counted = metrics["leaderless_s"]
+    assert isinstance(counted, float) and counted > 0
+    assert leaderless == pytest.approx(counted, abs=1e-6)
+    terms = {(r["voter"], r["term"]) for r in series["leader"] if r["voter"]}
+    assert len(terms) - 1 == metrics["leader_changes"] == 1
+
+    y = metrics["models"]["y"]  # type: ignore[index]
+    since = y["first_request_at"]
+    gaps = sum(
+        float(r["end_s"]) - max(float(r["start_s"]), since)
+        for r in series["chain"]
+        if r["value"] == "0" and float(r["end_s"]) > since
+    )
+    assert y["incomplete_chain_s"] > cluster.detect_s  # the first load and the crash
+    assert gaps == pytest.approx(y["incomplete_chain_s"], abs=1e-6)
+
+    requests = [(float(r["start_s"]), r["value"] == "1") for r in series["request"]]
+    assert len(requests) == y["requests"]
+    for row in series["served_fraction"]:
+        start = float(row["start_s"])
+        inside = [ok for at, ok in requests if start <= at < start + SERVED_BIN_S]
+        expected = sum(inside) / len(inside) if inside else None
+        assert (float(row["value"]) if row["value"] else None) == expected, start

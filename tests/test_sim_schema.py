@@ -97,6 +97,44 @@ def partition(**keys: Any) -> dict[str, Any]:
             placement({"demand": [{"model": "z", "per_minute": 1}]}),
             r"placement\.demand\[0\]\.model: 'z' is not a model",
         ),
+        # Latency distributions and bandwidth, for the network and per link.
+        (
+            membership(network={"links": [{"from": [0], "to": [1], "jitter_kind": "pareto"}]}),
+            r"network\.links\[0\]\.jitter_kind: 'pareto' is not one of uniform, lognormal",
+        ),
+        (
+            membership(network={"links": [{"from": [0], "to": [1], "jitter_sigma": -1.0}]}),
+            r"network\.links\[0\]\.jitter_sigma: -1\.0 is not in \[0\.0, inf\)",
+        ),
+        (
+            membership(network={"links": [{"from": [0], "to": [1], "bandwidth": 0}]}),
+            r"network\.links\[0\]\.bandwidth: 0\.0 must be positive",
+        ),
+        (
+            membership(network={"links": [{"from": [0], "to": [1], "bandwidth": "1MB"}]}),
+            r"network\.links\[0\]\.bandwidth: '1MB' is not a number",
+        ),
+        (membership(network={"bandwidth": -5.0}), r"network\.bandwidth: -5\.0 must be positive"),
+        (membership(network={"jitter_sigma": -0.1}), r"network\.jitter_sigma: -0\.1 is not in"),
+        (membership(network={"loss": 1.5}), r"network\.loss: 1\.5 is not in \[0\.0, 1\.0\]"),
+        # Clock skews.
+        (
+            membership(faults=[{"kind": "skew", "node": 1, "at": 1.0}]),
+            r"faults\[0\]: a skew needs a `rate`, a `jump` or both",
+        ),
+        (
+            membership(faults=[{"kind": "skew", "node": 1, "rate": 0}]),
+            r"faults\[0\]\.rate: 0\.0 must be positive",
+        ),
+        (
+            membership(faults=[{"kind": "skew", "node": 1, "jump": -3.0}]),
+            r"faults\[0\]\.jump: -3\.0 is not in \[0\.0, inf\)",
+        ),
+        (
+            membership(faults=[{"kind": "skew", "node": 1, "rate": 2.0, "drift": 0.1}]),
+            r"faults\[0\]\.drift: unknown key",
+        ),
+        (membership(faults=[{"kind": "skew", "rate": 2.0}]), "say which node"),
     ],
 )
 def test_each_mistake_is_an_error_naming_the_key(scenario: dict[str, Any], message: str) -> None:
@@ -111,6 +149,22 @@ def test_defaults_are_filled_in_and_the_shipped_scenarios_resolve() -> None:
     assert resolved["faults"] == [{"kind": "pause", "at": 0.0, "duration": 10.0, "node": 2}]
     for path in sorted(SCENARIOS.glob("*.toml")):
         resolve(load_scenario(path))  # every example stays valid
+
+
+def test_skews_and_link_distributions_resolve_with_their_defaults() -> None:
+    link = {"from": [0], "to": [{"range": [1, 3]}], "jitter_kind": "lognormal", "bandwidth": 1e6}
+    resolved = resolve(
+        membership(
+            network={"bandwidth": 5e5, "links": [link]},
+            faults=[{"kind": "skew", "nodes": [1, 2], "rate": 2.0}],
+        )
+    )
+    assert resolved["network"]["bandwidth"] == 5e5
+    # A link holds what it sets; the rest stays the network's.
+    assert resolved["network"]["links"] == [link | {"to": [1, 2], "both": True}]
+    assert resolved["faults"] == [
+        {"kind": "skew", "at": 0.0, "nodes": [1, 2], "rate": 2.0, "jump": 0.0}
+    ]
 
 
 def test_ranges_name_the_same_nodes_as_lists() -> None:

@@ -1,0 +1,63 @@
+"""A simulated node's own clock, when it disagrees with virtual time.
+
+The membership core never reads a clock: every call passes it ``now``, and
+every timer it keeps (probe timeouts, suspicions, gossip rounds) is a
+deadline in that same time. A node whose clock is wrong is therefore
+modelled exactly by handing its core its own reading instead of virtual
+time, and by running its ``tick`` at the virtual moment its clock reaches
+the core's next deadline: a fast clock fires timers early, a slow one late,
+a clock that jumps forward fires everything due in the gap at once.
+
+Only the rate and steps forward are modelled. The core keeps a monotonic
+clock, as the real driver does (trio's clock is monotonic), and a monotonic
+clock never steps back; what it does do is tick at a wrong rate (a drifting
+oscillator, a VM starved of CPU whose timekeeping lags, NTP slewing) or leap
+ahead (a guest clock catching up after the hypervisor paused or migrated it).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+
+@dataclass
+class NodeClock:
+    """A clock that read ``reading`` at virtual time ``since`` and has
+    counted ``rate`` seconds per virtual second since: piecewise linear,
+    each skew starting a new piece from the current reading."""
+
+    since: float
+    reading: float
+    rate: float
+
+    def local(self, now: float) -> float:
+        """What the clock reads at virtual time ``now`` (not before ``since``)."""
+        return self.reading + (now - self.since) * self.rate
+
+    def virtual(self, local: float) -> float:
+        """The first virtual time at which the clock reads ``local`` or
+        later; a reading from before the last change maps to before it (so,
+        to "now").
+
+        Rounded up to a float where the clock has got there: a tick an ulp
+        early would find its deadline not yet due, re-arm at the same time,
+        and spin forever. The step doubles, so a very slow clock, whose
+        reading moves less than an ulp per ulp of virtual time, gets there
+        in a few dozen steps too.
+        """
+        when = self.since + (local - self.reading) / self.rate
+        step = math.ulp(when)
+        while self.local(when) < local:
+            when += step
+            step *= 2
+        return when
+
+    def skew(self, now: float, rate: float, jump: float) -> None:
+        """From ``now`` on: read ``jump`` seconds ahead of where the clock
+        was, and count ``rate`` seconds per virtual second."""
+        if rate <= 0 or jump < 0:
+            raise ValueError("a clock runs at a positive rate and only jumps forward")
+        self.reading = self.local(now) + jump
+        self.since = now
+        self.rate = rate
