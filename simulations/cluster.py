@@ -200,6 +200,7 @@ class MembershipCluster:
             self._deliver,
             n=n,
             size_of=size_of,
+            sample_bytes=True,
         )
         self.record_size = record_size
         self.nodes = [_SimNode(i) for i in range(n)]

@@ -244,15 +244,18 @@ def _detection_reports(cluster: MembershipCluster) -> list[dict[str, Any]]:
 
 
 def _by_type(cluster: MembershipCluster) -> dict[str, dict[str, float]]:
-    """Messages (and bytes, when counted) per node-second, by message type."""
+    """Messages and bytes per node-second, by message type: bytes are exact
+    with `network.count_bytes`, otherwise estimated from a sample
+    (`simulations.network.BYTE_SAMPLE_EVERY`)."""
     node_seconds = cluster.n * cluster.now
     if node_seconds <= 0:
         return {}
     network = cluster.network
+    sizes = network.estimated_bytes_by_type()
     return {
         kind: {
             "messages_per_node_second": count / node_seconds,
-            "bytes_per_node_second": network.bytes_by_type[kind] / node_seconds,
+            "bytes_per_node_second": sizes.get(kind, 0.0) / node_seconds,
         }
         for kind, count in sorted(network.sent_by_type.items())
     }

@@ -5,11 +5,13 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
+from typing import Any
 
 import pytest
 
 from simulations.loop import EventLoop
 from simulations.network import Network, NetworkConfig
+from simulations.scenario import run_scenario
 from simulations.seeds import component_rng, derive_seed
 
 
@@ -328,3 +330,24 @@ def test_link_and_bandwidth_validation() -> None:
         net.set_link([0], [1], duplicate=0.5)
     with pytest.raises(ValueError, match="jitter_kind"):
         net.set_link([0], [1], jitter_kind="pareto")
+
+
+def test_bytes_per_type_are_estimated_within_a_few_percent_when_not_counted() -> None:
+    """The metrics' bytes per message type are always there: sampled while
+    the network does not count bytes, and close to the exact count."""
+    scenario: dict[str, Any] = {
+        "duration": 60.0,
+        "nodes": {"count": 60},
+        "faults": [{"kind": "crash", "node": 3, "at": 10.0}],
+    }
+    by_type = {}
+    for exact in (True, False):
+        scenario["network"] = {"count_bytes": exact}
+        metrics = run_scenario(scenario, seed=4)
+        by_type[exact] = {
+            kind: rates["bytes_per_node_second"]
+            for kind, rates in metrics["traffic"]["by_type"].items()
+        }
+    assert by_type[False].keys() == by_type[True].keys()
+    for kind in ("Ping", "Ack", "Gossip"):
+        assert by_type[False][kind] == pytest.approx(by_type[True][kind], rel=0.05)
