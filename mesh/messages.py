@@ -67,6 +67,8 @@ class Signed:
         return True
 
     def _claim(self) -> bytes:
+        """The bytes `fingerprint` hashes; each of the four updates defines
+        its own (Signed itself is never built)."""
         raise NotImplementedError
 
 

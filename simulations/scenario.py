@@ -70,12 +70,11 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from mesh.config import MembershipConfig
 from simulations.cluster import MembershipCluster, Publication
 from simulations.network import LINK_FIELDS, Cut, NetworkConfig, Partition
 from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
-from simulations.schema import LINK_FAULTS, ScenarioError, resolve
+from simulations.schema import LINK_FAULTS, ScenarioError, resolve, swim_config
 from simulations.seeds import component_rng
 
 SECONDS_PER_HOUR = 3600.0
@@ -117,13 +116,10 @@ def build_cluster(
     """The cluster a resolved scenario (`simulations.schema.resolve`)
     describes, with its fault schedule laid down."""
     nodes = resolved["nodes"]
-    membership = dict(resolved["membership"])
     network = dict(resolved["network"])
     links = network.pop("links")
     try:
-        config = MembershipConfig.profile(membership.pop("profile"))
-        if membership:
-            config = config.with_overrides(**membership)
+        config = swim_config(resolved["membership"])
         net = NetworkConfig.profile(network.pop("profile"), **network)
         cluster = MembershipCluster(
             nodes["count"],

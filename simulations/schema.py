@@ -730,7 +730,8 @@ def _check_membership(placement: dict[str, Any], written: Mapping[str, Any]) -> 
 
 
 def swim_config(table: Mapping[str, Any] | None) -> MembershipConfig:
-    """The SWIM configuration a resolved `placement.swim` table describes
+    """The membership configuration a resolved `[membership]` or
+    `placement.swim` table describes: its profile, then its overrides
     (None: the LAN profile)."""
     overrides = dict(table or {"profile": "lan"})
     return MembershipConfig.profile(overrides.pop("profile")).with_overrides(**overrides)
