@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean chromium
+.PHONY: demo test lint bench clean chromium sim-core
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -40,6 +40,12 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python -m benchmarks.gossip --json
+
+# The simulator's hot modules compiled with mypyc into build/sim-core/ (about a
+# minute; needs a C compiler). Run simulations on it with
+# SHARDMESH_SIM_CORE=build/sim-core (simulations/compiled.py says more).
+sim-core: $(STAMP)
+	$(BIN)/python -c 'import sys; from simulations.compiled import main; sys.exit(main(["build"]))'
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -22,6 +22,15 @@ partitioned reached 16 GB before they were stopped). A stopped case reports
 `stopped` ("cpu" or "memory") and what it had used; its figures are null,
 and so is the growth exponent when one of its runs was stopped.
 
+Two cores, side by side. The hot modules run as plain Python and, compiled
+with mypyc (`simulations.compiled`; built into build/sim-core/ first when
+missing or stale, a few minutes), as extension modules. The two 1,000-node
+cases run on both: `python` and `mypyc` under `cores`, with `speedup` (CPU
+seconds of python over mypyc) and `same_run` (equal trace digests, loop
+events and view agreement: the compiled core is the same protocol). The
+top-level figures and the growth runs are the faster core's, named by
+`core`; `--core python` (or a build that fails) measures plain Python only.
+
 `--quick` divides every node count by fifty (a smoke test of the benchmark
 itself, not a measurement). The last line printed is one JSON object with
 the figures above at its top level, `targets`, `meets_targets`, and every
@@ -37,7 +46,10 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any, Final
+
+from simulations import compiled
 
 TARGETS: Final = {
     "steady_1k_600s_cpu_s": 30.0,
@@ -76,6 +88,9 @@ print(json.dumps({
     "rss_mb": usage.ru_maxrss / 1024,
     "view_agreement": result["view_agreement"],
     "loop_events": result["loop_events"],
+    "trace_digest": result["trace_digest"],
+    "core": result["provenance"]["core"],
+    "updates_sent": result["traffic"]["updates_sent"],
 }))
 """
 """A case's child: CPU and RSS include importing the simulator (~0.3 s,
@@ -114,14 +129,21 @@ def _usage(pid: int) -> tuple[float, float] | None:
     return cpu, pages * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def measure(scenario: dict[str, Any], cpu_cap_s: float, rss_cap_mb: float) -> dict[str, Any]:
-    """Run one case in a child, stopping it at the caps (module doc)."""
+def measure(
+    scenario: dict[str, Any], cpu_cap_s: float, rss_cap_mb: float, core: Path | None = None
+) -> dict[str, Any]:
+    """Run one case in a child, stopping it at the caps (module doc); on the
+    compiled build in `core`, or on plain Python when None."""
     nodes = scenario["nodes"]["count"]
+    env = {key: value for key, value in os.environ.items() if key != compiled.ENV_VAR}
+    if core is not None:
+        env[compiled.ENV_VAR] = str(core)
     child = subprocess.Popen(
         [sys.executable, "-c", CHILD, json.dumps(scenario), str(math.ceil(cpu_cap_s))],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        env=env,
     )
     peak_mb, cpu_s, stopped = 0.0, 0.0, None
     while True:
@@ -138,7 +160,8 @@ def measure(scenario: dict[str, Any], cpu_cap_s: float, rss_cap_mb: float) -> di
                     child.kill()
     if stopped is None and child.returncode in (-signal.SIGXCPU, -signal.SIGKILL):
         stopped, cpu_s = "cpu", cpu_cap_s  # the soft CPU limit, or the hard one past it
-    where = f"{scenario['name']:>9} {nodes:>6} nodes {scenario['duration']:>5.0f} s:"
+    label = "python" if core is None else "mypyc"
+    where = f"{scenario['name']:>9} {nodes:>6} nodes {scenario['duration']:>5.0f} s {label:>6}:"
     if stopped is not None:
         print(f"{where} stopped at its {stopped} cap", file=sys.stderr)
         return {
@@ -151,6 +174,10 @@ def measure(scenario: dict[str, Any], cpu_cap_s: float, rss_cap_mb: float) -> di
     if child.returncode != 0:
         raise subprocess.CalledProcessError(child.returncode, child.args, out, err)
     figures: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    if figures["updates_sent"]:
+        figures["cpu_us_per_update_sent"] = round(
+            1e6 * figures["cpu_s"] / figures["updates_sent"], 2
+        )
     print(f"{where} {figures['cpu_s']:7.1f} CPU-s {figures['rss_mb']:7.0f} MB", file=sys.stderr)
     return {"nodes": nodes, "duration_s": scenario["duration"], **figures}
 
@@ -168,10 +195,43 @@ def _figure(case: dict[str, Any], key: str, digits: int) -> float | None:
     return None if "stopped" in case else round(case[key], digits)
 
 
+def compiled_core(wanted: str) -> tuple[Path | None, str | None]:
+    """The compiled build to measure (building it when missing or stale),
+    and why there is none when there is none."""
+    if wanted == "python":
+        return None, "--core python"
+    out = compiled.DEFAULT_DIR
+    if compiled.stale(out) is not None:
+        try:
+            compiled.build(out)
+        except (compiled.CompiledCoreError, OSError) as exc:
+            print(f"no compiled core, measuring plain Python only: {exc}", file=sys.stderr)
+            return None, str(exc).splitlines()[0]
+    return out, None
+
+
+def side_by_side(python: dict[str, Any], mypyc: dict[str, Any]) -> dict[str, Any]:
+    """One case on both cores: the two runs, the speedup, and whether they
+    ran the same simulation."""
+    both = {"python": python, "mypyc": mypyc}
+    if "stopped" in python or "stopped" in mypyc:
+        return both
+    same = all(
+        python[key] == mypyc[key] for key in ("trace_digest", "loop_events", "view_agreement")
+    )
+    return both | {"speedup": round(python["cpu_s"] / mypyc["cpu_s"], 2), "same_run": same}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     parser.add_argument("--quick", action="store_true", help="node counts / 50 (a smoke test)")
+    parser.add_argument(
+        "--core",
+        choices=("both", "python"),
+        default="both",
+        help="measure plain Python beside the mypyc build (default), or plain Python only",
+    )
     args = parser.parse_args()
     scale = 50 if args.quick else 1
     k1, k3, k10 = 1000 // scale, 3000 // scale, 10_000 // scale
@@ -183,12 +243,19 @@ def main() -> None:
         CPU_CAP_FACTOR * TARGETS["partition_10k_cpu_s"],
         MEMORY_CAP_FACTOR * TARGETS["partition_10k_rss_mb"],
     )
-    cases = {
-        "steady_1k_600s": measure(steady(k1), *small),
-        "partition_1k": measure(partition(k1, 150.0, 30.0, 90.0), *small),
-        "partition_10k": measure(partition(k10, 60.0, 10.0, 40.0), *large),
-    }
-    sixty = [measure(partition(n, 60.0, 10.0, 40.0), *large) for n in (k1, k3)]
+    core, no_core = compiled_core(args.core)
+    cores: dict[str, Any] = {}
+    cases: dict[str, Any] = {}
+    for name, scenario in (
+        ("steady_1k_600s", steady(k1)),
+        ("partition_1k", partition(k1, 150.0, 30.0, 90.0)),
+    ):
+        cases[name] = measure(scenario, *small)
+        if core is not None:
+            cores[name] = side_by_side(cases[name], measure(scenario, *small, core))
+            cases[name] = cores[name]["mypyc"]
+    cases["partition_10k"] = measure(partition(k10, 60.0, 10.0, 40.0), *large, core)
+    sixty = [measure(partition(n, 60.0, 10.0, 40.0), *large, core) for n in (k1, k3)]
     sixty.append(cases["partition_10k"])
     figures = {
         "steady_1k_600s_cpu_s": _figure(cases["steady_1k_600s"], "cpu_s", 2),
@@ -200,14 +267,21 @@ def main() -> None:
             None if any("stopped" in run for run in sixty) else round(growth_exponent(sixty), 3)
         ),
     }
+    finished = [run for run in sixty if "stopped" not in run]
     report = {
         **figures,
+        "core": "python" if core is None else "mypyc",
+        "no_compiled_core": no_core,
         "quick": args.quick,
         "targets": TARGETS,
         "meets_targets": all(
             value is not None and value <= TARGETS[key] for key, value in figures.items()
         ),
         "cases": {**cases, "growth_60s": sixty},
+        "cores": cores,
+        "growth_exponent_finished": (
+            round(growth_exponent(finished), 3) if len(finished) >= 2 else None
+        ),
     }
     print(json.dumps(report))
 

@@ -109,9 +109,13 @@ class MemberEntry:
         self.state_since = now
 
     def clone(self) -> MemberEntry:
-        twin = MemberEntry.__new__(MemberEntry)
-        for name in MemberEntry.__slots__:
-            setattr(twin, name, getattr(self, name))
+        # Field by field, not by walking __slots__: mypyc (simulations.compiled)
+        # compiles this class, and a compiled class has no __slots__ to walk.
+        twin = MemberEntry(self.alive, self.state_since)
+        twin.addr = self.addr
+        twin.incarnation = self.incarnation
+        twin.accusation = self.accusation
+        twin.state = self.state
         return twin
 
 

@@ -211,6 +211,9 @@ class MembershipCluster:
         self.trace_lines: list[str] | None = [] if keep_trace else None
         self.trace_length = 0
         self.event_counts: Counter[str] = Counter()
+        self.updates_sent = 0
+        """Updates sent riding on messages (one per copy), what a partition's
+        cost grows with: every member re-sends each change it learns."""
         self._verdicts = _Verdicts()
         self._watched: dict[int, list[Publication]] = {}
         self.publications: list[Publication] = []
@@ -288,12 +291,15 @@ class MembershipCluster:
             index_of_addr = self._index_of_addr
             send = self.network.send
             src = node.index
+            riding = 0
             for out in sends:
                 dst = index_of_addr.get(out.addr)
                 if dst is None:
                     self.network.drops["unknown_addr"] += 1
                 else:
                     send(src, dst, out.envelope)
+                    riding += len(getattr(out.envelope.message, "updates", ()))
+            self.updates_sent += riding
         events = core.take_events()
         if events:
             if node.clock is not None:

@@ -71,6 +71,7 @@ from pathlib import Path
 from typing import Any
 
 from simulations.cluster import MembershipCluster, Publication
+from simulations.compiled import is_compiled
 from simulations.network import LINK_FIELDS, Cut, NetworkConfig, Partition
 from simulations.placement_scenario import run_placement_scenario
 from simulations.report import run_sampled, sample_step, write_plots
@@ -359,6 +360,10 @@ def metrics(cluster: MembershipCluster) -> dict[str, Any]:
                 )
             },
             "by_type": _by_type(cluster),
+            "updates_sent": cluster.updates_sent,
+            "updates_per_node_second": (
+                cluster.updates_sent / (cluster.n * cluster.now) if cluster.now > 0 else 0.0
+            ),
         },
         "drops": {where: dict(sorted(c.items())) for where, c in drops.items()},
         "publications": [_spread_report(cluster, p) for p in cluster.publications],
@@ -414,13 +419,15 @@ def run_scenario(
 
 def provenance(written: bytes, resolved: Mapping[str, Any], seed: int) -> dict[str, Any]:
     """What a reader needs to reproduce a run: the code (version and git
-    commit, when run from a checkout), the scenario as written (the sha256
+    commit, when run from a checkout, and whether its hot modules ran
+    compiled: `simulations.compiled`), the scenario as written (the sha256
     of its file, or of a given dict's canonical JSON), and as it ran (every
     default filled in)."""
     canonical = _canonical(resolved)
     return {
         "shardmesh_version": _version(),
         "git_commit": _git_commit(),
+        "core": "mypyc" if is_compiled() else "python",
         "scenario_sha256": hashlib.sha256(written).hexdigest(),
         "resolved_sha256": hashlib.sha256(canonical.encode()).hexdigest(),
         "seed": seed,

@@ -1,0 +1,217 @@
+"""The simulator's hot modules compiled with mypyc: the same source, run in
+about half the CPU time (1.6-1.9x less on the 1,000-node benchmark cases).
+
+A simulation spends most of its time in a few modules: the membership
+core, its member table and broadcast queue, the delta sync and the
+simulated cluster that drives them. mypyc compiles exactly
+those files (it ships with mypy, which `make test` already installs; it needs
+a C compiler) into extension modules kept out of the source tree, in
+`build/sim-core/`:
+
+    make sim-core
+    SHARDMESH_SIM_CORE=build/sim-core shardmesh simulate SCENARIO.toml
+    python -m benchmarks.simulator --json          # builds it, runs both cores side by side
+
+Nothing else changes: the modules are the ones the tests check, and a run
+gives the same trace digest either way (`tests/test_sim_compiled.py`, and the
+benchmark compares every case). A build records a digest of each source file
+it compiled; `use` refuses a build whose sources have changed since, so a
+stale build cannot run old code under new names.
+
+`use` must run before anything imports the modules it replaces: it puts the
+build first on the `mesh` and `simulations` package paths, so their next
+import finds the extension before the `.py` file. Modules it does not
+replace keep coming from the source tree. `SHARDMESH_SIM_CORE` does the same
+in every process that imports `simulations.scenario` (sweep workers
+included), which is how the CLI and the benchmark's children use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import sysconfig
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Final
+
+ROOT: Final = Path(__file__).resolve().parents[1]
+"""The source tree: every path below is relative to it."""
+
+DEFAULT_DIR: Final = ROOT / "build" / "sim-core"
+"""Where `make sim-core` puts the build (ignored by git, like all of build/)."""
+
+ENV_VAR: Final = "SHARDMESH_SIM_CORE"
+"""Names a build directory to run simulations from (module doc)."""
+
+HOT_MODULES: Final = (
+    "mesh/membership.py",
+    "mesh/member_table.py",
+    "mesh/broadcasts.py",
+    "mesh/sync.py",
+    "simulations/cluster.py",
+)
+"""What a profile of the 1,000-node benchmark cases spends its time in.
+Three busy modules stay plain Python: the event loop (`simulations/loop.py`),
+whose timers subclass `list`, which mypyc cannot compile; the messages
+(`mesh/messages.py`), whose frozen dataclasses cache on themselves in a way
+mypyc's dataclasses do not support; and the network (`simulations/network.py`),
+whose `NetworkConfig` the scenario schema reads field types and docstrings
+from, which a compiled dataclass no longer has. The network is about a
+tenth of a profile, so compiling it could add little."""
+
+OPT_LEVEL: Final = "1"
+"""mypyc's C optimisation level (its default is 3): the level every figure
+in the module doc was measured at; the build takes about a minute here."""
+
+MANIFEST: Final = "manifest.json"
+
+
+class CompiledCoreError(RuntimeError):
+    """A build that cannot be used: missing, stale, for another Python, or
+    loaded too late."""
+
+
+def _digest(relative: str) -> str:
+    return hashlib.sha256((ROOT / relative).read_bytes()).hexdigest()
+
+
+def _python_tag() -> str:
+    return str(sysconfig.get_config_var("EXT_SUFFIX"))
+
+
+def _module_name(relative: str) -> str:
+    return relative.removesuffix(".py").replace("/", ".")
+
+
+def build(out: Path = DEFAULT_DIR, modules: Sequence[str] = HOT_MODULES) -> Path:
+    """Compile `modules` (paths relative to the source tree) into `out`.
+
+    mypyc writes its C sources under `build/mypyc-src/` and setuptools puts
+    the extensions under `out`; the manifest is written last, so an
+    interrupted build is never taken for a finished one."""
+    out = out.resolve()
+    (out / MANIFEST).unlink(missing_ok=True)
+    script = (
+        "import sys\n"
+        "from setuptools import setup\n"
+        "from mypyc.build import mypycify\n"
+        "out, temp, opt, *paths = sys.argv[1:]\n"
+        "setup(name='shardmesh-sim-core', ext_modules=mypycify(paths, opt_level=opt,"
+        " target_dir=temp), script_args=['build_ext', '--build-lib', out,"
+        " '--build-temp', temp])\n"
+    )
+    temp = ROOT / "build" / "mypyc-src"
+    args = [sys.executable, "-c", script, str(out), str(temp), OPT_LEVEL, *modules]
+    started = time.monotonic()
+    print(
+        f"compiling {len(modules)} modules with mypyc into {out} (a minute or two)...",
+        file=sys.stderr,
+    )
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise CompiledCoreError(
+            f"mypyc failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
+        )
+    manifest = {
+        "python": _python_tag(),
+        "opt_level": OPT_LEVEL,
+        "modules": {relative: _digest(relative) for relative in modules},
+    }
+    (out / MANIFEST).write_text(json.dumps(manifest, indent=1) + "\n")
+    print(f"compiled in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    return out
+
+
+def stale(out: Path) -> str | None:
+    """Why the build in `out` cannot be used now, or None if it can."""
+    try:
+        manifest = json.loads((out / MANIFEST).read_text())
+    except FileNotFoundError:
+        return f"no compiled core in {out} (build one with `make sim-core`)"
+    except (OSError, ValueError) as exc:
+        return f"{out / MANIFEST}: unreadable ({exc}); rebuild with `make sim-core`"
+    if manifest.get("python") != _python_tag():
+        return f"{out} was built for {manifest.get('python')}, this Python needs {_python_tag()}"
+    changed = [
+        relative
+        for relative, digest in manifest.get("modules", {}).items()
+        if not (ROOT / relative).is_file() or _digest(relative) != digest
+    ]
+    if changed:
+        return (
+            f"{out} was compiled from older sources ({', '.join(changed)} changed since); "
+            "rebuild with `make sim-core`"
+        )
+    return None
+
+
+def compiled_modules(out: Path) -> list[str]:
+    """The dotted names the build in `out` replaces."""
+    manifest = json.loads((out / MANIFEST).read_text())
+    return [_module_name(relative) for relative in manifest["modules"]]
+
+
+def use(out: Path) -> list[str]:
+    """Make the next imports of the compiled modules load the build in
+    `out`; returns their names. Raises `CompiledCoreError` when the build is
+    stale (see `stale`) or when one of them is already imported."""
+    out = out.resolve()
+    why = stale(out)
+    if why is not None:
+        raise CompiledCoreError(why)
+    names = compiled_modules(out)
+    early = [name for name in names if name in sys.modules]
+    if early:
+        raise CompiledCoreError(
+            f"{', '.join(early)} already imported from source: "
+            "choose the compiled core before importing the simulator"
+        )
+    packages = {name.rpartition(".")[0] for name in names}
+    sys.path.insert(0, str(out))  # mypyc's shared runtime library is top-level
+    for package in sorted(packages):
+        module = __import__(package)
+        path = str(out / package)
+        if path not in module.__path__:
+            module.__path__.insert(0, path)
+    return names
+
+
+def is_compiled() -> bool:
+    """Whether the membership core this process runs is a compiled build."""
+    import mesh.membership
+
+    return not str(mesh.membership.__file__).endswith(".py")
+
+
+def use_from_environment() -> list[str]:
+    """`use` the build `SHARDMESH_SIM_CORE` names, if it names one (module
+    doc); [] when it is unset or empty."""
+    where = os.environ.get(ENV_VAR, "")
+    return use(Path(where)) if where else []
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`build [DIR]`: build the compiled core (into build/sim-core/ unless
+    DIR); `check [DIR]`: say whether it is usable. `make sim-core` runs
+    `build` (not `python -m`, which would import this module twice: the
+    package imports it first)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in ("build", "check") or len(args) > 2:
+        print(__doc__.split("\n\n")[2], file=sys.stderr)
+        return 2
+    out = Path(args[1]) if len(args) > 1 else DEFAULT_DIR
+    try:
+        if args[0] == "build":
+            build(out)
+            return 0
+    except CompiledCoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    why = stale(out.resolve())
+    print(why or f"{out}: usable")
+    return 0 if why is None else 1
