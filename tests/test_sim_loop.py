@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -115,3 +116,36 @@ def test_many_posted_events_all_run_in_order() -> None:
     assert hits[0] == 200_000
     assert loop.events_run == 200_000
     assert loop.now == pytest.approx(1.999)
+
+
+def test_a_run_makes_no_full_collection_yet_reclaims_young_cycles() -> None:
+    """Objects that live through a run would each be walked by every full
+    collection CPython makes (`simulations.loop._young_only`): none comes
+    while the loop runs, young collections still free short-lived cycles,
+    and the process's thresholds are what they were once it returns."""
+    kept: list[list[int]] = []
+
+    def allocate(i: int) -> None:
+        kept.extend([i, j] for j in range(5000))  # survive the whole run
+        for _ in range(50):
+            cycle: list[object] = []
+            cycle.append(cycle)  # garbage only a collection can free
+
+    def freed() -> int:
+        return sum(generation["collected"] for generation in gc.get_stats()[:2])
+
+    loop = EventLoop()
+    for i in range(300):
+        loop.post(float(i), allocate, i)
+    thresholds = gc.get_threshold()
+    full_before, young_before, freed_before = (
+        gc.get_stats()[2]["collections"],
+        gc.get_stats()[0]["collections"],
+        freed(),
+    )
+    loop.run_until(300.0)
+    assert len(kept) == 1_500_000
+    assert gc.get_stats()[2]["collections"] == full_before
+    assert gc.get_stats()[0]["collections"] > young_before
+    assert freed() - freed_before >= 10_000  # of the 15,000 cycles
+    assert gc.get_threshold() == thresholds
