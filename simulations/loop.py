@@ -52,12 +52,11 @@ def _young_only() -> Iterator[None]:
     collection walks every one of them, and CPython makes one each time
     that population grows by a quarter: a 1,000-node run with a 3-way
     partition spent a third of its CPU in them (168 CPU-s on the compiled
-    core, `simulations.compiled`, against 108 with the collector off) and
-    they found next to nothing, 270 objects in
-    the whole run, since the protocol cores make almost no reference
-    cycles. Young collections go on, so short-lived cycles are still
-    reclaimed; a cycle that lives long enough to reach the oldest
-    generation waits for the run to end.
+    core, `simulations.compiled`, against 108 with the collector off), and
+    they found next to nothing (270 objects in the whole run: the protocol
+    cores make almost no reference cycles). Young collections go on, so
+    short-lived cycles are still reclaimed; a cycle that lives long enough
+    to reach the oldest generation waits for the run to end.
     """
     young, middle, old = gc.get_threshold()
     gc.set_threshold(young, middle, FULL_COLLECTIONS_WAIT)
