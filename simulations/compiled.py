@@ -1,5 +1,7 @@
-"""The simulator's hot modules compiled with mypyc: the same source, run in
-about half the CPU time (1.6-1.9x less on the 1,000-node benchmark cases).
+"""The simulator's hot modules compiled with mypyc: the same source, in less
+CPU time (on the 1,000-node benchmark cases, 1.8-2.4x less for a steady
+swarm with churn, 1.2-1.6x for a 3-way partition, whose time goes more to
+dict operations and memory, which are C either way).
 
 A simulation spends most of its time in a few modules: the membership
 core, its member table and broadcast queue, the delta sync and the
