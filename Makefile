@@ -45,7 +45,7 @@ bench: $(STAMP)
 # minute; needs a C compiler). Run simulations on it with
 # SHARDMESH_SIM_CORE=build/sim-core (simulations/compiled.py says more).
 sim-core: $(STAMP)
-	$(BIN)/python -c 'import sys; from simulations.compiled import main; sys.exit(main(["build"]))'
+	$(BIN)/python -c 'import sys; from simulations.compiled import main; sys.exit(main())'
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -26,12 +26,12 @@ and so is the growth exponent when one of its runs was stopped.
 
 Two cores, side by side. The hot modules run as plain Python and, compiled
 with mypyc (`simulations.compiled`; built into build/sim-core/ first when
-missing or stale, a few minutes), as extension modules. The two 1,000-node
+missing or stale, about a minute), as extension modules. The two 1,000-node
 cases run on both: `python` and `mypyc` under `cores`, with `speedup` (CPU
 seconds of python over mypyc) and `same_run` (equal trace digests, loop
 events and view agreement: the compiled core is the same protocol). The
-top-level figures and the growth runs are the faster core's, named by
-`core`; `--core python` (or a build that fails) measures plain Python only.
+top-level figures and the growth runs are the compiled core's when there
+is one, named by `core`; `--core python` (or a build that fails) measures plain Python only.
 
 `--quick` divides every node count by fifty (a smoke test of the benchmark
 itself, not a measurement). The last line printed is one JSON object with

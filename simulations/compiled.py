@@ -24,7 +24,7 @@ stale build cannot run old code under new names.
 build first on the `mesh` and `simulations` package paths, so their next
 import finds the extension before the `.py` file. Modules it does not
 replace keep coming from the source tree. `SHARDMESH_SIM_CORE` does the same
-in every process that imports `simulations.scenario` (sweep workers
+in every process that imports the `simulations` package (sweep workers
 included), which is how the CLI and the benchmark's children use it.
 """
 
@@ -199,23 +199,13 @@ def use_from_environment() -> list[str]:
     return use(Path(where)) if where else []
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """`build [DIR]`: build the compiled core (into build/sim-core/ unless
-    DIR); `check [DIR]`: say whether it is usable. `make sim-core` runs
-    `build` (not `python -m`, which would import this module twice: the
-    package imports it first)."""
-    args = list(sys.argv[1:] if argv is None else argv)
-    if not args or args[0] not in ("build", "check") or len(args) > 2:
-        print(__doc__.split("\n\n")[2], file=sys.stderr)
-        return 2
-    out = Path(args[1]) if len(args) > 1 else DEFAULT_DIR
+def main() -> int:
+    """`make sim-core`: build the compiled core into build/sim-core/. (Not
+    `python -m`, which would import this module twice: the package imports
+    it first.)"""
     try:
-        if args[0] == "build":
-            build(out)
-            return 0
+        build()
     except CompiledCoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
-    why = stale(out.resolve())
-    print(why or f"{out}: usable")
-    return 0 if why is None else 1
+    return 0
