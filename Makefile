@@ -22,7 +22,7 @@ test: lint chromium
 	$(BIN)/mypy
 	$(BIN)/pytest
 
-# tests/test_web_page.py drives Debian's chromium (never Playwright's own
+# tests/runtime/api/test_web_page.py drives Debian's chromium (never Playwright's own
 # browsers): install it where it is missing and apt-get exists (CI runs as
 # root). Where it cannot be installed, that test skips and says why.
 CHROMIUM ?= /usr/bin/chromium
@@ -31,7 +31,7 @@ chromium:
 		echo "installing chromium for the browser test (apt-get)"; \
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
-		|| echo "could not install chromium: tests/test_web_page.py will fail"; \
+		|| echo "could not install chromium: tests/runtime/api/test_web_page.py will fail"; \
 	fi
 
 lint: $(STAMP)

@@ -143,7 +143,7 @@ RECIPES: Final = ("fp32", "bf16", "q8")
 precision, 16-bit floats and 8-bit weights."""
 
 NOISE: Final = 0.5
-"""A lie: noise of half the output's spread, as tests/test_verify_engine.py's
+"""A lie: noise of half the output's spread, as tests/runtime/inference/test_verify_engine.py's
 liar ("three different garbage answers to three identical requests")."""
 ONE_PERCENT: Final = 0.01
 

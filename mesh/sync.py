@@ -31,7 +31,7 @@ otherwise declare a live node dead when its suspicion runs out; that
 refutation is among the most recent changes of nearly everyone else, so
 step one carries those, and a member hears them in one message, as it
 would from a full push. (The 50-node, 10%-loss runs of
-tests/test_sim_membership.py showed false verdicts without this.) Joins
+tests/simulations/test_cluster.py showed false verdicts without this.) Joins
 and strangers still get a full `PushPull`: a joiner has nothing to compare.
 
 A member's fingerprint is the XOR of the fingerprints of its Alive, its

@@ -15,7 +15,7 @@ a C compiler) into extension modules kept out of the source tree, in
     python -m benchmarks.simulator --json          # builds it, runs both cores side by side
 
 Nothing else changes: the modules are the ones the tests check, and a run
-gives the same trace digest either way (`tests/test_sim_compiled.py`, and the
+gives the same trace digest either way (`tests/simulations/test_compiled.py`, and the
 benchmark compares every case). A build records a digest of each source file
 it compiled; `use` refuses a build whose sources have changed since, so a
 stale build cannot run old code under new names.

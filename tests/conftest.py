@@ -15,6 +15,9 @@ import pytest
 
 from runtime.cli.localswarm import LocalSwarm
 
+# The tiny-model fixtures (tests/runtime_fixtures.py), for every package's tests.
+pytest_plugins = ["tests.runtime_fixtures"]
+
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:

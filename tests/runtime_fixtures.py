@@ -1,6 +1,6 @@
 """Tiny models shared by the runtime tests (session-scoped: built once).
 
-Test modules opt in with `pytest_plugins = ["tests.runtime_fixtures"]`.
+Every test sees them: tests/conftest.py loads this module as a plugin.
 """
 
 from __future__ import annotations

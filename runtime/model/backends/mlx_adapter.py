@@ -4,8 +4,9 @@ mlx-lm's per-family modules (`mlx_lm.models.qwen3`, `mlx_lm.models.llama`,
 ...) are not a stable API: ModelArgs fields, TransformerBlock signatures,
 the cache classes and mask helpers change between minor releases. Keeping
 them behind this module means an mlx-lm upgrade touches one file, and the
-parity tests (tests/test_runtime_mlx.py, tests/test_architectures.py) say
-whether it still works. Covered version: mlx-lm 0.32.x (with mlx 0.32.x).
+parity tests (tests/runtime/model/backends/test_mlx_backend.py and
+tests/runtime/model/test_architectures.py) say whether it still works.
+Covered version: mlx-lm 0.32.x (with mlx 0.32.x).
 
 What a family's checkpoint holds and what a shard computes around its
 layers (embedding scale, final softcap, which layers slide) comes from
@@ -64,7 +65,7 @@ class _Family:
 _GELU_TANH = "gelu_pytorch_tanh"  # what mlx's nn.gelu_approx computes
 
 # Rotary scaling types whose mlx-lm implementation the parity tests hold to
-# transformers' (tests/test_architectures.py: Llama 3.1's, Gemma 3's linear
+# transformers' (tests/runtime/model/test_architectures.py: Llama 3.1's, Gemma 3's linear
 # global layers). Others are refused: mlx-lm's longrope, for one, applies
 # the long factors at every length where transformers uses the short ones
 # below the original context.

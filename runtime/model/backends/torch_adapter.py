@@ -7,9 +7,10 @@ arguments, and rotary embeddings moved from the attention module to the
 model. The backend therefore never touches transformers directly; it calls
 the functions below, which are written against the range pinned in
 pyproject.toml's `runtime` extra (transformers 5.24) and which
-tests/test_runtime_torch.py and tests/test_architectures.py check against
-the full model, family by family. When transformers is upgraded, this is
-the one file to re-read.
+tests/runtime/model/backends/test_torch_backend.py and
+tests/runtime/model/test_architectures.py check against the full model,
+family by family. When transformers is upgraded, this is the one file to
+re-read.
 """
 
 from __future__ import annotations

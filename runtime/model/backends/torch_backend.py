@@ -41,7 +41,7 @@ unsigned `bits`-bit code. How they are computed depends on the device:
   exactly). The residual stream, norms, attention and the KV cache stay
   float32. On the tiny models this moved the doctor's worst q8 error from
   7.2e-3 to 1.1e-2 (q4: 0.155 to 0.126, with the 8-bit embedding below),
-  within both recipes' tolerances (tests/test_runtime_torch.py).
+  within both recipes' tolerances (tests/runtime/model/backends/test_torch_backend.py).
 - other devices (CUDA, MPS), and a projection whose output width the kernel
   does not take (not a multiple of _KERNEL_ROW_MULTIPLE): the codes are kept
   plainly and dequantized to float32 inside each matmul. Same grid, same
