@@ -1,24 +1,15 @@
 """The coverage map: which layers of which model the swarm can serve right now.
 
-Per model (identified by its manifest digest) and recipe class, it lists the
-nodes whose `doctor` admitted their shard in a report that is still valid,
-merges their layer spans, and reports the gaps and the number of replicas of
-every layer. Route finding reads it to build chains over `[0, L)`; the
-placement policy reads it to find gaps to fill; the HTTP API shows it.
+Per `(model, manifest_digest, recipe_class)` it lists the nodes whose doctor
+admitted their shard in a still-valid report, merges their layer spans, and
+reports the gaps and every layer's replicas; route finding, the placement
+policy and the HTTP API read it. Nodes without a valid admission, and nodes
+the ledger holds quarantined, are left out (`CoverageMap.excluded` says
+why). Two digests under one name are never merged into one chain
+(`CoverageMap.for_model` lists the variants, best first). Pure: the caller
+passes the members, their records, `now` and who is quarantined.
 
-Nodes with an absent, stale or failed capability report are not in it
-(ADR-0026: admission is required for every tier), nor are nodes the ledger
-holds quarantined (a proven wrong output or too many false reports:
-`consensus.ledger.Verdict`), whatever their report says; `CoverageMap.excluded`
-says why each such node was left out.
-
-Keys. A model name alone is not an identity: two nodes may serve different
-weights under one name. The map is keyed by `(model, manifest_digest,
-recipe_class)`, so reports that disagree on the digest are never merged into
-one chain; `CoverageMap.for_model` lists every variant of a name, best first.
-
-Pure: the caller passes the members, their records, `now` and who is
-quarantined at `now`.
+More: docs/design/routes.md#the-coverage-map.
 """
 
 from __future__ import annotations

@@ -1,30 +1,15 @@
 """Field checks: one vocabulary for every value a node reads or writes.
 
-The membership wire (`mesh.wire`), node records (`mesh.records`), the Raft
-codec (`consensus.codec`), the placement ledger (`consensus.ledger`) and the
-data-plane headers (`runtime.inference.protocol`) all check the same kinds
-of field: unsigned integers, bools, bounded text, fixed-size byte strings,
-finite numbers, layer spans. They check them here, so a rule (and its
-message) is written once and means the same thing everywhere.
+The membership wire, node records, the Raft codec, the ledger and the
+data-plane headers all check the same kinds of field (unsigned integers,
+bools, bounded text, fixed-size bytes, finite numbers, layer spans), here,
+so a rule and its message are written once. Every check takes the value,
+then the field's name, then keyword-only bounds, and returns the value
+(normalized where said) or raises `FieldError`, which each caller turns into
+its own error at its boundary (`reraise_as`). Types are exact: `True` is
+never a count. Messages name the field and the rule, never the value.
 
-Every check takes the value first, then the field's name for the message,
-then keyword-only bounds; it returns the value (normalized where said: a
-number becomes a float, a span a tuple) or raises `FieldError`. A
-`FieldError` never leaves its module: each caller turns it into its own
-error at its boundary, keeping its own drop reason (`DecodeError` with
-`bad_field` on the wire and in the Raft codec, `RecordError` with
-`record_bad_field` for records, `LedgerError`, `BadMessage` with `bad_field`
-on the data plane). `reraise_as` is that translation, as a decorator.
-
-Types are exact (`type(v) is int`, not `isinstance`): `bool` is a subclass of
-`int`, and `True` is never a count. Decoded CBOR only ever holds the exact
-built-in types, so this is no stricter for peers than for ourselves. Numbers
-are the exception: `number` takes any real `int` or `float` (a numpy float
-too) and returns a plain `float`, so equal values encode alike.
-
-Messages name the field and the rule, never the value: the wire's details
-are logged and must not carry a peer's bytes. `FieldError.value` holds the
-value for callers whose input is trusted (the ledger shows it).
+Details and each caller's error: docs/design/wire.md#field-checks.
 """
 
 from __future__ import annotations

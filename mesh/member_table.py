@@ -1,19 +1,11 @@
 """The membership core's storage: who we know, their records, and whom to
 probe next.
 
-A table may start from a `StartingView`: a read-only swarm state shared by
-many tables, copied entry by entry only when an entry changes. A real node
-starts empty and fills its table from a join; the simulator starts 10,000
-cores from one shared view, which would otherwise take 10,000 x 10,000
-entries (tens of GB) before the first message is sent.
-
-The table also keeps its delta-sync digest (`mesh.sync`): per fine bucket,
-the XOR of its members' fingerprints, updated by every change that goes
-through it, and which members changed most recently. So an entry's Alive
-and accusation change only through `restate`, and a record only through
-`set_record`; a record counts in the digest only while its node is a
-member (a record may arrive before its subject's Alive; it is synced once
-the member is known).
+A table may start from a shared read-only `StartingView`, copied entry by
+entry only when an entry changes (the simulator starts 10,000 cores from one
+view). It also keeps its delta-sync digest (`mesh.sync`) up to date: so an
+entry's Alive and accusation change only through `restate`, and a record
+only through `set_record`. Details: docs/design/membership.md#the-member-table.
 """
 
 from __future__ import annotations

@@ -1,70 +1,16 @@
 """SWIM membership with Lifeguard, as a protocol object with no I/O.
 
-The object is driven from outside, like h11 or etcd-io/raft's RawNode:
+Who is in the swarm, who is suspect or dead, and every member's signed
+node record. The object is driven from outside, like h11: `receive(envelope,
+now)` feeds a message, `tick(now)` fires due timers, `next_deadline()` says
+when to tick next, `take_sends()` and `take_events()` drain what it wants
+sent and what changed. It reads no clock and draws randomness only from the
+injected `random.Random`, so the trio node and the simulator drive the same
+object. Every update is signed and every accusation checked against rules
+that hold with Byzantine members (only alive members accuse, never above an
+incarnation the subject signed, acks only from whom we asked).
 
-- `receive(envelope, now)` feeds one inbound message;
-- `tick(now)` fires every timer that is due;
-- `next_deadline()` says when `tick` must next be called;
-- `take_sends()` and `take_events()` drain what it wants sent and what
-  changed.
-
-It never reads a clock (time is always the `now` argument), draws randomness
-only from the injected `random.Random`, and signs and verifies through the
-injected signer and verifier. The trio node and the simulator drive the very
-same object, which is what makes a 1,000-node partition reproducible.
-
-Protocol summary (SWIM, arXiv cs/0204058, with Lifeguard, arXiv 1707.00788):
-
-- Every probe interval a node pings the next member of a shuffled
-  round-robin order. No ack within the probe timeout: it asks
-  `indirect_checks` other members to ping the target for it; they answer
-  with the target's ack or, failing that, a nack. No ack by the end of the
-  interval: the target becomes *suspect*.
-- A suspicion becomes *dead* after a timeout that starts long and shrinks
-  as other members independently confirm it. The suspect refutes by
-  announcing itself alive with a higher incarnation, which only it can sign.
-- Local health (Lifeguard): probes that fail while helpers stay silent
-  (no nacks) mean the fault is probably ours, so we slow our own probing
-  instead of accusing healthy peers.
-- Updates ride on every ping and ack and on periodic gossip to a few random
-  members; each node retransmits an update ~mult*log10(N) times.
-- Periodically a node syncs its state with one random member, and pings
-  one random dead member so that healed partitions merge again (its ack
-  starts a sync). A sync compares digests first and trades only the
-  entries the two hold differently (`mesh.sync`); joins and strangers get
-  the full state.
-
-Trust (DESIGN.md, "Trust": any member but a voter may be Byzantine):
-
-- Every update is signed: an Alive or a record by its subject, a suspicion
-  or a death by its accuser. So nobody refutes for another node, and
-  nobody accuses in another's name.
-- Only a current *alive* member may accuse (`R_ACCUSER_UNKNOWN`,
-  `R_ACCUSER_NOT_ALIVE`). A stranger's word would let anyone with a key
-  kill; a dead or departed member's key may be an old one in the wrong
-  hands. A *suspect* member is refused too, deliberately: memberlist and
-  Lifeguard take anyone's suspicion, but a node whose own liveness is in
-  doubt is most often the one with the bad links (Lifeguard's local-health
-  premise), and an isolated node's backlog of accusations is exactly what
-  must not reach the healthy side when its partition heals. Nothing is lost
-  for a real crash: every alive member probes the crashed node itself, and
-  every node that holds a suspicion decides it on its own timer.
-- An accusation may not name an incarnation above the highest Alive its
-  subject signed that we hold (`R_ABOVE_SIGNED`): the subject can then
-  always outbid it by one. Without this rule one message naming
-  incarnation 2**63 - 1 kills a node for good (the wire cannot carry
-  anything higher to refute it). A node accused of itself above its own
-  incarnation drops it likewise, rather than jumping toward that limit.
-- Accusations about ourselves are refuted whoever among the members made
-  them, dead ones included: refuting costs one incarnation, and a healed
-  partition's members all hold each other dead, so that refutation is
-  what merges them again. Only a stranger's is ignored.
-- An ack or nack counts for a probe only from its target or a helper we
-  asked (`R_UNASKED_ACK`): the plane authenticates every sender, and
-  probe sequence numbers are easy to guess, so this is what stops anyone
-  else keeping a crashed member looking alive.
-- New identities are admitted at a bounded rate per advertised address
-  and network prefix (`mesh.newcomers`, limits in the profile).
+The protocol, its trust rules and their reasons: docs/design/membership.md.
 """
 
 from __future__ import annotations

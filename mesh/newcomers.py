@@ -1,31 +1,17 @@
 """Sybil bounds: how fast one network neighbourhood may bring in new identities.
 
 A key costs nothing to make, so an open swarm cannot stop one machine from
-presenting a thousand identities; what it can do is make them arrive slowly.
+presenting a thousand identities; it can make them arrive slowly.
 `NewcomerLimit` admits new identities per source address and per network
-prefix (/24 for IPv4, /48 for IPv6: what one site or one cloud subnet is
-usually given) at a rate the membership profile sets
-(`mesh.config.MembershipConfig.newcomers_per_address` and
-`newcomers_per_prefix`, per minute).
+prefix (/24 for IPv4, /48 for IPv6) at the rate the membership profile sets
+(`MembershipConfig.newcomers_per_address`, `newcomers_per_prefix`). The
+membership core applies it to advertised addresses, the planes' handshake
+gate (`mesh.zap.HandshakeGate`) to real source addresses. A refused newcomer
+is counted and learned later, never an error. Sans-IO: time is the caller's
+`now`; no lock (the ZAP wrapper adds one).
 
-It is applied in two places, with two different notions of "address":
-
-- the membership core (`mesh.membership`), to members it learns of by join,
-  gossip or full-state sync, keyed by the address each one *advertises* in
-  its signed Alive. That address is a claim, but only a claim that lasts:
-  a member stays alive only by answering probes sent to that address,
-  over a handshake only its own key completes, so every member that is not
-  soon declared dead really listens there.
-- the planes' handshake policy (`mesh.zap.HandshakeGate`), to keys that
-  connect for the first time, keyed by the connection's real source
-  address (TCP cannot forge that one).
-
-A refused newcomer is counted, never an error: it is simply not learned
-yet, and the same news arrives again (gossip retransmits, the next
-full-state sync, its own probes) once the neighbourhood's bucket refills.
-
-Sans-IO: time is the caller's `now`; the class holds no lock (the ZAP
-wrapper adds one).
+Where it applies and why each address is good enough:
+docs/design/membership.md#newcomer-limits.
 """
 
 from __future__ import annotations

@@ -1,58 +1,16 @@
 """What each hop's decode steps and prefills took, as an entry node saw them.
 
-A node's capability report states the decode rate its doctor measured, but
-the report is the node's own word: a node that states 5.4e11 tokens/s wins
-every route it can be on. Route finding (`mesh.routes`) therefore prices a
-hop by what this entry observed whenever it has observed it; this module
-keeps those observations.
+A capability report's decode rate is the node's own word, so route finding
+(`mesh.routes`) prices a hop by what this entry observed whenever it has.
+Every token reply carries each hop's compute time by its own clock, and the
+entry times the steps by its own: reports that add up to more than the
+entry's wall time are scaled down to it, and the time left over (less a
+network allowance per message) is split evenly over the hops. Prefill steps
+give each hop's seconds per prompt token, which set its prefill deadlines.
+Figures are moving averages (`OBSERVATION_WEIGHT`) over at most
+`MAX_OBSERVED_NODES` nodes. Sans-IO: the caller passes the times.
 
-Sources. Every token reply carries each hop's compute time for that step
-(`compute_us`, by the hop's own clock), and the entry times the tokens by
-its own clock. One finished generation gives, per decode step:
-
-- `r_i`: hop i's reported compute (its `decode_us` sum over the steps);
-- `w`: the entry's wall time per step, first token to last.
-
-Cross-check. The reports are self-serving (a hop can under-report its own
-time to look fast), the entry's clock is not. A chain's steps run one after
-another and each step goes hop by hop, so honest reports never add up to
-more than `w`, and what `w` leaves unexplained is network, the entry's own
-work, or time a hop did not report:
-
-1. Reports that add up to more than `w` contradict the entry's clock: they
-   are scaled down until they add up to `w` (no hop is charged more time
-   than the entry saw pass).
-2. The time left, `u = w - sum(r_i)`, minus `NETWORK_ALLOWANCE_S` per
-   message of the step (a LAN transfer), is split evenly over the hops and
-   added to each one's figure. In a one-hop chain the hop is charged the
-   whole wall time less the allowance, whatever it reports.
-
-Limits. The even split cannot tell which hop hid time: in a chain of k hops
-an under-reporting hop is charged 1/k of what it hid and its co-hops the
-rest (route finding's `OVERCLAIM_PENALTY_S` makes a node caught claiming
-far more than it delivers a last resort, so it does not keep profiting).
-A hop also forwards its predecessors' figures and could inflate them within
-`w`. On a WAN a step's transfers take longer than the allowance and the
-excess is charged to the chain's hops evenly, so there a figure includes its
-share of the network: what this entry sees end to end. A hop may hide up to
-the allowance per step.
-
-Prefill. The step that began a generation's chain (its prompt, or the
-replay after a failover) gives each hop's seconds per prompt token: its
-own report over the step's length, the reports scaled down as in rule 1
-when they add up to more than the entry's clock saw the step take. Time
-the reports leave unexplained is not charged: a step's fixed costs
-(messages, wake-ups) are what a decode step costs, which the deadlines
-count apart (`runtime.inference.deadlines`). The figure sets the hop's
-prefill deadlines, not its routes; a hop that under-reports shortens its
-own expected time, and a step that then runs out is put down to the hop
-that held it the most times its expected time: itself.
-
-Smoothing. Each node's figures are exponentially weighted moving averages
-over generations (`OBSERVATION_WEIGHT`), and each table keeps at most
-`MAX_OBSERVED_NODES` nodes, dropping the one observed least recently.
-
-Sans-IO: no clock, randomness or I/O; the caller passes the times.
+The cross-check, its limits and why: docs/design/routes.md#observed-speeds.
 """
 
 from __future__ import annotations

@@ -1,22 +1,14 @@
 """Node records: what a node tells the swarm about itself, and how it is checked.
 
-A node record is gossiped to every member and kept by every member (newest
-`seq` wins; the membership core owns that store). It says where the node can
-be reached, what hardware it runs, which shard it is assigned, whether its
-`doctor` admitted that shard, which models it holds, whether it offers spare
-capacity, and the chat demand it has seen.
+A record (gossiped to and kept by every member, newest `seq` wins) says where
+the node can be reached, its hardware, its assigned shard, whether its
+doctor admitted it, the models it holds, spare capacity and the chat demand
+it saw. Every member decodes every record, so the body is decoded strictly
+and every known field bounded; unknown keys are ignored for rolling
+upgrades. A bad record is a drop reason, never an exception. Validation
+lives in `__post_init__`, so a node's own record passes its peers' checks.
 
-Every record is decoded by every member, so this module is written for bytes
-from strangers: the body is CBOR, decoded strictly (size cap, depth cap, no
-tags, no duplicate keys, no trailing bytes), and every known field is
-type-checked and bounded. Unknown keys are ignored so a newer node's records
-stay readable by older nodes during a rolling upgrade. A bad record is a drop
-reason (a string the caller counts), never an exception that escapes into the
-membership core.
-
-Validation lives in the dataclasses' `__post_init__`, so a record a node
-builds for itself passes exactly the checks its peers will apply: a node
-cannot publish a record its peers would drop without finding out locally.
+More: docs/design/wire.md#node-records.
 """
 
 from __future__ import annotations

@@ -1,43 +1,16 @@
 """Route finding: the cheapest chain of nodes that together run every layer.
 
-A chat request entering node E for a model with L layers needs a chain of
-hops whose layer spans tile `[0, L)` exactly: hop 1 runs `[0, b1)`, hop 2
-runs `[b1, b2)`, ..., the last hop runs `[bk, L)`, samples, and returns the
-token to E. A node runs its whole span (its backend loaded exactly that
-span and its KV cache covers it), so a node serving `[s, e)` can only be the
-hop from boundary `s` to boundary `e`. Coverage that counts a replica for
-every layer can therefore still be unroutable: `[0, 3)` and `[2, 5)` cover
-`[0, 5)` but do not tile it.
+A request for a model of L layers needs hops whose spans tile `[0, L)`
+exactly (a node runs its whole span, so `[0, 3)` and `[2, 5)` cover `[0, 5)`
+but do not tile it). Boundaries `0..L` are vertices and each serving node an
+edge `s -> e` weighted by what it adds to a decode step (`hop_cost_s`); the
+graph is a DAG, so relaxing boundaries in order finds the cheapest chain in
+O(nodes + L). A hop's compute is priced by what this entry observed
+(`mesh.observed_speed`); an unobserved node's claim only up to a ceiling,
+and a node caught overclaiming pays a penalty. Ties go to the smallest node
+ids, so entries with one view pick one chain. Sans-IO.
 
-The graph: vertices are layer boundaries `0..L`; each serving node is one
-edge `s -> e` weighted by what that hop adds to one decode step (see
-`hop_cost_s`). Edges only go forward, so the graph is a DAG ordered by
-boundary index, and relaxing boundaries in index order gives Dijkstra's
-result without a heap in O(nodes + L).
-
-What a hop's compute costs is what this entry *observed* it take
-(`mesh.observed_speed`: per-step times the hops report, cross-checked with
-the entry's own clock) whenever it has observed the node, not what the
-node's self-signed capability report claims. The claim prices only a node
-not yet observed, and only up to a ceiling: `CLAIM_CEILING_FACTOR` times the
-fastest rate per layer observed among the credible nodes of the same
-coverage. A node whose claim exceeds its own observed rate by more than
-that factor is caught overclaiming and pays `OVERCLAIM_PENALTY_S` per hop.
-So a node claiming absurd throughput wins only the routes this entry
-starts before its first generation through the node ends (one, when
-requests come one at a time); after that it is a last resort, like a
-suspect.
-
-Among routes of equal cost the one whose node ids, read from the first hop
-to the last, are lexicographically smallest wins, so every entry node with
-the same view picks the same chain (and tests can predict it).
-
-Sans-IO, like every protocol core: the caller passes the coverage (which
-already holds only admitted, unexpired nodes of one recipe class), the
-latency estimates from the membership probes, the load it knows, the nodes
-that answered busy, the nodes in back-off (`Backoff`) and the step times
-the entry observed (`ObservedSpeeds.step_s`). No clock, no randomness, no
-I/O.
+Why, and each input: docs/design/routes.md#route-finding.
 """
 
 from __future__ import annotations

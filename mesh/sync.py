@@ -1,52 +1,16 @@
 """Delta sync: two members find what they hold differently without trading it all.
 
-SWIM's periodic push-pull (memberlist's, and ours before this module) has
-each side send its whole member table and merge every entry of the other's:
-O(N) work and bytes per sync, every sync, though two healthy members almost
-always agree on every entry. With a sync every push-pull period at every
-node, a 10,000-node swarm spent most of its membership work merging entries
-it already held. A delta sync finds the differences first:
+A full push-pull sends and merges the whole member table every sync, though
+two healthy members almost always agree on every entry. Here the initiator
+sends a digest (its table folded into 2**k buckets, each the XOR of its
+members' 63-bit fingerprints, plus its most recent changes: `SyncDigest`);
+the other side answers only for the buckets that differ (`SyncDelta`), and
+the initiator replies with its side of those buckets. What is merged is
+what a full push-pull would have changed, through the same checks. Joins
+and strangers still get a full `PushPull`.
 
-1. the initiator sends a digest: its table folded into 2**k buckets by the
-   first k bits of each member's id, each bucket the XOR of its members'
-   fingerprints, and its state for the few members it changed most
-   recently (`SyncDigest`);
-2. the other side merges those, then folds its own table the same way;
-   where every bucket agrees it stops there (the usual case). Otherwise it
-   sends its state for every member it holds in the buckets that differ
-   (`SyncDelta`);
-3. the initiator merges what differs from its own and sends back its state
-   for the members of those buckets that the other holds differently or
-   not at all (`SyncDelta`, a reply, never answered).
-
-What is merged is what a full push-pull would have changed, less the
-entries both sides already hold identically; merging goes through the same
-checks (signatures, accusers, a death heard second-hand becoming our own
-suspicion, newcomer limits). Three messages where a push-pull takes two:
-the initiator has the other side's news after two, as before, but the
-other side would have the initiator's only after three, and each message
-lost (10% loss is a design point) is a sync that repairs nothing. The
-repair that matters most is of a member that missed a refutation and will
-otherwise declare a live node dead when its suspicion runs out; that
-refutation is among the most recent changes of nearly everyone else, so
-step one carries those, and a member hears them in one message, as it
-would from a full push. (The 50-node, 10%-loss runs of
-tests/simulations/test_cluster.py showed false verdicts without this.) Joins
-and strangers still get a full `PushPull`: a joiner has nothing to compare.
-
-A member's fingerprint is the XOR of the fingerprints of its Alive, its
-accusation (suspect, dead or left at an incarnation, whoever accused) and
-its record (`mesh.messages`); each is a 63-bit BLAKE2b of the claim, so two
-tables that differ leave a bucket's XOR unchanged with probability 2**-63.
-Each table keeps the XOR per fine bucket up to date as entries change
-(`mesh.member_table`), so a digest costs 256 XORs, not a pass over the
-table. A Byzantine member can shape only the fingerprints of its own
-entries; making two honest tables look equal in a bucket they disagree on
-takes a 2**63 search per attempt, and costs the victims one sync's repair
-of that bucket: the next sync, with another peer, compares again. Because
-an accusation's fingerprint leaves out its accuser, a sync never passes on
-a second accuser of a suspicion both sides hold; gossip carries those
-(Lifeguard's confirmations), as before.
+Why three messages, what the recent changes are for, and what a Byzantine
+member can do to a digest: docs/design/membership.md#delta-sync.
 """
 
 from __future__ import annotations

@@ -1,65 +1,16 @@
 """ZeroMQ transport: one-way datagrams between nodes, driven from trio.
 
-A *plane* is a pair of ROUTER sockets: an inbound one bound on the node's
-listen address, and an outbound one that connects to whichever peers we send
-to. Messages are one-way: the membership protocol replies to the address a
-sender advertises inside its payload, never over the pipe a message came in
-on, so a node needs only "send these frames to that address" and "give me
-the next message". Each node has two planes, control (gossip, Raft, small
-RPC) and data (activations), so a 20 MB prefill on the data plane can never
-sit in front of a failure-detector probe.
+A *plane* is a pair of ROUTER sockets: inbound, bound on the node's listen
+address, and outbound, connected to whichever peers we send to. Messages
+are one-way (replies go to the address a sender advertises), and each node
+has two planes, control and data, so a 20 MB prefill never sits in front of
+a failure-detector probe. Both are CurveZMQ, keyed from the node's identity,
+so every message is delivered with the id its handshake proved. `Plane.send`
+never blocks or raises for network reasons: what cannot go out is dropped
+and counted, because the protocol cores treat the network as lossy.
 
-Why it is built this way:
-
-* pyzmq has no trio integration, so each socket has exactly one *owner task*
-  and no other task ever touches it. A ZeroMQ socket's FD is edge-triggered:
-  it signals "something changed", not "a message is waiting". Owner tasks
-  therefore drain with NOBLOCK until ``zmq.Again``, re-check ``EVENTS``
-  (which also lets libzmq process its pending commands), and only then await
-  ``trio.lowlevel.wait_readable(FD)``; waiting without draining first can
-  sleep forever on data that has already arrived.
-* :meth:`Plane.send` never blocks and never raises for network reasons: the
-  membership and Raft cores are sans-IO and treat the network as lossy, so a
-  message that cannot go out is dropped and *counted* in the node's shared
-  ``drops`` counter (``"<plane>.<reason>"``), never turned into an exception
-  in the caller.
-* The outbound ROUTER sets ``ROUTER_MANDATORY`` so a full per-peer queue is an
-  error we count (``peer_queue_full``) rather than a silent discard, and names
-  each connection with ``CONNECT_ROUTING_ID`` so we can address it by peer.
-* ``IMMEDIATE`` stays 0 on the outbound socket. Measured on libzmq 4.3.5:
-  with ``IMMEDIATE=0``, ``connect()`` creates the peer's pipe at once, so a
-  send right after the first connect succeeds and is queued (up to SNDHWM)
-  until the handshake completes, then delivered. With ``IMMEDIATE=1`` libzmq
-  creates the pipe only after the handshake and then *ignores*
-  ``CONNECT_ROUTING_ID`` (the pipe is named by the peer instead), so every
-  send by address fails with EHOSTUNREACH forever. libzmq's own pipe is
-  therefore the bounded per-peer pending queue; we keep none of our own.
-* With ``IMMEDIATE=0`` the pipe also survives a broken connection (libzmq
-  keeps reconnecting and delivers what is queued when the peer returns), so
-  ROUTER_MANDATORY alone never tells us a peer is gone. A socket monitor on
-  the outbound socket reports handshakes and failed connection attempts per
-  endpoint; a peer that has been failing for ``unreachable_after_s`` is
-  disconnected and forgotten, and the messages we queued for it since it was
-  last reachable are counted as ``unreachable``. The peer table is also
-  bounded (LRU) and idle peers are disconnected, so neither file descriptors
-  nor pipes leak when we talk to many addresses over time.
-* Both planes are CurveZMQ (encrypted, and every peer authenticated by its
-  key), keyed from the node's Ed25519 identity (`mesh.identity.PlaneKeys`).
-  A node's key follows from its id, so :meth:`Plane.send` takes the peer's
-  id beside its address and sets it as the server key of that connection;
-  a plaintext peer, or one that does not hold that id's secret, never
-  completes a handshake. Inbound, the ZAP handler (`mesh.zap`) admits a
-  client key (every key in an open swarm) and returns it as the
-  connection's ``User-Id``; the client also sends its node id in the
-  handshake's (encrypted) metadata as ``X-Node-Id``. Each message is
-  delivered with the id of its peer only after that id maps to the key the
-  handshake proved, so "who sent this" is a fact, not a claim: the callers
-  check that every envelope's sender is its peer.
-* Routing ids are never reused: connecting again with a
-  ``CONNECT_ROUTING_ID`` whose old pipe is still being torn down (right after
-  ``disconnect()``) trips ``assert(!has_out_pipe(routing_id))`` in libzmq and
-  aborts the whole process (observed on 4.3.5). Each connection therefore
-  gets a fresh routing id: the address plus "#" and a generation number.
+Why one owner task per socket, IMMEDIATE=0, fresh routing ids and the
+socket monitor (libzmq behaviour, measured): docs/design/transport.md.
 """
 
 from __future__ import annotations

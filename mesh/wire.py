@@ -1,68 +1,17 @@
 """The wire format: bytes <-> membership envelopes, and tensor frames.
 
-Everything a peer sends us is hostile until proven otherwise, so decoding is
-strict and cheap to refuse:
+Everything a peer sends is hostile until proven otherwise, so decoding is
+strict and cheap to refuse: the size cap first, then a scanner over the CBOR
+item heads (no tags, floats, indefinite lengths or trailing bytes; depth and
+item counts capped), only then cbor2, then a schema check of every field.
+Every refusal is a `DecodeError` with a fixed `reason`, so drops are counted
+per reason and input never crashes the node. Envelopes are CBOR maps with
+small integer keys; message type ids and update kinds are append-only.
+Tensors travel as a strict CBOR header frame and a raw little-endian frame.
+This module only converts: no sockets, no signature checks.
 
-1. the size cap is checked before a single byte is parsed;
-2. a small iterative scanner walks the CBOR item heads (no values built, no
-   recursion) and refuses what our dialect does not use: any tag, floats
-   (outside tensor headers), simple values other than false/true/null,
-   indefinite lengths, nesting past `MAX_DEPTH`, more than `MAX_CBOR_ITEMS`
-   items, lengths that run past the end, and trailing bytes;
-3. only then does cbor2 build the values (with its own depth cap, no
-   indefinite lengths, no duplicate keys and a tag hook that refuses, as a
-   second line of defence);
-4. every field is schema-checked: node ids exactly 32 bytes, signatures
-   exactly 64, integers in [0, 2**63), bools really bools, text and tuple
-   lengths capped.
-
-Every refusal is a `DecodeError` whose `reason` is one of a few fixed
-snake_case strings, so the node can count drops per reason without ever
-crashing on input. The scanner exists because cbor2 decodes its built-in
-tags (dates, bignums, sets, shared references...) before any hook sees
-them, and silently ignores trailing bytes; walking the heads ourselves gives
-exact reasons that do not depend on cbor2's version or error messages.
-
-Envelope layout (a CBOR map with small integer keys, for compactness)::
-
-    {0: version, 1: message type id, 2: sender (bstr 32), 3: addr (text),
-     4: body (array of the message's fields, in dataclass order)}
-
-Updates inside bodies are arrays ``[kind, subject, counter, x, signature]``.
-
-Message type ids (append-only: never renumber or reuse an id; a retired
-type keeps its number reserved; 0 is reserved so a zeroed field is never a
-valid type)::
-
-    1 Ping      [seq, target, updates]
-    2 PingReq   [seq, target, target_addr, updates]
-    3 Ack       [seq, updates]
-    4 Nack      [seq]
-    5 Gossip    [updates]
-    6 PushPull  [join, reply, states, records]
-    7 Consensus [payload, signature]   (payload: consensus.codec bytes)
-    8 SyncDigest  [fingerprints, states, records]         (mesh.sync)
-    9 SyncDelta   [reply, bits, buckets, states, records]  (mesh.sync)
-
-Update kinds (append-only, same rules)::
-
-    1 Alive     [1, node, incarnation, addr, signature]
-    2 Suspect   [2, node, incarnation, accuser, signature]
-    3 Dead      [3, node, incarnation, accuser, signature]
-    4 Record    [4, node, seq, body, signature]
-
-A new or changed field is a new `PROTOCOL_VERSION`: unknown envelope keys are
-refused rather than ignored, so two versions never half-understand each
-other.
-
-Tensors (the data plane) travel as two ZeroMQ frames: a small strict CBOR
-header ``{0: version, 1: dtype, 2: shape, 3: header}`` and the raw,
-C-contiguous, little-endian element bytes, never encoded per element. The
-dtype is a name, not an RFC 8746 typed-array tag, because that RFC has no
-bfloat16.
-
-This module only converts; it opens no sockets and checks no signatures
-(the membership core verifies those over `mesh.messages.signing_bytes`).
+Why the scanner, the envelope layout, and the numbering tables:
+docs/design/wire.md.
 """
 
 from __future__ import annotations

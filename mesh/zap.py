@@ -1,32 +1,15 @@
 """ZAP: the one place a CURVE handshake asks "may this key connect?".
 
-libzmq authenticates a CURVE client (it proves it holds the secret of the
-public key it presents) and then asks the ZAP handler of its context,
-over ``inproc://zeromq.zap.01``, whether that key may connect. Only the
-handler's answer lets the connection through, and the ``User-Id`` it
-returns rides on every message from that connection: that is how a plane
-learns, per message, which key sent it (see `mesh.transport`).
+libzmq authenticates a CURVE client, then asks its context's ZAP handler
+(over `inproc://zeromq.zap.01`) whether that key may connect; the `User-Id`
+the handler returns rides on every message, which is how a plane learns
+which key sent it. One handler thread per context (not a trio task: libzmq
+waits for it mid-handshake) serves every plane's domain, each with its own
+`admit(client_key)` policy and, optionally, a `HandshakeGate` that charges a
+first-time key to its real source address and network prefix
+(`mesh.newcomers`). Refusals are counted per domain and reason.
 
-There is one handler per ZeroMQ context (libzmq allows one bind of that
-endpoint), shared by every plane on it; each plane registers its own ZAP
-domain with an ``admit(client_key) -> bool`` policy: an open swarm admits
-every key, a private one only keys with a valid invitation. The handler
-runs in a thread, not a trio task, because libzmq's I/O thread waits for
-its reply mid-handshake: a trio loop busy with a long step must not stall
-every connection attempt. It reads the registry under a lock, counts the
-keys it refused per domain and reason (the plane moves them into its drop
-counters), and stops when the last domain is unregistered, so
-`Context.term()` never hangs on it.
-
-A domain may also have a `HandshakeGate`: the Sybil bound at the door. A
-key the policy admits but that has never connected before (and that
-membership has not learned as a member) is charged to the connection's
-real source address and its /24 or /48 (`mesh.newcomers`); over budget,
-the handshake is refused and counted by the limit's reason. The client's
-plane gives up on that connection like on any failing peer and connects
-afresh on a later send (membership keeps sending), so a refused newcomer
-is only delayed. ZAP's request carries that source address,
-which TCP does not let a client forge, unlike anything it says inside.
+More: docs/design/transport.md#zap-who-may-connect.
 """
 
 from __future__ import annotations
