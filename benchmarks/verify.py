@@ -97,7 +97,7 @@ import torch
 import trio
 
 from benchmarks.pipeline import serve_engine
-from consensus.ledger import Verdict
+from consensus.commands import Verdict
 from consensus.settings import PlacementSettings
 from mesh.coverage import CoverageKey, CoverageMap, ModelCoverage, ServingNode, recipe_class
 from mesh.identity import Identity

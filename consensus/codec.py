@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Any, Final, NoReturn
 
-from consensus.ledger import MAX_COMMAND_BYTES
+from consensus.commands import MAX_COMMAND_BYTES
 from consensus.log import Entry, EntryKind, Snapshot
 from consensus.raft import (
     AppendEntries,

@@ -1,110 +1,56 @@
 """The placement ledger: the replicated state machine behind placement.
 
-Every node applies the same committed Raft entries in the same order, so the
-ledger must be a pure function of that sequence: no clock (each command
-carries the leader's `at`), no randomness, no iteration order that depends
-on the machine, and canonical bytes for its snapshot.
-
-It records, per ADR-0026, who serves what and why:
-
-* an **assignment** per node: model, layer range `[a, b)`, recipe, tier
-  (`operator`, `bootstrap` or `managed`), the `managed` flag, an epoch that
-  only grows per node, and when it was made (the policy's cooldown clock);
-* the **demand table**: raw request counts and first/last times per model
-  (how a count turns into a rate is policy, `consensus.placement`). It is
-  bounded and forgets: applying demand first drops models not asked for
-  within the horizon (`demand_horizon`, measured from the command's `at`),
-  and a table of `MAX_DEMAND_MODELS` gives up its least recently asked-for
-  model for a new one, so demand cannot grow the state of every replica
-  without end;
-* the swarm's **policy settings** (`consensus.settings`): the knobs an
-  operator changed from their defaults, so every leader decides alike;
-* the **swarm**: its founder's id and its mode, `open` (any key may be a
-  member) or `private` (only admitted keys complete a handshake), fixed by
-  the first `Found` and never changed; and, in a private swarm, the
-  **admitted** members: each with whether it may become a voter and the
-  digest of the invitation that let it in (`consensus.invitations`);
-* the nodes **eligible to vote**: the founder, nodes an operator made
-  eligible (`Eligible`) and, in a private swarm, nodes admitted with a voter
-  invitation. Raft's autopilot promotes no one else (DESIGN.md, "Trust":
-  voters are the members the swarm trusts to follow the protocol);
-* **quarantines** (DESIGN.md, "Trust": proven liars are quarantined through
-  the ledger): the leader judges a report that a hop's output diverged by
-  recomputing it and commits a `Verdict`. A guilty one benches the accused,
-  a refuted one counts against the reporter; each node's offences and false
-  reports are kept after its quarantine ends, so repeat offences bench it
-  longer. The digests of recently judged evidence are kept too, so the same
-  evidence is never judged twice;
-* counts of rejected commands per reason, so a bad proposer is visible.
-
-Rules enforced at apply time (the policy on the leader should never propose
-a command that breaks them; the ledger makes sure it cannot matter if one
-does):
-
-* epochs strictly increase per node, across releases, so a late or
-  duplicated command about an old placement cannot act on a newer one;
-* a live *pinned* (operator or bootstrap) assignment is never retargeted: an
-  Assign to a different model is rejected, and a managed Assign onto a
-  pinned node is rejected because managed placements only go to spare
-  capacity (until multi-shard slots exist, a pinned node has none);
-* Release and MarkAdmissionFailed must name the live assignment's epoch and
-  model;
-* a managed Assign onto a node quarantined at the command's `at` is
-  rejected: placement never gives a quarantined node work (pinned tiers are
-  still recorded: they record what an operator started, and coverage keeps
-  a quarantined node out of every route whatever it holds);
-* a Verdict about evidence already judged is rejected.
-
-`apply` never raises on a bad command. A committed entry is committed on
-every replica; if applying it raised, every replica would crash on the same
-entry after every restart and the cluster would be wedged. Instead it is
-recorded as rejected, with a reason, and the state is unchanged.
-
-Commands are CBOR arrays ``[type_id, field, ...]`` (type ids append-only,
-never reused) encoded canonically, so one command has exactly one encoding;
-decoding re-encodes and compares, which refuses every non-canonical form,
-trailing byte and smuggled tag in one check.
+Every node applies the same committed Raft entries (`consensus.commands`) in
+the same order, so `PlacementLedger` is a pure function of that sequence: no
+clock, no randomness, no machine-dependent order, and canonical snapshot
+bytes. It records who serves what (assignments, per ADR-0026), demand per
+model, the swarm's policy settings, its founding and admitted keys, who may
+vote, and quarantines (`consensus.quarantine`). `apply` never raises: a bad
+command is recorded as rejected with a reason, so no committed entry can
+wedge the cluster. What it holds, the rules it enforces at apply time and
+the snapshot versions are in docs/design/ledger.md.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
-from typing import Any, Final, Literal, NoReturn
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 import cbor2
 
-from consensus.settings import POLICY_FIELDS, PlacementSettings, settings_error, with_settings
-from mesh.fields import (
-    MAX_UINT,
-    FieldError,
-    boolean,
-    fixed_bytes,
-    number,
-    one_of,
-    reraise_as,
-    span,
-    text,
-    uint,
+from consensus.commands import (
+    ASSIGNMENT_COMMANDS,
+    EVIDENCE_BYTES,
+    MAX_INT,
+    Admit,
+    Assign,
+    Command,
+    Eligible,
+    Found,
+    LedgerError,
+    MarkAdmissionFailed,
+    RecordDemand,
+    Release,
+    SetPolicy,
+    Verdict,
+    as_ledger_error,
+    checked_node,
+    checked_text,
+    decode_command,
+    refuse,
+    strict_loads,
 )
-from mesh.identity import NODE_ID_BYTES
-from mesh.records import RECIPES, TIERS, Tier
-from mesh.wire import DecodeError, decode_strict_cbor
+from consensus.quarantine import Quarantine, counted, counts_against
+from consensus.settings import PlacementSettings, settings_error, with_settings
+from mesh.fields import fixed_bytes, number, uint
 
 PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
 """ADR-0026: these are never retargeted by the tracker."""
 
-MAX_COMMAND_BYTES: Final = 4096
-"""Largest encoded command. Real ones are ~150 bytes; the cap bounds what a
-buggy proposer can make every replica parse and store forever."""
 MAX_SNAPSHOT_BYTES: Final = 256 * 1024 * 1024
 """A snapshot holds one row per node and model; 256 MiB is orders beyond a
 10,000-node swarm and still refuses a runaway or hostile blob."""
-MAX_TEXT: Final = 256
-"""Model names, reasons: long enough for a manifest name, short enough to log."""
-MAX_INT: Final = MAX_UINT
-"""Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
 SNAPSHOT_VERSION: Final = 5
 """Version 2 added the policy settings, version 3 the swarm and its admitted
 members, version 4 the nodes made eligible to vote, version 5 the quarantine
@@ -130,25 +76,6 @@ longer moves the horizon with them (`PlacementLedger.demand_horizon`)."""
 DEMAND_DECAY_WINDOWS: Final = 20
 """The horizon is at least this many `demand_window_s`: by then a rate has
 decayed to e**-20 (2e-9) of its value, nothing the policy can tell from 0."""
-EVIDENCE_BYTES: Final = 32
-"""A verdict names its evidence by a sha256 digest of the evidence document."""
-QUARANTINE_BASE_S: Final = 3600.0
-"""A first proven wrong output benches a node for an hour: far longer than
-it takes every entry to stop routing to it and placement to replace its
-managed shard (seconds), short enough that a one-off fault (a flipped bit,
-an overheated card) costs an honest volunteer little. Each further offence
-doubles it: a node that keeps lying is benched for longer each time."""
-QUARANTINE_MAX_S: Final = 30 * 24 * 3600.0
-"""No quarantine is longer than 30 days (the doubling reaches it at the 11th
-offence: the 10th is 2**9 hours, 21 days). By then a node is in effect
-banned, and a longer bench protects nothing more; a volunteer who replaced
-the faulty card or build can still come back one day."""
-FALSE_REPORT_LIMIT: Final = 3
-"""Every third report the leader's recomputation refutes counts as an
-offence of its reporter, quarantining it like a liar. One or two refuted
-reports can be honest (a replica's numerics near the tolerance); each costs
-the leader a recomputation, so a reporter that keeps making them, by fault
-or to wear the leader down or to smear honest nodes, is benched."""
 MAX_JUDGED_EVIDENCE: Final = 4096
 """The most recent judged evidence digests kept, oldest dropped first. A
 report is judged within seconds of the replay that found it, and the ones
@@ -165,299 +92,11 @@ ended longest ago (never-quarantined reporters first) gives way: forgetting
 it only makes that node's next offence count as an early one."""
 
 
-class LedgerError(Exception):
-    """A command or snapshot that cannot be decoded or is invalid."""
-
-
-def _fail(msg: str) -> NoReturn:
-    raise LedgerError(msg)
-
-
-def _ledger_error(exc: FieldError) -> LedgerError:
-    # Commands come from the leader (a trusted voter), so the value is shown.
-    return LedgerError(f"{exc.detail}, got {exc.value!r}")
-
-
-_as_ledger_error = reraise_as(_ledger_error)
-"""Field checks (mesh.fields) in a command or a snapshot raise `LedgerError`."""
-
-
-def _text(value: object, name: str) -> str:
-    return text(value, name, max_chars=MAX_TEXT)
-
-
-def _node(value: object) -> bytes:
-    return fixed_bytes(value, "node", size=NODE_ID_BYTES)
-
-
-@dataclass(frozen=True, slots=True)
-class Assign:
-    """Give `node` the shard `layers` of `model` with `recipe`, as `tier`, at `epoch`."""
-
-    node: bytes
-    model: str
-    layers: tuple[int, int]
-    recipe: str
-    tier: Tier
-    managed: bool
-    epoch: int
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _node(self.node)
-        _text(self.model, "model")
-        object.__setattr__(self, "layers", span(self.layers, "layers"))
-        one_of(self.recipe, "recipe", RECIPES)
-        one_of(self.tier, "tier", TIERS)
-        boolean(self.managed, "managed")
-        if self.managed != (self.tier == "managed"):
-            _fail(f"managed={self.managed} contradicts tier {self.tier!r}")
-        uint(self.epoch, "epoch", low=1)
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-@dataclass(frozen=True, slots=True)
-class Release:
-    """End `node`'s assignment of `model` at `epoch` (node left, operator reload, retarget)."""
-
-    node: bytes
-    model: str
-    epoch: int
-    reason: str
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _node(self.node)
-        _text(self.model, "model")
-        uint(self.epoch, "epoch", low=1)
-        _text(self.reason, "reason")
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-@dataclass(frozen=True, slots=True)
-class RecordDemand:
-    """`count` chat requests for `model` were seen (by `at`)."""
-
-    model: str
-    count: int
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _text(self.model, "model")
-        uint(self.count, "count", low=1)
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-@dataclass(frozen=True, slots=True)
-class MarkAdmissionFailed:
-    """`node` failed `doctor` for its assignment at `epoch`: the policy may place elsewhere."""
-
-    node: bytes
-    model: str
-    epoch: int
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _node(self.node)
-        _text(self.model, "model")
-        uint(self.epoch, "epoch", low=1)
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-@dataclass(frozen=True, slots=True)
-class SetPolicy:
-    """Set these policy knobs, swarm-wide, from `at` on: (name, value)
-    pairs, sorted by name, each name once. Knobs not named keep their value."""
-
-    settings: tuple[tuple[str, int | float], ...]
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        if type(self.settings) not in (tuple, list) or not self.settings:
-            _fail(f"settings must be a non-empty list of [name, value] pairs: {self.settings!r}")
-        pairs = []
-        for pair in self.settings:
-            if type(pair) not in (tuple, list) or len(pair) != 2:
-                _fail(f"a setting is a [name, value] pair, got {pair!r}")
-            name, value = pair
-            one_of(name, "setting name", POLICY_FIELDS)
-            if POLICY_FIELDS[name] is float and type(value) is int:
-                value = float(value)  # one knob value, one encoding
-            pairs.append((name, value))
-        names = [name for name, _ in pairs]
-        if names != sorted(set(names)):
-            _fail(f"settings must be sorted by name, each once, got {names}")
-        error = settings_error(dict(pairs), PlacementSettings())
-        if error is not None:
-            _fail(error)
-        object.__setattr__(self, "settings", tuple(pairs))
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-SWARM_MODES: Final = ("open", "private")
-
-
-@dataclass(frozen=True, slots=True)
-class Found:
-    """The swarm's identity (its founder's id) and mode, once and for all."""
-
-    swarm: bytes
-    mode: str
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _node(self.swarm)
-        one_of(self.mode, "mode", SWARM_MODES)
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-@dataclass(frozen=True, slots=True)
-class Admit:
-    """Admit `node` to a private swarm, by the invitation with this digest."""
-
-    node: bytes
-    voter: bool
-    invitation: bytes
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _node(self.node)
-        boolean(self.voter, "voter")
-        fixed_bytes(self.invitation, "invitation", size=32)
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-@dataclass(frozen=True, slots=True)
-class Eligible:
-    """An operator made `node` eligible to become a Raft voter."""
-
-    node: bytes
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _node(self.node)
-        object.__setattr__(self, "at", number(self.at, "at"))
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The leader's judgement, by recomputation, of `reporter`'s signed
-    evidence that `accused` returned a wrong output: `guilty` when the
-    accused's output was wrong, else the report was false. `evidence` is the
-    evidence document's digest; `at` is when the leader judged (its wall
-    clock, Unix seconds), from which a quarantine runs."""
-
-    accused: bytes
-    reporter: bytes
-    evidence: bytes
-    guilty: bool
-    at: float
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        fixed_bytes(self.accused, "accused", size=NODE_ID_BYTES)
-        fixed_bytes(self.reporter, "reporter", size=NODE_ID_BYTES)
-        if self.accused == self.reporter:
-            _fail("accused and reporter are the same node: a node cannot report itself")
-        fixed_bytes(self.evidence, "evidence", size=EVIDENCE_BYTES)
-        boolean(self.guilty, "guilty")
-        object.__setattr__(self, "at", number(self.at, "at", non_negative=True))
-
-
-Command = (
-    Assign
-    | Release
-    | RecordDemand
-    | MarkAdmissionFailed
-    | SetPolicy
-    | Found
-    | Admit
-    | Eligible
-    | Verdict
-)
-
-# Append-only: never renumber or reuse an id; 0 is reserved.
-_TYPE_IDS: Final[Mapping[type, int]] = {
-    Assign: 1,
-    Release: 2,
-    RecordDemand: 3,
-    MarkAdmissionFailed: 4,
-    SetPolicy: 5,
-    Found: 6,
-    Admit: 7,
-    Eligible: 8,
-    Verdict: 9,
-}
-_TYPES_BY_ID: Final = {v: k for k, v in _TYPE_IDS.items()}
-
-ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
-"""Commands that change a node's assignment."""
-ELIGIBILITY_COMMANDS: Final = (Found, Admit, Eligible)
-"""Commands that can change `PlacementLedger.eligible_voters`."""
-
-
 def snapshot_digest(snapshot: bytes) -> str:
     """sha256 of `PlacementLedger.snapshot()` bytes, hex: one ledger state,
     one digest (the snapshot is canonical). What a leader's notice names and
     what a member checks a pulled copy against."""
     return hashlib.sha256(snapshot).hexdigest()
-
-
-def encode_command(command: Command) -> bytes:
-    """Canonical CBOR ``[type_id, fields...]``: one command, one byte string."""
-    values: list[Any] = [_TYPE_IDS[type(command)]]
-    for f in fields(command):
-        value = getattr(command, f.name)
-        values.append(_as_lists(value))
-    return cbor2.dumps(values, canonical=True)
-
-
-def _as_lists(value: Any) -> Any:
-    """Tuples (layers, settings) as the CBOR arrays they are on the wire."""
-    return [_as_lists(v) for v in value] if isinstance(value, tuple) else value
-
-
-def _loads(data: object, max_bytes: int) -> Any:
-    """One item in the wire's strict CBOR dialect (no tags, no indefinite
-    lengths, no duplicate keys, nothing trailing), or a `LedgerError`.
-
-    Every item takes at least one byte, so `max_bytes` also bounds the item
-    count: a big snapshot is limited by its size cap alone."""
-    if type(data) is not bytes:
-        _fail(f"expected bytes, got {type(data).__name__}")
-    try:
-        return decode_strict_cbor(data, max_bytes=max_bytes, allow_floats=True, max_items=max_bytes)
-    except DecodeError as exc:
-        _fail(f"not a valid ledger encoding ({exc.reason}: {exc.detail})")
-
-
-def decode_command(data: bytes) -> Command:
-    """Strictly decode `encode_command`'s output; anything else raises `LedgerError`."""
-    value = _loads(data, MAX_COMMAND_BYTES)
-    if type(value) is not list or not value:
-        _fail("a command is a non-empty CBOR array")
-    type_id = value[0]
-    cls = _TYPES_BY_ID.get(type_id) if type(type_id) is int else None
-    if cls is None:
-        _fail(f"unknown command type {type_id!r}")
-    names = [f.name for f in fields(cls)]
-    if len(value) != 1 + len(names):
-        _fail(f"{cls.__name__} takes {len(names)} fields, got {len(value) - 1}")
-    try:
-        command = cls(**dict(zip(names, value[1:], strict=True)))
-    except TypeError as exc:  # e.g. an unhashable where a value was expected
-        _fail(f"{cls.__name__}: {exc}")
-    if encode_command(command) != data:
-        _fail(f"{cls.__name__} is not in canonical encoding (or has trailing bytes)")
-    return command
 
 
 @dataclass(frozen=True, slots=True)
@@ -493,54 +132,13 @@ class Demand:
 
 
 @dataclass(frozen=True, slots=True)
-class Admission:
-    """A member admitted to a private swarm."""
+class AdmittedKey:
+    """A key admitted to a private swarm (a committed `Admit`): whether it may
+    become a voter, the digest of the invitation that let it in, and when."""
 
     voter: bool
     invitation: bytes
     at: float
-
-
-QuarantineReason = Literal["wrong_output", "false_reports"]
-QUARANTINE_REASONS: Final[tuple[QuarantineReason, ...]] = ("wrong_output", "false_reports")
-"""Why a node is quarantined: a guilty verdict against it (`wrong_output`),
-or another `FALSE_REPORT_LIMIT` of its reports refuted (`false_reports`)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Quarantine:
-    """A node's standing under verdicts: its offences and false reports,
-    and its latest quarantine, which may have ended. Kept after a quarantine
-    ends, so a repeat offence benches the node longer.
-
-    `until`, `reason` and `evidence` (the verdict that last quarantined it)
-    are None for a node never quarantined: a reporter with fewer refuted
-    reports than the limit. Every quarantine is an offence, so a node has
-    been quarantined exactly when `offences` > 0."""
-
-    node: bytes
-    until: float | None
-    reason: QuarantineReason | None
-    evidence: bytes | None
-    offences: int
-    false_reports: int
-
-    @_as_ledger_error
-    def __post_init__(self) -> None:
-        _node(self.node)
-        uint(self.offences, "offences")
-        uint(self.false_reports, "false_reports")
-        if self.offences == 0:
-            if (self.until, self.reason, self.evidence) != (None, None, None):
-                _fail("a node never quarantined has no until, reason or evidence")
-            return
-        object.__setattr__(self, "until", number(self.until, "until", non_negative=True))
-        one_of(self.reason, "reason", QUARANTINE_REASONS)
-        fixed_bytes(self.evidence, "evidence", size=EVIDENCE_BYTES)
-
-    def in_force(self, now: float) -> bool:
-        """The node is quarantined at `now` (serves nothing, is assigned nothing)."""
-        return self.until is not None and self.until > now
 
 
 @dataclass(frozen=True, slots=True)
@@ -567,7 +165,7 @@ def changed_node(result: ApplyResult) -> bytes | None:
     if isinstance(command, ASSIGNMENT_COMMANDS):
         return command.node
     if isinstance(command, Verdict):
-        return command.accused if command.guilty else command.reporter
+        return counts_against(command)
     return None
 
 
@@ -586,20 +184,6 @@ REASON_ALREADY_ADMITTED: Final = "already_admitted"
 REASON_ALREADY_ELIGIBLE: Final = "already_eligible"
 REASON_QUARANTINED: Final = "quarantined"
 REASON_ALREADY_JUDGED: Final = "already_judged"
-
-
-def _benched(record: Quarantine, reason: QuarantineReason, cmd: Verdict) -> Quarantine:
-    """`record` after one more offence, judged at `cmd.at`: quarantined for
-    `QUARANTINE_BASE_S` doubled per earlier offence, at most
-    `QUARANTINE_MAX_S`. Never shortened: a verdict stamped earlier than the
-    one in force (another leader's clock) leaves its end where it was."""
-    offences = min(record.offences + 1, MAX_INT)
-    # 2**62 hours is far past the cap; the exponent bound keeps the float finite.
-    length = min(QUARANTINE_BASE_S * 2.0 ** min(offences - 1, 62), QUARANTINE_MAX_S)
-    until = cmd.at + length
-    if record.until is not None:
-        until = max(until, record.until)
-    return replace(record, until=until, reason=reason, evidence=cmd.evidence, offences=offences)
 
 
 def _ended(record: Quarantine) -> float:
@@ -627,7 +211,7 @@ class PlacementLedger:
         self._rejected: dict[str, int] = {}
         self._settings: dict[str, int | float] = {}
         self._swarm: Found | None = None
-        self._admitted: dict[bytes, Admission] = {}
+        self._admitted: dict[bytes, AdmittedKey] = {}
         self._eligible: dict[bytes, float] = {}  # node -> when it was made eligible
         self._quarantine: dict[bytes, Quarantine] = {}
         self._judged: dict[bytes, None] = {}  # evidence digests, oldest first
@@ -740,7 +324,7 @@ class PlacementLedger:
             raise _Reject(REASON_NOT_PRIVATE, "only a private swarm admits members")
         if cmd.node in self._admitted or cmd.node == self._swarm.swarm:
             raise _Reject(REASON_ALREADY_ADMITTED, "the node is a member already")
-        self._admitted[cmd.node] = Admission(cmd.voter, cmd.invitation, cmd.at)
+        self._admitted[cmd.node] = AdmittedKey(cmd.voter, cmd.invitation, cmd.at)
 
     def _make_eligible(self, cmd: Eligible) -> None:
         if cmd.node in self.eligible_voters():
@@ -753,14 +337,7 @@ class PlacementLedger:
         self._judged[cmd.evidence] = None
         while len(self._judged) > MAX_JUDGED_EVIDENCE:  # one at most, or a restored excess
             del self._judged[next(iter(self._judged))]
-        if cmd.guilty:
-            self._store_standing(_benched(self._standing(cmd.accused), "wrong_output", cmd))
-            return
-        reporter = self._standing(cmd.reporter)
-        reporter = replace(reporter, false_reports=min(reporter.false_reports + 1, MAX_INT))
-        if reporter.false_reports % FALSE_REPORT_LIMIT == 0:
-            reporter = _benched(reporter, "false_reports", cmd)
-        self._store_standing(reporter)
+        self._store_standing(counted(self._standing(counts_against(cmd)), cmd))
 
     def _standing(self, node: bytes) -> Quarantine:
         """`node`'s record, or the blank one of a node no verdict counted against."""
@@ -845,7 +422,7 @@ class PlacementLedger:
         """The swarm's founding (None until the founder commits it)."""
         return self._swarm
 
-    def admitted(self) -> dict[bytes, Admission]:
+    def admitted(self) -> dict[bytes, AdmittedKey]:
         """A private swarm's admitted members, by node id (the founder is
         implicitly one), in id order."""
         return {n: self._admitted[n] for n in sorted(self._admitted)}
@@ -995,18 +572,18 @@ class PlacementLedger:
         return cbor2.dumps(state, canonical=True)
 
     @classmethod
-    @_as_ledger_error
+    @as_ledger_error
     def restore(cls, data: bytes) -> PlacementLedger:
         """Rebuild a ledger from `snapshot()` bytes; `LedgerError` if they are not exactly that."""
-        value = _loads(data, MAX_SNAPSHOT_BYTES)
+        value = strict_loads(data, MAX_SNAPSHOT_BYTES)
         # Version 2 appended the policy settings, version 3 the swarm and
         # its admitted members, version 4 the eligible voters, version 5 the
         # quarantine table and the judged evidence.
         sizes = {1: 6, 2: 7, 3: 9, 4: 10, SNAPSHOT_VERSION: 12}
         if type(value) is not list or not value or type(value[0]) is not int:
-            _fail("a ledger snapshot is an array that starts with its version")
+            refuse("a ledger snapshot is an array that starts with its version")
         if sizes.get(value[0]) != len(value):
-            _fail(
+            refuse(
                 f"ledger snapshot version {value[0]} with {len(value)} items; this build "
                 f"reads versions 1 (6 items), 2 (7), 3 (9), 4 (10) and {SNAPSHOT_VERSION} (12)"
             )
@@ -1019,43 +596,43 @@ class PlacementLedger:
         ledger = cls(applied_index=uint(applied, "applied_index"))
         try:
             for node, epoch in epochs:
-                ledger._epochs[_node(node)] = uint(epoch, "epoch", low=1)
+                ledger._epochs[checked_node(node)] = uint(epoch, "epoch", low=1)
             for node, model, layers, recipe, tier, managed, epoch, at, failed_at in assignments:
                 cmd = Assign(node, model, layers, recipe, tier, managed, epoch, at)
                 if ledger._epochs.get(cmd.node, 0) < cmd.epoch:
-                    _fail("an assignment's epoch is above its node's epoch")
+                    refuse("an assignment's epoch is above its node's epoch")
                 failed = None if failed_at is None else number(failed_at, "admission_failed_at")
                 ledger._assignments[cmd.node] = LedgerAssignment(
                     cmd.node, cmd.model, cmd.layers, cmd.recipe, cmd.tier, cmd.managed,
                     cmd.epoch, cmd.at, failed,
                 )  # fmt: skip
             for model, count, first_at, last_at in demand:
-                ledger._demand[_text(model, "model")] = Demand(
+                ledger._demand[checked_text(model, "model")] = Demand(
                     uint(count, "count", low=1),
                     number(first_at, "first_at"),
                     number(last_at, "last_at"),
                 )
             for reason, count in rejected:
-                ledger._rejected[_text(reason, "reason")] = uint(count, "count", low=1)
+                ledger._rejected[checked_text(reason, "reason")] = uint(count, "count", low=1)
             if settings:
                 ledger._settings = dict(SetPolicy(settings, 0.0).settings)
             if founding is not None:
                 ledger._swarm = Found(*founding)
             for node, voter, invitation, at in admitted:
                 admit = Admit(node, voter, invitation, at)
-                ledger._admitted[admit.node] = Admission(admit.voter, admit.invitation, admit.at)
+                ledger._admitted[admit.node] = AdmittedKey(admit.voter, admit.invitation, admit.at)
             for node, at in eligible:
                 made = Eligible(node, at)
                 ledger._eligible[made.node] = made.at
             for row in quarantine:
                 record = Quarantine(*row)
                 if record.offences == record.false_reports == 0:
-                    _fail("a quarantine record with neither offences nor false reports")
+                    refuse("a quarantine record with neither offences nor false reports")
                 ledger._quarantine[record.node] = record
             for evidence in judged:
                 ledger._judged[fixed_bytes(evidence, "evidence", size=EVIDENCE_BYTES)] = None
         except (TypeError, ValueError) as exc:
-            _fail(f"malformed ledger snapshot: {exc}")
+            refuse(f"malformed ledger snapshot: {exc}")
         if ledger._snapshot(version) != data:
-            _fail("ledger snapshot is not in canonical form (duplicates, order or encoding)")
+            refuse("ledger snapshot is not in canonical form (duplicates, order or encoding)")
         return ledger

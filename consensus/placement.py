@@ -109,16 +109,8 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Final, Literal, Protocol
 
-from consensus.ledger import (
-    PINNED_TIERS,
-    Assign,
-    Command,
-    Demand,
-    LedgerAssignment,
-    MarkAdmissionFailed,
-    PlacementLedger,
-    Release,
-)
+from consensus.commands import Assign, Command, MarkAdmissionFailed, Release
+from consensus.ledger import PINNED_TIERS, Demand, LedgerAssignment, PlacementLedger
 from consensus.settings import PlacementSettings
 from mesh.identity import node_id_text
 from mesh.member_table import LIVE_STATES, MemberState, MemberStateName

@@ -41,18 +41,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Final
 
-from consensus.config import ConsensusConfig
-from consensus.ledger import (
+from consensus.commands import (
     ELIGIBILITY_COMMANDS,
     Assign,
     Eligible,
     Found,
-    PlacementLedger,
     RecordDemand,
-    changed_node,
     encode_command,
-    snapshot_digest,
 )
+from consensus.config import ConsensusConfig
+from consensus.ledger import PlacementLedger, changed_node, snapshot_digest
 from consensus.log import Entry, EntryKind
 from consensus.raft import Message
 from consensus.voters import ConfigChange, MemberInfo, next_change

@@ -26,6 +26,7 @@ from typing import Final
 import httpx
 import trio
 
+from consensus.commands import Admit, Found
 from consensus.invitations import (
     NONCE_BYTES,
     Invitation,
@@ -34,7 +35,7 @@ from consensus.invitations import (
     issue_invitation,
     redemption_bytes,
 )
-from consensus.ledger import Admit, ApplyResult, Found
+from consensus.ledger import ApplyResult
 from mesh.identity import Identity, curve_public_key, verify
 from mesh.transport import Plane
 from mesh.zap import HandshakeGate

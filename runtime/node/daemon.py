@@ -35,8 +35,8 @@ from typing import Any, Final
 
 import trio
 
+from consensus.commands import Verdict
 from consensus.config import ConsensusConfig
-from consensus.ledger import Verdict
 from consensus.storage import RaftStorage, StorageError
 from mesh import records
 from mesh.config import MembershipConfig

@@ -48,7 +48,8 @@ from typing import Any, Final
 import httpx
 import trio
 
-from consensus.ledger import LedgerError, PlacementLedger, snapshot_digest
+from consensus.commands import LedgerError
+from consensus.ledger import PlacementLedger, snapshot_digest
 from mesh.identity import SIGNATURE_BYTES, Signer, node_id_from_text, node_id_text, verify
 from mesh.records import LedgerNotice, NodeRecord
 

@@ -42,7 +42,8 @@ from typing import Any, Final
 import httpx
 import trio
 
-from consensus.ledger import ApplyResult, Assign, Command, RecordDemand
+from consensus.commands import Assign, Command, RecordDemand
+from consensus.ledger import ApplyResult
 from consensus.placement import (
     WAIT_MESSAGES,
     Announced,

@@ -40,17 +40,9 @@ from typing import Any, Final
 import trio
 
 from consensus.codec import RaftDecodeError, RaftEncodeError, decode_raft, encode_raft
+from consensus.commands import ELIGIBILITY_COMMANDS, Command, LedgerError, encode_command
 from consensus.config import ConsensusConfig
-from consensus.ledger import (
-    ELIGIBILITY_COMMANDS,
-    ApplyResult,
-    Command,
-    LedgerError,
-    PlacementLedger,
-    changed_node,
-    encode_command,
-    snapshot_digest,
-)
+from consensus.ledger import ApplyResult, PlacementLedger, changed_node, snapshot_digest
 from consensus.log import Entry, EntryKind
 from consensus.raft import (
     REFUSED_LEADER_FROM_NON_VOTER,

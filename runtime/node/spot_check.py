@@ -46,7 +46,7 @@ from typing import Any, Final, Protocol
 import httpx
 import trio
 
-from consensus.ledger import Verdict
+from consensus.commands import Verdict
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import Signer, node_id_text
 from mesh.records import NodeRecord

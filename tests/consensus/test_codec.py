@@ -27,7 +27,7 @@ from consensus.codec import (
     decode_raft,
     encode_raft,
 )
-from consensus.ledger import MAX_COMMAND_BYTES
+from consensus.commands import MAX_COMMAND_BYTES
 from consensus.log import Entry, EntryKind, Snapshot
 from consensus.raft import (
     AppendEntries,

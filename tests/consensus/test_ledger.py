@@ -14,13 +14,25 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from consensus.commands import (
+    MAX_COMMAND_BYTES,
+    Admit,
+    Assign,
+    Command,
+    Eligible,
+    Found,
+    LedgerError,
+    MarkAdmissionFailed,
+    RecordDemand,
+    Release,
+    SetPolicy,
+    Verdict,
+    decode_command,
+    encode_command,
+)
 from consensus.ledger import (
     DEMAND_HORIZON_S,
-    FALSE_REPORT_LIMIT,
-    MAX_COMMAND_BYTES,
     MAX_DEMAND_MODELS,
-    QUARANTINE_BASE_S,
-    QUARANTINE_MAX_S,
     REASON_ALREADY_JUDGED,
     REASON_BAD_POLICY,
     REASON_NO_ASSIGNMENT,
@@ -31,24 +43,11 @@ from consensus.ledger import (
     REASON_UNDECODABLE,
     REASON_WRONG_EPOCH,
     REASON_WRONG_MODEL,
-    Admit,
     ApplyResult,
-    Assign,
-    Command,
-    Eligible,
-    Found,
-    LedgerError,
-    MarkAdmissionFailed,
     PlacementLedger,
-    Quarantine,
-    RecordDemand,
-    Release,
-    SetPolicy,
-    Verdict,
     changed_node,
-    decode_command,
-    encode_command,
 )
+from consensus.quarantine import FALSE_REPORT_LIMIT, QUARANTINE_BASE_S, QUARANTINE_MAX_S, Quarantine
 from consensus.settings import PlacementSettings
 
 N1, N2, N3 = (bytes([i]) * 32 for i in (1, 2, 3))

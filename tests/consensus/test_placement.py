@@ -16,18 +16,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from consensus.ledger import (
+from consensus.commands import (
     Assign,
-    Demand,
-    LedgerAssignment,
     MarkAdmissionFailed,
-    PlacementLedger,
     RecordDemand,
     Release,
     Verdict,
     decode_command,
     encode_command,
 )
+from consensus.ledger import Demand, LedgerAssignment, PlacementLedger
 from consensus.placement import (
     WAIT_MESSAGES,
     AdmissionFailures,

@@ -16,8 +16,9 @@ import pytest
 import trio
 
 from consensus.codec import encode_raft
+from consensus.commands import Found, encode_command
 from consensus.config import ConsensusConfig
-from consensus.ledger import Found, PlacementLedger, encode_command
+from consensus.ledger import PlacementLedger
 from consensus.log import Entry, EntryKind, Snapshot
 from consensus.raft import (
     AppendEntries,

@@ -28,7 +28,8 @@ import trio
 import zmq
 
 from consensus.codec import encode_raft
-from consensus.ledger import Found, PlacementLedger, SetPolicy, encode_command
+from consensus.commands import Found, SetPolicy, encode_command
+from consensus.ledger import PlacementLedger
 from consensus.log import Entry, EntryKind, Snapshot
 from consensus.raft import AppendEntries, InstallSnapshot, Message, RequestVote, encode_config
 from mesh.identity import KEY_FILE, Identity

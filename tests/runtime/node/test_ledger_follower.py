@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from consensus.ledger import Found, PlacementLedger, encode_command, snapshot_digest
+from consensus.commands import Found, encode_command
+from consensus.ledger import PlacementLedger, snapshot_digest
 from mesh.identity import Identity
 from mesh.records import Addresses, LedgerNotice, NodeRecord
 from runtime.node.ledger_follower import (

@@ -11,8 +11,9 @@ from pathlib import Path
 import trio
 from prometheus_client.parser import text_string_to_metric_families
 
+from consensus.commands import Verdict
 from consensus.config import ConsensusConfig
-from consensus.ledger import QUARANTINE_BASE_S, Verdict
+from consensus.quarantine import QUARANTINE_BASE_S
 from consensus.storage import RaftStorage
 from mesh.identity import node_id_text
 from runtime.api.metrics import prometheus_text

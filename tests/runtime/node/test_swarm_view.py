@@ -11,7 +11,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from consensus.ledger import Assign, PlacementLedger, Verdict, encode_command
+from consensus.commands import Assign, Verdict, encode_command
+from consensus.ledger import PlacementLedger
 from consensus.placement import capability_state
 from mesh.config import MembershipConfig
 from mesh.identity import Identity, node_id_text
