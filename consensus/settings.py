@@ -1,7 +1,7 @@
 """The placement policy's settings (knobs): one set for the whole swarm.
 
 Every knob is a number with a documented default. The swarm's values live in
-the placement ledger (`consensus.ledger.SetPolicy`): a leader decides with
+the placement ledger (`consensus.commands.SetPolicy`): a leader decides with
 the knobs every replica agrees on, so the swarm behaves the same whoever
 leads, and a new leader does not quietly bring its own settings. An operator
 changes them with `shardmesh policy --set NAME=VALUE`, which commits them.

@@ -2,7 +2,7 @@
 
 A swarm is founded `open` (any key may complete a handshake and be a
 member) or `private` (only keys the ledger admitted, and the founder). The
-founder commits the mode once (`consensus.ledger.Found`); every node then
+founder commits the mode once (`consensus.commands.Found`); every node then
 keeps its planes' handshake policy (`mesh.zap`) in step with the ledger, so
 a private swarm refuses a stranger's key before it can say anything.
 
