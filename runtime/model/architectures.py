@@ -1,29 +1,15 @@
 """What differs between the model families a shard can serve, in one table.
 
-Every family here is a pre-norm decoder with RMSNorm, rotary positions,
-grouped-query attention and a gated MLP; what sets one apart from another
-is a short list of facts, and `FAMILIES` holds that list per Hugging Face
-architecture name (config.json's `architectures`):
+Every family is a pre-norm decoder with RMSNorm, rotary positions,
+grouped-query attention and a gated MLP; `FAMILIES` holds, per Hugging Face
+architecture name, the few facts that set one apart: the checkpoint's
+layout (q/k norms, biases, fused projections, extra norms, experts), what a
+shard computes outside its layers (Gemma's embedding scale, Gemma 2's
+softcap), which layers attend to a sliding window, and the library defaults
+a config.json may leave out. A family is one entry here and one in each
+backend adapter; an architecture without one is refused by name.
 
-- the checkpoint's layout, which `weights.expected_shapes` reads: per-head
-  q/k norms (Qwen3, Gemma 3), q/k/v biases (Qwen2; elsewhere only where the
-  config asks), fused qkv_proj / gate_up_proj (Phi-3), Gemma's pre/post
-  feed-forward norms, and the experts of a mixture-of-experts layer;
-- what a shard computes outside the decoder layers, which the backends
-  apply themselves: the embedding scaled by sqrt(hidden_size) (Gemma) and
-  final-logit softcapping (Gemma 2; `final_logit_softcapping`);
-- which layers attend to a sliding window and which to the whole past
-  (`layer_kinds`), which decides each layer's attention mask;
-- the library's defaults for config keys that a config.json may leave out
-  yet that change the arithmetic (Gemma ties its embeddings and Gemma 2
-  softcaps unless told otherwise), merged in by `weights.read_config` so
-  that both backends, the manifest and the doctor read one config.
-
-The library classes (decoder layer, norm, rotary embedding) are named per
-family in each backend's adapter (`backends/torch_adapter.py`,
-`backends/mlx_adapter.py`), next to the library internals they touch. A
-family is added by one entry here and one in each adapter; an architecture
-without an entry is refused by name when its config is read.
+Each fact and where it is read: docs/design/models.md#model-families.
 """
 
 from __future__ import annotations

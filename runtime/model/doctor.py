@@ -1,53 +1,18 @@
 """The doctor: node capability admission (`shardmesh doctor`).
 
-No tier skips it: before a node advertises a shard, it proves — on its own
-hardware, with its own libraries — that it computes that shard correctly.
-Other systems trust or merely warm up; a swarm of strangers cannot, because a
-corrupted download, a buggy driver or a doctored checkpoint yields a node
-that answers fast and wrong, and a chain is only as right as its worst hop.
+No tier skips it: before a node advertises a shard it proves, on its own
+hardware and libraries, that it computes that shard correctly, because a
+corrupted download, a buggy driver or a doctored checkpoint answers fast and
+wrong. `run_doctor` runs its checks in order and stops at the first failure:
+backend, manifest, span, recipe, memory, tensors (digests), load, probe (the
+manifest's golden input through the shard, compared with its golden output)
+and throughput. A refusal is a `DoctorReport` with `admitted=False`, the
+failed check and a reason code; nothing an operator can cause raises.
+`recheck` is a serving node's cheap refresh, `preflight` what `shardmesh
+node` checks before joining without loading a backend.
 
-`run_doctor` runs these checks in order and stops at the first failure (a
-later check means nothing once an earlier one failed — hashing weights that
-no backend can load, say):
-
-1. `backend`  — the backend's packages import; which device it would use.
-2. `manifest` — the manifest is present and well formed, config.json and the
-   tokenizer files hash as it says, its golden activations load and fit.
-3. `span`     — the layer span [start, end) is a non-empty part of the model.
-4. `recipe`   — the backend runs the recipe on that device.
-5. `memory`   — free memory (GPU memory on CUDA) covers loading the shard,
-   sized from the safetensors headers before a byte of weights is read.
-6. `tensors`  — every tensor of the shard hashes to the manifest's sha256.
-7. `load`     — the backend loads the shard.
-8. `probe`    — the real forward of the manifest's probe: the golden input
-   at boundary `start` (token ids when start is 0) through the shard,
-   compared with the golden output at boundary `end` (the logits on the
-   last shard). With the manifest's calibration for the recipe, each probe
-   token's error (`recipes.row_errors`) must be within
-   `recipes.calibrated_tolerance` of the error an honest shard of this
-   span showed when the manifest was built; without it (a manifest built
-   before calibration), `recipes.relative_error` within the recipe's
-   global tolerance. The report says which (`basis`).
-9. `throughput` (unless `measure=False`) — prefill and decode tokens/s.
-
-Digests and the probe are complementary: digests catch any changed byte
-cheaply but trust that the manifest's digests describe good weights; the
-probe catches a shard that computes wrong whatever its bytes (perturbed
-weights with regenerated digests, a broken kernel, a wrong recipe).
-
-Every refusal is a `DoctorReport` with `admitted=False`, the failed check
-and a reason code (below); nothing an operator can cause raises. `recheck`
-is the cheap variant a serving node runs to refresh its capability report:
-the probe forward on the shard it already holds, digests optional, no
-throughput. `preflight` is what `shardmesh node` checks before it joins,
-importing no backend and reading no weights, so a mistake is one line at
-once: the backend is installed, the manifest (2) and the span (3).
-
-Reason codes: backend_unknown, backend_not_installed, model_missing, manifest_missing,
-manifest_invalid, model_invalid, config_mismatch, tokenizer_mismatch,
-golden_invalid, span_out_of_range, recipe_unsupported, insufficient_memory,
-weights_unreadable, missing_tensor, tensor_not_in_manifest, shape_mismatch,
-digest_mismatch, load_failed, forward_failed, outputs_mismatch.
+Each check, the reason codes, and why digests and the probe both:
+docs/design/doctor.md.
 """
 
 from __future__ import annotations

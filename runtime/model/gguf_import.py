@@ -1,19 +1,13 @@
 """Import a GGUF checkpoint as a model folder the swarm loads.
 
-Pretrained models reach many machines as GGUF files (llama.cpp's format,
-often shipped inside a Python package), while every backend here reads a
-Hugging Face folder: config.json, safetensors weights, tokenizer files and
-our manifest. `import_gguf` bridges the two with transformers' own GGUF
-reader (which needs the `gguf` and `accelerate` packages: the `dev` extra
-installs both), so the tensor-name mapping, the un-permuting of llama.cpp's
-rotary q/k layout and the tokenizer conversion are transformers' code,
-not a second copy of it here that could drift.
-
-Quantized GGUF tensors (Q4_1, Q8_0...) are dequantized to float32: the
-folder holds exactly the numbers the GGUF file encodes, as fp32, and the
-recipes then store them as they do any checkpoint. The folder is written
-under a temporary name and renamed when complete, so a crash mid-import
-never leaves a folder that looks usable.
+Pretrained models often reach machines as GGUF files (llama.cpp's format),
+while every backend reads a Hugging Face folder. `import_gguf` converts one
+with transformers' own GGUF reader (the `gguf` and `accelerate` packages,
+in the `dev` extra), so the tensor-name mapping, rotary un-permuting and
+tokenizer conversion are transformers' code, not a copy here. Quantized
+tensors are dequantized to float32; the folder is written under a temporary
+name and renamed when complete, so a crash never leaves one that looks
+usable. More: docs/design/models.md#importing-a-gguf-checkpoint.
 """
 
 from __future__ import annotations

@@ -1,26 +1,15 @@
 """Model files from the Hugging Face Hub, fetched only as a shard needs them.
 
 `shardmesh serve --model hf:REPO[@REVISION]` must not download a 70B
-checkpoint to serve a tenth of it. A sharded checkpoint's index
-(`model.safetensors.index.json`) names the file of every tensor, so the
-files a span needs are known before any weights are fetched: `HubModel`
-first fetches what every node needs (config.json, the tokenizer files, the
-index), and the weight files later, span by span (`fetch_span`), once the
-swarm has said which layers this node takes.
+checkpoint to serve a tenth of it. `HubModel` fetches what every node needs
+first (config.json, the tokenizer files, the index), then the weight files
+span by span (`fetch_span`) once the swarm has said which layers this node
+takes. The folder stays an ordinary model folder (its index lists only the
+files on disk); the hub's whole index and the commit of every file are kept
+apart in `HUB_STATE_DIR`, so a moving branch never mixes two versions.
+huggingface_hub, imported only here, does the HTTP.
 
-The folder stays a model folder that every other reader understands: its
-own `model.safetensors.index.json` lists only the tensors of the files on
-disk (rewritten after each fetch), so `runtime.model.weights` opens it as
-usual and a tensor that was never fetched is a clear "missing tensor". The
-hub's whole index is kept apart, in `HUB_STATE_DIR`, with the commit every
-file was fetched at: a branch that moves between two fetches cannot mix
-two versions of the model in one folder.
-
-A repository whose weights are one `model.safetensors` is fetched whole
-with the metadata: one file holds every layer. Everything fetched is still
-checked by the doctor (tensor digests against the manifest) before the
-node serves it. huggingface_hub does the HTTP (it honours `HF_ENDPOINT`,
-`HF_TOKEN` and `HF_HUB_OFFLINE`); it is imported only here, when used.
+More: docs/design/models.md#fetching-from-the-hugging-face-hub.
 """
 
 from __future__ import annotations

@@ -1,59 +1,17 @@
 """Model manifests: a model's identity in the swarm and its known answers.
 
-`shardmesh-manifest.json` in a model directory records what the model *is*
-(architecture, geometry, the sha256 of config.json, of the tokenizer files
-and of every tensor) and what it *computes*: fp32 golden activations for a
-fixed probe at every layer boundary. The doctor uses both — digests to catch
-corrupted or substituted weights, goldens to catch a shard that loads fine
-but computes wrong. `manifest_digest` (sha256 of the canonical JSON) names
-the model in node records, the coverage map and the ledger: two nodes serve
-"the same model" exactly when their manifests hash the same.
+`shardmesh-manifest.json` in a model folder records what the model *is*
+(architecture, geometry, sha256 of config.json, the tokenizer files and
+every tensor) and what it *computes*: fp32 golden activations of a fixed
+probe at every layer boundary, in `shardmesh-golden.safetensors` beside it,
+with each recipe's calibration (the error an honest shard of every span
+shows, token by token). `manifest_digest` names the model in records, the
+coverage map and the ledger; the calibration stays out of it, so a model
+keeps one identity across builders. Goldens are computed layer by layer on
+the torch backend in fp32, so building needs memory for one layer.
 
-Goldens live beside the JSON in `shardmesh-golden.safetensors` (float32
-little-endian tensors `boundary.0` … `boundary.L` of shape [P, hidden] and
-`logits` [P, vocab], P = probe length), referenced from the JSON by sha256,
-so the digest covers them without bloating the JSON — an 80-layer model's
-goldens are tens of MB, which JSON/base64 would inflate and every reader
-would parse. Boundary i is the input of layer i: boundary 0 is the token
-embeddings (times sqrt(hidden_size) in Gemma), boundary L the last layer's
-output before the final norm.
-
-They are computed layer by layer with the torch backend in fp32 (shard
-[i, i+1) loaded, run, dropped), so building a manifest needs memory for one
-layer plus the embeddings/LM head, like any node.
-
-The same file holds the model's *calibration*: for every recipe a tensor
-`calibration.<recipe>` of shape [L+1, L+1, P] whose entry [a, b, t] (a < b;
-NaN elsewhere) is `recipes.row_errors` of an honest shard [a, b) of that
-recipe on probe token t — exactly what the doctor measures for that span,
-against the same golden (boundary b, or the logits when b = L). The doctor
-admits a span within `recipes.calibrated_tolerance` of these numbers (see
-recipes.py for why per model and per token), and falls back to the
-recipe's global tolerance for a manifest built before calibration existed.
-fp32 is calibrated too (its reference error is rounding-level by
-construction), so its doctor also judges each token on its own scale.
-
-Why every span and not a per-layer model: a span's error is not a
-function of its layers' own errors. It depends on where the span starts (a
-chain from token ids carries the embedding's rounding through the massive
-activation; one from boundary 10 does not) and on cancellations inside it,
-and spans of one model differ by 400x (SmolLM2-135M in fp16: 0.016 on
-[0, 10), 4e-5 on [10, 20)). A bound built from per-layer numbers would be
-loose on the quiet spans, which are exactly where a corrupted layer is
-easiest to see. Storage is small beside the goldens: (L+1)^2 * P floats
-per recipe, 1 MB for an 80-layer model's five recipes against its ~20 MB
-of goldens.
-
-The reference implementation is the torch backend on CPU, which runs
-transformers' own decoder layers in the recipe's dtype and defines the
-q8/q4 grid (see recipes.py). Each recipe costs one pass over the layers
-that carries one hidden state per start boundary: L shard loads and
-L(L+1)/2 one-layer forwards of the 8-token probe, (L+1)/2 times the golden
-pass's forwards (`compute_calibration`). Like the goldens, the calibration's
-last bits depend on the CPU that computed it, so it stays out of the
-model's identity: it lives in the golden file, whose digest
-`manifest_digest` omits, and the JSON is otherwise what a build without
-calibration writes — a model keeps one identity across old and new builders.
+The file layout, why every span is calibrated, and the cost:
+docs/design/doctor.md#the-manifest.
 """
 
 from __future__ import annotations

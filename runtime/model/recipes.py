@@ -1,48 +1,18 @@
 """Numeric recipes: how a shard's weights are stored and computed, and how
 far its answers may drift from the fp32 golden activations.
 
-A node chooses a recipe to fit its memory; the doctor then runs the
-manifest's probe through the node's shard and compares the result with the
-fp32 golden activations, in one of two ways.
+A node picks a recipe (fp32, bf16, fp16, q8, q4) to fit its memory; the
+doctor then compares its shard's probe output with the fp32 goldens. With
+the manifest's calibration, each probe token's error must be within
+`calibrated_tolerance` of the error an honest shard of that span showed
+(`CALIBRATION_MARGIN` times it plus the recipe's floor): how far a recipe
+drifts is a property of the model. Without it, `relative_error` is bounded
+by `Recipe.tolerance`. `SUPPORT` says which backend runs which recipe on
+which device; anything else is refused by `check_recipe`, never run in
+another recipe. q8/q4 are MLX's affine group grid on both backends.
 
-Calibrated (every manifest `manifest build` writes now): the manifest
-records, for each recipe and span, the error an honest shard of that recipe
-shows on this model, token by token (`row_errors`, below). The doctor admits
-a shard when every probe token's error is within `calibrated_tolerance` of
-that token's reference error: CALIBRATION_MARGIN times it, plus the
-recipe's `calibration_floor`. Why per model and per token: how far a recipe
-drifts from fp32 is a property of the model. A trained model carries
-*massive activations* — in SmolLM2-135M, channel 507 of the first token (the
-attention sink) reaches 816 by layer 3 and 26,000 from layer 12 — which bf16
-stores in steps of 4 to 128, so bf16 errs by 0.108 on layers [0, 10) where
-random weights never pass 0.01; and one number for the whole output,
-normalised by that one huge value, is blind to everything else: a swapped
-pair of layers in [10, 20) moves it by 3e-4, under bf16's own 2.4e-3. On
-each token's own scale the same swap is 0.069 against bf16's 0.012.
-
-Uncalibrated (a manifest built before calibration existed): the doctor
-bounds `relative_error(output, golden)` (one number for the whole output)
-by `Recipe.tolerance`. Those bounds are set about 3x above the worst error
-measured with the torch backend on tiny models (seeds 0-2, both families,
-spans from one layer to the whole model, where per-layer errors compound) —
-tight enough that one corrupted weight or a perturbed layer of a random
-model fails, loose enough that an honest node never does; a trained
-model's honest bf16, fp16 and q8 shards can exceed them (the reason
-calibration exists).
-
-Backends (the only place the two backend authors coordinate):
-- MLX runs all five natively: fp32/bf16/fp16 as array dtypes, q8/q4 with
-  `mlx.nn.quantize` (affine, group size 64, bits 8/4).
-- torch runs fp32/bf16/fp16 as module dtypes on CPU, CUDA and MPS (fp16
-  matmul works on CPU since torch 2.1). For q8/q4 it uses the same affine
-  group grid as MLX (group 64, a scale and a bias per group): on CPU through
-  torch's int4 weight-only kernel (q8 as two 4-bit planes), elsewhere with
-  the codes dequantized inside each matmul; the token embedding at 8 bits
-  under both. runtime/model/backends/torch_backend.py says why this kernel
-  and not `torch.ao.quantization` (deprecated) or torchao (each release
-  pins a torch minor, CUDA-first int4 kernels).
-A combination missing from `SUPPORT` is refused by `check_recipe`, never
-silently run in another recipe.
+Why per model and per token, how the tolerances were set, and what each
+backend runs: docs/design/recipes.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Read only one shard's tensors out of a Hugging Face safetensors directory.
 
-A node serving layers [a, b) of an L-layer model must hold about (b-a)/L of
-the weights, so it must not even *read* the rest: a volunteer's laptop may
-have the whole 70B checkpoint on disk but not the memory for it. The
-safetensors format makes this cheap — an 8-byte little-endian header length,
-a JSON header mapping each tensor name to its dtype, shape and byte range,
-then the raw data — so this reader parses the header and then seeks to and
-reads exactly the byte ranges of the requested tensors (no mmap of the whole
-file, whose pages the OS would count against us as soon as anything touched
-them). `SafetensorsReader.bytes_read` counts the tensor bytes read, which is
-how the tests and the benchmark show the shard's share.
-
-Both layouts Hugging Face writes are supported: one `model.safetensors`, or
-`model.safetensors.index.json` whose `weight_map` names the file of each
-tensor. Tensors come back as raw little-endian bytes plus dtype and shape;
-each backend converts them to its own arrays. A backend that stores weights
-in another form than the checkpoint (the torch backend's q8/q4) reads a
-tensor a block of rows at a time with `SafetensorsReader.read_rows`, so it
-never holds a whole tensor, let alone the shard, in the checkpoint's dtype.
+A node serving layers [a, b) of an L-layer model must not even *read* the
+rest: a laptop may hold a 70B checkpoint on disk but not in memory. The
+reader parses each file's JSON header and then reads exactly the byte ranges
+of the tensors asked for (no mmap of the whole file), whole or a block of
+rows at a time (`read_rows`); `bytes_read` counts what it read. Both
+layouts Hugging Face writes are read: one `model.safetensors`, or an index
+naming each tensor's file. Tensors come back as raw little-endian bytes plus
+dtype and shape. More: docs/design/models.md#reading-one-shard.
 """
 
 from __future__ import annotations

@@ -1,23 +1,14 @@
 """Every call into mlx-lm's internals, in one place.
 
-mlx-lm's per-family modules (`mlx_lm.models.qwen3`, `mlx_lm.models.llama`,
-...) are not a stable API: ModelArgs fields, TransformerBlock signatures,
-the cache classes and mask helpers change between minor releases. Keeping
-them behind this module means an mlx-lm upgrade touches one file, and the
-parity tests (tests/runtime/model/backends/test_mlx_backend.py and
-tests/runtime/model/test_architectures.py) say whether it still works.
-Covered version: mlx-lm 0.32.x (with mlx 0.32.x).
-
-What a family's checkpoint holds and what a shard computes around its
-layers (embedding scale, final softcap, which layers slide) comes from
-runtime/model/architectures.py; `FAMILIES` below names the mlx-lm classes
-that compute the layers, and the settings those classes cannot follow
-(refused, never approximated). The shard builds each layer's attention
-mask itself, from the architecture's layer kinds: mlx-lm's own models do
-not always (its gemma2 has no sliding window at all).
-
-This module imports mlx at import time; `runtime.model.backends.mlx_backend`
-imports it only after checking that mlx is installed.
+mlx-lm's per-family modules are not a stable API (ModelArgs fields, block
+signatures, caches and mask helpers change between minor releases), so an
+upgrade touches this one file; the parity tests say whether it still works.
+Covered version: mlx-lm 0.32.x (with mlx 0.32.x). `FAMILIES` names the
+mlx-lm classes that compute each family's layers (the family's facts are in
+runtime/model/architectures.py) and the settings they cannot follow,
+refused, never approximated. This module imports mlx at import time;
+`runtime.model.backends.mlx_backend` imports it only once mlx is known to be
+installed. More: docs/design/models.md#the-backend-adapters.
 """
 
 from __future__ import annotations

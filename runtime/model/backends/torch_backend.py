@@ -1,72 +1,17 @@
 """The torch backend: a span of transformers decoder layers on CUDA, MPS or CPU.
 
-Only the shard's modules are ever built, on the meta device (no memory), and
-then given the tensors that runtime.model.weights reads for exactly this
-shard, so a node serving [a, b) of L layers holds about (b-a)/L of the
-weights. The layers are transformers' own classes (the numerics are theirs,
-which is what makes the parity test against the full model meaningful);
-every call into transformers goes through torch_adapter. What the shard
-computes around them is the family's (runtime/model/architectures.py): the
-embedding scale, one attention mask and one rotary pair per layer kind
-(full or sliding window), the final-logit softcap.
+Only the shard's modules are built (on the meta device) and given exactly
+the shard's tensors (`runtime.model.weights`), read a block of rows at a
+time and converted or quantized straight into the shard's storage, so
+memory is the shard's in its recipe. The layers are transformers' own
+classes, reached only through `torch_adapter`; the family's embedding
+scale, masks, rotary pairs and softcap come from
+`runtime/model/architectures.py`. q8/q4 use MLX's affine group grid: on CPU
+through torch's int4 weight-only kernel (q8 as two 4-bit planes), elsewhere
+dequantized inside each matmul; the token embedding at 8 bits under both.
 
-Weights are read one tensor at a time, a block of rows at a time, and each
-block is converted (fp32/bf16/fp16) or quantized (q8/q4) straight into the
-shard's own storage. Loading therefore never holds more than one block in
-the checkpoint's dtype beside the shard: a q4 shard needs memory for q4
-weights, not for the fp32 ones it is made from.
-
-q8 and q4 are MLX's affine group quantization (runtime/model/recipes.py):
-per group of QUANT_GROUP_SIZE input weights, w ~ q * scale + bias with q an
-unsigned `bits`-bit code. How they are computed depends on the device:
-
-- CPU: torch's int4 weight-only matmul, `torch._weight_int4pack_mm_for_cpu`,
-  which takes 4-bit digits d in groups of 64 and computes with
-  w = (d - 8) * scale + zero. q4 is one plane of digits. q8 is two: a code
-  q = 16 * hi + lo is stored as the planes [hi | lo] side by side along the
-  input dimension, with scales 16 * scale and scale, and the input is fed
-  twice, so one kernel call sums both planes and computes exactly q * scale
-  + bias: the same grid as MLX's, at one byte per weight. Why this kernel:
-  it is in every torch wheel (no torchao, whose releases pin a torch minor);
-  it takes the affine group grid as it is, where `_weight_int8pack_mm`
-  (about as fast as two int4 planes here) would impose symmetric
-  per-channel scales, a coarser grid than MLX's; and one kernel serves both
-  recipes. Decoding SmolLM2-135M on a 2-core x86 machine, q8 runs 1.2-1.5x
-  and q4 1.9-2.5x fp32's tokens/s (prefill, where the kernel decodes the
-  weights again for every 4 tokens, about 0.5x and 0.9x). Its cost: on x86
-  it is vectorized for bfloat16 activations only (fp32 runs a scalar loop,
-  over 10x slower than fp32's own matmul), so a projection's input and
-  output pass through bfloat16 (its scales and zeros too, the kernel takes
-  them in the activation dtype; the grid is chosen so they hold it
-  exactly). The residual stream, norms, attention and the KV cache stay
-  float32. On the tiny models this moved the doctor's worst q8 error from
-  7.2e-3 to 1.1e-2 (q4: 0.155 to 0.126, with the 8-bit embedding below),
-  within both recipes' tolerances (tests/runtime/model/backends/test_torch_backend.py).
-- other devices (CUDA, MPS), and a projection whose output width the kernel
-  does not take (not a multiple of _KERNEL_ROW_MULTIPLE): the codes are kept
-  plainly and dequantized to float32 inside each matmul. Same grid, same
-  weights, float32 activations; slower, but it runs wherever torch runs.
-
-The token embedding is quantized too, at 8 bits under both q8 and q4, onto
-the same grid, and kept plainly (a lookup dequantizes just the rows it
-needs). On SmolLM2-135M (49152 x 576, tied) it is a fifth of the weights and
-most of the first shard, so unquantized it would leave a q4 first shard at a
-third of fp32's memory. Why 8 bits under q4 too: its rows are the residual
-stream itself, before any layer, and on SmolLM2-135M 4-bit rows raised
-q4's logits error from 0.26 to 0.31 where 8-bit ones cost 0.01 (q8's
-logits error did not move); a lookup reads a row, so its bits cost memory
-(14 MB there), not speed. The price is paid on spans that start at the
-embedding of a model that builds a massive activation out of it: on
-SmolLM2-135M, 8-bit rows moved q8's per-token error on [0, 10) from 0.018
-to 0.055 (the whole model's logits stayed at 0.035); the manifest's
-calibration records such a model's errors span by span.
-
-Mixture-of-experts layers hold their experts as transformers does, fused
-per layer, assembled from the checkpoint's per-expert tensors; q8/q4 are
-refused for them (`architectures.recipe_refusal` says why).
-
-Each session has its own KV cache, a DynamicCache whose slots are local to
-the shard (slot 0 is layer `start`).
+Why this kernel, what it costs in accuracy and speed, and why an 8-bit
+embedding: docs/design/recipes.md#q8-and-q4-on-torch.
 """
 
 from __future__ import annotations
