@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from runtime.cli.config_file import settable_actions, subcommand
-from runtime.cli.main import build_parser, main, node_options, package_version, parse_arguments
+from runtime.cli.main import build_parser, main, package_version, parse_arguments
+from runtime.cli.node_process import node_options
 from runtime.node.hostport import parse_hostport, parse_seed
 from runtime.node.options import NodeOptions
 

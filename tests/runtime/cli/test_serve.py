@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from runtime.cli.main import build_parser, main, node_options, parse_arguments
+from runtime.cli.main import build_parser, main, parse_arguments
+from runtime.cli.node_process import node_options
 from runtime.model.manifest import (
     GOLDEN_FILE,
     MANIFEST_FILE,

@@ -35,7 +35,7 @@ import transformers
 from transformers import AutoModelForCausalLM, DynamicCache, PretrainedConfig
 from transformers.cache_utils import get_layer_types_and_kwargs
 
-from runtime.cli.main import TINY_FAMILIES
+from runtime.cli.commands.tiny_model import TINY_FAMILIES
 from runtime.model import architectures
 from runtime.model.backends import ShardSpec, load_shard
 from runtime.model.backends.base import BackendError, ShardBackend

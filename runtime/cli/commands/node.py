@@ -1,0 +1,84 @@
+"""`shardmesh node`: run a node until SIGTERM/SIGINT, then leave the swarm gracefully.
+
+With `--model` (a folder or `hf:REPO`) and `--layers` it serves that shard,
+pinned; the shard is checked before anything starts (`preflight`), so an
+operator's mistake is one line and exit 2, not a failed admission after
+joining. Without, it is spare capacity for managed placement.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from runtime.cli import argtypes
+from runtime.cli.command import Commands, fail
+from runtime.cli.flags import node_flags
+from runtime.cli.model_source import (
+    MODEL_METAVAR,
+    ModelSourceError,
+    fetch_model,
+    mistaken_hub_id,
+    model_source,
+)
+from runtime.cli.node_process import configure_node_process, node_options, run_node
+
+
+def register(commands: Commands) -> None:
+    node = commands.add_parser(
+        "node",
+        help="run a node: join the swarm and serve the HTTP API",
+        description="Run a node until SIGTERM/SIGINT, then leave the swarm gracefully.",
+    )
+    node_flags(node, command="node")
+    node.add_argument(
+        "--model",
+        type=model_source,
+        default=None,
+        metavar=MODEL_METAVAR,
+        help="serve a shard of this model (pinned, operator tier; needs --layers): a folder, "
+        "or a Hugging Face Hub model, of which only the shard's weight files are fetched",
+    )
+    node.add_argument(
+        "--layers", type=argtypes.layer_span, default=None, metavar="A:B", help="the shard to serve"
+    )
+    node.add_argument(
+        "--models",
+        type=Path,
+        default=None,
+        metavar="STORE",
+        help="a folder of model directories the placement leader may ask this node to load "
+        "(a node without --model is spare capacity for managed placement)",
+    )
+    node.add_argument(
+        "--auto-join",
+        action="store_true",
+        help="on first join, take the best gap for this node's memory and --models store "
+        "as a bootstrap (pinned) assignment (not with --model)",
+    )
+    node.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    configure_node_process(args)
+    try:
+        options = node_options(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    serve = options.serve
+    if serve is not None:
+        if (mistaken := mistaken_hub_id(args.model)) is not None:
+            parser.error(mistaken)
+        from runtime.model.backends.base import BackendError  # NumPy: only for a shard
+        from runtime.model.doctor import preflight
+
+        try:
+            fetch_model(args.model, "node", layers=serve.layers)
+        except ModelSourceError as exc:
+            return fail("node", f"--model: {exc}", code=2)
+        except BackendError as exc:  # the hub could not give the model's files
+            return fail("node", str(exc))
+        checked = preflight(serve.model_dir, *serve.layers, serve.recipe, serve.backend)
+        if not checked.admitted:
+            return fail("node", f"--model: {checked.message}", code=2)
+    return run_node(options, "node")
