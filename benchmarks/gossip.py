@@ -1,26 +1,13 @@
 """Gossip benchmark: the real membership core in the simulator, side by side
 with memberlist's analytic model.
 
-    python -m benchmarks.gossip [--json] [--quick]
+    python -m benchmarks.gossip [--json] [--quick] [--seed N]
 
-Measures, for each swarm size and loss rate:
-- `spread_p999_s`: seconds from one node publishing a new record until
-  99.9% of nodes hold it (and `rounds_p999`, the same in gossip rounds);
-- `bytes_per_node_per_s`: bytes every node sends per second while it spreads
-  (probes included), counted on the real CBOR encoding;
-and, at 1,000 nodes:
-- `detect_median_s`: a crash until a survivor marks it dead, median over
-  survivors;
-- `false_positives_per_node_hour`: `dead` verdicts about healthy nodes, per
-  node and hour, at 10% loss with no crashes.
-
-The anchor is serf's analytic convergence model for memberlist (fanout 3,
-200 ms rounds): 99.9% of 1,000 nodes in 2.0 s and of 10,000 in 2.2 s
-(2.2 s / 2.4 s at 10% loss), at about 42 KB/s per node.
-
-The last line printed is one JSON object; its top-level figures are the
-1,000-node run at 0% loss (spread) with detection and false positives
-measured as described, and `runs` has every configuration.
+Per swarm size and loss rate, how fast a new record reaches 99.9% of nodes
+and what every node sends meanwhile; at 1,000 nodes, crash detection time
+and false `dead` verdicts. The anchor is serf's analytic convergence model
+for memberlist (fanout 3, 200 ms rounds). The last line printed is one JSON
+object; what each key means: docs/benchmarks.md#gossip.
 """
 
 from __future__ import annotations
@@ -38,7 +25,8 @@ from simulations.cluster import MembershipCluster
 from simulations.network import NetworkConfig
 
 MEMBERLIST_MODEL_P999_S = {(1000, 0.0): 2.0, (10000, 0.0): 2.2, (1000, 0.1): 2.2, (10000, 0.1): 2.4}
-"""serf's convergence model (ANCHORS.md): seconds to reach 99.9% of nodes."""
+"""serf's analytic convergence model of memberlist (fanout 3, 200 ms rounds):
+seconds to reach 99.9% of nodes."""
 
 MEMBERLIST_BYTES_PER_NODE_PER_S = 42_000
 """The model's bandwidth bound per node, our ceiling."""

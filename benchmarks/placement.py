@@ -3,35 +3,11 @@ to end through real node processes.
 
     python -m benchmarks.placement [--json] [--runs N] [--seed S] [--trials N]
 
-`decide_ms_10k_nodes_100_models`: the median wall time of
-`consensus.placement.decide` over `--runs` calls on one synthetic snapshot of
-10,000 nodes and 100 models (target <= 100 ms). The snapshot is shaped like a
-busy swarm, so every rule has work to do:
-
-* 100 models of 24-96 layers, 0.1-1.5 GB per layer, 1-3 GB fixed overhead;
-* nodes with 8-192 GB, each holding 1-6 models in its local store;
-* 30% of nodes pinned (operator or bootstrap) and admitted, 15% managed
-  (some admitted, some loading, some failed admission, some old enough to be
-  retargeted), the rest model-less spare; 3% dead, 2% suspect;
-* demand for 70 models (a Zipf-like spread of rates, some gone idle), and a
-  back-off history for a few hundred (node, model) pairs.
-
-Real processes on loopback (`local` profile), one swarm per trial: node A
-pinned to a tiny model X (it founds the cluster and leads), node B model-less
-with a tiny model Y in its `--models` store. Once B advertises its capacity:
-
-* `demand_to_commit_ms`: from sending the first chat request for Y (answered
-  `503 model_loading`) to the leader's acknowledgement that B's managed
-  assignment is committed (the `at` of its decision; one clock, one
-  machine). Target <= 1,000 ms (DESIGN.md's target excludes weight load and
-  doctor, which come after).
-* `demand_to_first_token_s`: from the same first request until a retried,
-  streaming request for Y yields its first token: commit, B loading Y,
-  B's doctor, B's record spreading, then the chain. Retries every 50 ms.
-
-Medians over `--trials`.
-
-The last line printed is one JSON object.
+`consensus.placement.decide` timed on a synthetic busy swarm of 10,000
+nodes and 100 models; then, on real processes on loopback, a first chat
+request for a model nobody serves, timed to the committed assignment and to
+its first streamed token. The last line printed is one JSON object; how the
+snapshot is shaped and what each key means: docs/benchmarks.md#placement.
 """
 
 from __future__ import annotations
@@ -59,6 +35,7 @@ from consensus.placement import (
     PlacementSettings,
     decide,
 )
+from mesh.member_table import MemberStateName
 
 NODES = 10_000
 MODELS = 100
@@ -94,7 +71,7 @@ def synthetic_snapshot(nodes: int = NODES, models: int = MODELS, seed: int = 1) 
         node = _node_id(index)
         store = frozenset(rng.choices(names, weights, k=rng.randint(1, 6)))
         roll = rng.random()
-        state = "dead" if roll < 0.03 else "suspect" if roll < 0.05 else "alive"
+        state: MemberStateName = "dead" if roll < 0.03 else "suspect" if roll < 0.05 else "alive"
         kind = rng.random()
         capability: CapabilityState = "none"
         if kind < 0.45:

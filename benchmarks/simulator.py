@@ -1,42 +1,14 @@
 """Simulator cost: CPU seconds and memory of the runs a researcher makes most.
 
-    python -m benchmarks.simulator [--json] [--quick]
+    python -m benchmarks.simulator [--json] [--quick] [--core python]
 
-Each case is one `run_scenario` of the real membership core, alone in a
-fresh child process, so its CPU time and peak RSS are its own:
-
-- `steady_1k_600s_cpu_s`: 1,000 nodes for 600 simulated s with churn
-  (pauses, a leave, crashes and restarts); target <= 30 CPU-s.
-- `partition_1k_cpu_s`, `partition_1k_rss_mb`: 1,000 nodes, 150 s, a 3-way
-  partition for 60 s; targets <= 30 CPU-s and <= 300 MB.
-- `partition_10k_cpu_s`, `partition_10k_rss_mb`: 10,000 nodes, 60 s, a
-  3-way partition from 10 s to 40 s; targets <= 120 CPU-s and <= 1,000 MB.
-- `growth_exponent`: the slope of log(CPU-s) against log(nodes) over the
-  60 s partition case at 1k, 3k and 10k nodes (1 is linear; the target,
-  "about N log N", is at most 1.2). Beside it, `growth_exponent_finished`
-  (the sizes that finished) and `growth_exponent_below_1k` (the same case
-  at 250, 500 and 1,000 nodes, which always fit the caps).
-
-A case is stopped once it has used `CPU_CAP_FACTOR` times its CPU target
-or `MEMORY_CAP_FACTOR` times its memory target: it has failed them by then,
-and a run that goes on can take a shared machine down (10,000 nodes
-partitioned reached 16 GB before they were stopped). A stopped case reports
-`stopped` ("cpu" or "memory") and what it had used; its figures are null,
-and so is the growth exponent when one of its runs was stopped.
-
-Two cores, side by side. The hot modules run as plain Python and, compiled
-with mypyc (`simulations.compiled`; built into build/sim-core/ first when
-missing or stale, about a minute), as extension modules. The two 1,000-node
-cases run on both: `python` and `mypyc` under `cores`, with `speedup` (CPU
-seconds of python over mypyc) and `same_run` (equal trace digests, loop
-events and view agreement: the compiled core is the same protocol). The
-top-level figures and the growth runs are the compiled core's when there
-is one, named by `core`; `--core python` (or a build that fails) measures plain Python only.
-
-`--quick` divides every node count by fifty (a smoke test of the benchmark
-itself, not a measurement). The last line printed is one JSON object with
-the figures above at its top level, `targets`, `meets_targets`, and every
-case under `cases`.
+Each case is one `run_scenario` of the real membership core (1,000 nodes
+steady or partitioned, 10,000 partitioned, and a growth series), alone in a
+fresh child process so its CPU time and peak RSS are its own, stopped once
+it is far past its target. The 1,000-node cases run on plain Python and on
+the mypyc-compiled core side by side. `--quick` divides node counts by
+fifty (a smoke test). The last line printed is one JSON object; the targets
+and every key: docs/benchmarks.md#simulator.
 """
 
 from __future__ import annotations

@@ -3,75 +3,15 @@ hops are not, and what checking costs, beside the anchors.
 
     python -m benchmarks.verify [--json] [--quick] [--seed N]
 
-Everything runs in this process on real parts: every node is a pair of
-CurveZMQ planes on 127.0.0.1 with its own `Engine` and `HopServer` holding a
-real torch shard of the 8-layer tiny model (spans [0,3), [3,6), [6,8)),
-three replicas of each span; requests go through `Pipeline.generate`,
-checks through the entry's real `SpotChecker.check` (a replay on other
-replicas, `find_divergence`, and a confirming replay on the third replica
-before it reports), evidence through JSON to the leader's real
-`Adjudicator.judge` (one more recomputation). Only the swarm's view
-(coverage and records, normally gossip) is a fixed table, `StaticSwarm`.
-Each request draws its own prompt (4-24 tokens), sampling (greedy, or
-temperature 0.9 / top-p 0.95 / top-k 50: alternately) and seed.
-
-Figures (the top-level keys; `targets`, and `targets_met` for each):
-
-- `detect_requests_p99_always` (<= 20) and `detect_requests_p99_one_percent`
-  (<= 300): requests a lying middle hop serves until it is caught, p99. The
-  liar is a real shard that adds noise (half its output's spread) to its
-  output on each forward with probability 1 (always) or 0.01 (a seeded
-  generator). Every request it serves is checked (fraction 1), each
-  generating `DETECT_TOKENS` tokens: that measures `p_detect`, the chance a
-  *checked* request reports the liar with signed evidence. An entry checks
-  a finished request with probability f (`PlacementSettings().
-  verify_fraction`) independently of the others, so each request catches
-  the liar with probability p = f * p_detect, and the requests until
-  detection N are geometric: P(N <= n) = 1 - (1 - p)^n, whose p99 is
-  ceil(ln(0.01) / ln(1 - p)). Beside that closed form, a seeded Monte-Carlo
-  of the process itself (each trial serves requests until caught: checked
-  with probability f, a checked one catching the liar as a measured checked
-  request drawn at random did) gives `..._monte_carlo`. The 1% liar's
-  p_detect grows with a request's forwards (one per token: 1 - 0.99^32 =
-  0.275 at 32 tokens). Quarantine is one step after detection: the leader
-  recomputes the accused's step once, on a chain avoiding both parties,
-  and commits a guilty verdict; no further request is needed
-  (`detection.*.quarantine` judges some of the evidence for real).
-- `false_quarantines` (= 0): divergences found over 2,000 honest requests
-  in fp32, bf16 and q8 (a third each; `HONEST_TOKENS` tokens each), every
-  one checked (fraction 1) on the other replicas of its recipe with
-  `tolerance([the recipes of both chains])`. Any divergence counts, of any
-  kind; `honest` says which were reported and how the leader judged them.
-- `verify_overhead_fraction` (<= 0.05): extra compute per served token,
-  f * (replay compute / served compute), by the hops' own clocks: the
-  served request's `ChainTiming` (every hop's `compute_us` for its prefill
-  and decode steps) against the `HopStats.prefill_compute_s` the swarm's
-  hops added during the check (nothing else computes meanwhile; a
-  confirming replay, when there is one, counts too), over the honest
-  requests. The tiny model's decode step is mostly Python overhead, which
-  flatters a replay (one prefill of the history), so `overhead.wide_model`
-  (`verify_overhead_fraction_wide_model`) repeats the comparison on the
-  wide model below, shard by shard: one prefill of a 16-token prompt plus
-  32 tokens' history against the prompt's prefill and 31 decode steps.
-- `sketch_cost_fraction` (<= 0.02): what a hop adds to each step for its
-  commitment (`sketch` of its input and output rows, the hash chain's
-  CBOR and SHA-256, and an Ed25519 signature every `SIGN_EVERY` steps),
-  over the step's forward, for decode steps on a 6-layer model of hidden
-  1024 / MLP 4096 (~0.1 B parameters, fp32, from `runtime.model.tiny`, as
-  `benchmarks.pipeline`'s large model) cut in three 2-layer shards; per
-  shard, the median step's sketches and digest plus the median signature
-  over `SIGN_EVERY`, over the median forward (medians: a step descheduled
-  on a shared machine is not the commitment's cost; the plain mean is
-  beside it), the worst shard as the figure.
-
-Anchors (`anchors`): Petals has no verification (peers can modify outputs
-undetected: detection never, overhead 0); BOINC-style redundancy computes
-every work unit twice and compares (a lie is caught on the first request
-it is in; overhead 1.0).
-
-Torch computes on one thread (`COMPUTE_THREADS`). The full run takes about
-ten minutes on 2 cores (`wall_s`); `--quick` (the test's mode) about 20 s.
-Progress goes to stderr; the last line printed is one JSON object.
+Everything runs in this process on real parts: CurveZMQ planes, engines and
+hop servers holding torch shards of the tiny model, three replicas per span,
+the entry's real `SpotChecker` and the leader's real `Adjudicator`; only the
+swarm's view is a fixed table (`StaticSwarm`). A liar that always lies and
+one that lies on 1% of forwards are checked, 2,000 honest requests too, and
+a wide model measures a commitment's cost per step. The full run takes
+about ten minutes on 2 cores, `--quick` (the test's mode) about 20 s.
+Progress goes to stderr; the last line printed is one JSON object. The
+derivation and every key: docs/benchmarks.md#verify.
 """
 
 from __future__ import annotations
@@ -108,7 +48,7 @@ from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import HopServer
 from runtime.inference.transcript import Transcript
 from runtime.model.backends import load_shard
-from runtime.model.backends.base import ShardBackend, ShardSpec
+from runtime.model.backends.base import KVCache, ShardBackend, ShardSpec
 from runtime.model.sampling import SEED_MODULUS, SamplingParams
 from runtime.model.tiny import make_tiny_model
 from runtime.node.spot_check import Adjudicator, Evidence, SpotChecker
@@ -723,6 +663,108 @@ TIMING_REPEATS: Final = 3
 is a single sample on a shared 2-core machine."""
 
 
+def _timed_steps(
+    shard: ShardBackend,
+    span: tuple[int, int],
+    inputs: np.ndarray,
+    cache: KVCache,
+    session_seed: int,
+    identity: Identity,
+    steps: int,
+) -> dict[str, list[float]]:
+    """Each decode step's forward, then the commitment a hop makes for it
+    (sketches, the hash chain's digest, a signature every SIGN_EVERY steps),
+    timed apart: seconds per step under `forward`, `sketch`, `commit` (the
+    sketches and the digest) and `sign`."""
+    times: dict[str, list[float]] = {"forward": [], "sketch": [], "commit": [], "sign": []}
+    previous = b""
+    for step in range(steps):
+        pos = LARGE_PROMPT + step
+        row = inputs[pos : pos + 1]
+        t0 = time.perf_counter()
+        output = shard.forward(row, np.array([pos], dtype=np.int64), cache)
+        t1 = time.perf_counter()
+        committed_in = _NO_ROWS if shard.is_first else sketch(row, session_seed)
+        committed_out = sketch(output[-1:], session_seed)
+        t2 = time.perf_counter()
+        commitment = Commitment(
+            hop=identity.node_id,
+            entry=identity.node_id,
+            session="ab" * 16,
+            model=MODEL,
+            layers=span,
+            sketch_seed=session_seed,
+            step=step,
+            pos=pos,
+            count=1,
+            inputs_digest=ids_digest(row) if shard.is_first else b"",
+            inputs=committed_in,
+            outputs=committed_out,
+            token=0 if shard.is_last else None,
+            previous=previous,
+        )
+        previous = commitment.digest()
+        t3 = time.perf_counter()
+        if step % SIGN_EVERY == 0:  # as a hop signs its hash chain
+            commitment = commitment.signed(identity)
+            times["sign"].append(time.perf_counter() - t3)
+        times["forward"].append(t1 - t0)
+        times["sketch"].append(t2 - t1)
+        times["commit"].append(t3 - t1)
+    return times
+
+
+def _wide_hop(
+    shard: ShardBackend,
+    span: tuple[int, int],
+    rng: np.random.Generator,
+    identity: Identity,
+    steps: int,
+    served_tokens: int,
+) -> tuple[dict[str, Any], float, float]:
+    """One shard of the wide model: its figures, and the seconds its share of
+    the request took as served and as one replay prefill of the history."""
+    total = LARGE_PROMPT + steps
+    if shard.is_first:
+        inputs = rng.integers(0, shard.vocab_size, total).astype(np.int64)
+    else:
+        inputs = rng.standard_normal((total, shard.hidden_size)).astype(np.float32)
+    session_seed = _seed(rng)  # one per session, as a hop's: its projection is cached
+    shard.forward(inputs[:2], np.arange(2, dtype=np.int64), shard.new_cache())  # warm-up
+    cache = shard.new_cache()
+    t0 = time.perf_counter()
+    shard.forward(inputs[:LARGE_PROMPT], np.arange(LARGE_PROMPT, dtype=np.int64), cache)
+    prefill = time.perf_counter() - t0
+    times = _timed_steps(shard, span, inputs, cache, session_seed, identity, steps)
+    history = LARGE_PROMPT + served_tokens - 1
+    replays = []
+    for _ in range(TIMING_REPEATS):
+        t0 = time.perf_counter()
+        shard.forward(inputs[:history], np.arange(history, dtype=np.int64), shard.new_cache())
+        replays.append(time.perf_counter() - t0)
+    forward_s, commit_s, sign_s = times["forward"], times["commit"], times["sign"]
+    served = prefill + sum(forward_s[: served_tokens - 1])
+    replay = statistics.median(replays)
+    forward_med = statistics.median(forward_s)
+    commit_med = statistics.median(commit_s)
+    # Per step: the sketches and the chain's digest, and a signature's
+    # share (one in SIGN_EVERY); medians, so a step descheduled on a
+    # shared machine does not count as the commitment's cost.
+    per_step = commit_med + statistics.median(sign_s) / SIGN_EVERY
+    hop = {
+        "layers": list(span),
+        "decode_forward_ms_median": round(forward_med * 1e3, 3),
+        "commitment_ms_median": round(commit_med * 1e3, 4),
+        "of_which_sketch_ms_median": round(statistics.median(times["sketch"]) * 1e3, 4),
+        "signature_ms_median": round(statistics.median(sign_s) * 1e3, 4),
+        "commitment_fraction": round(per_step / forward_med, 5),
+        "commitment_fraction_mean": round(sum(commit_s) / sum(forward_s), 5),
+        "request_served_ms": round(served * 1e3, 2),
+        "replay_prefill_ms": round(replay * 1e3, 2),
+    }
+    return hop, served, replay
+
+
 def wide_model(root: Path, counts: Counts, seed: int) -> dict[str, Any]:
     """Decode steps on every shard of a wide model: each forward timed
     against the commitment a hop makes for it (sketches, the hash chain's
@@ -747,87 +789,11 @@ def wide_model(root: Path, counts: Counts, seed: int) -> dict[str, Any]:
     served_tokens = min(DETECT_TOKENS, steps)
     for span in _spans(counts.sketch_layers, len(SPANS)):
         shard = load_shard(ShardSpec(model_dir, span[0], span[1], "fp32"), BACKEND)
-        total = LARGE_PROMPT + steps
-
-        def rows(count: int, shard: ShardBackend = shard) -> np.ndarray:
-            if shard.is_first:
-                return rng.integers(0, shard.vocab_size, count).astype(np.int64)
-            return rng.standard_normal((count, shard.hidden_size)).astype(np.float32)
-
-        inputs = rows(total)
-        session_seed = _seed(rng)  # one per session, as a hop's: its projection is cached
-        shard.forward(inputs[:2], np.arange(2, dtype=np.int64), shard.new_cache())  # warm-up
-        cache = shard.new_cache()
-        t0 = time.perf_counter()
-        shard.forward(inputs[:LARGE_PROMPT], np.arange(LARGE_PROMPT, dtype=np.int64), cache)
-        prefill = time.perf_counter() - t0
-        forward_s: list[float] = []
-        sketch_s: list[float] = []
-        commit_s: list[float] = []
-        sign_s: list[float] = []
-        previous = b""
-        for step in range(steps):
-            pos = LARGE_PROMPT + step
-            row = inputs[pos : pos + 1]
-            t0 = time.perf_counter()
-            output = shard.forward(row, np.array([pos], dtype=np.int64), cache)
-            t1 = time.perf_counter()
-            committed_in = _NO_ROWS if shard.is_first else sketch(row, session_seed)
-            committed_out = sketch(output[-1:], session_seed)
-            t2 = time.perf_counter()
-            commitment = Commitment(
-                hop=identity.node_id,
-                entry=identity.node_id,
-                session="ab" * 16,
-                model=MODEL,
-                layers=span,
-                sketch_seed=session_seed,
-                step=step,
-                pos=pos,
-                count=1,
-                inputs_digest=ids_digest(row) if shard.is_first else b"",
-                inputs=committed_in,
-                outputs=committed_out,
-                token=0 if shard.is_last else None,
-                previous=previous,
-            )
-            previous = commitment.digest()
-            t3 = time.perf_counter()
-            if step % SIGN_EVERY == 0:  # as a hop signs its hash chain
-                commitment = commitment.signed(identity)
-                sign_s.append(time.perf_counter() - t3)
-            forward_s.append(t1 - t0)
-            sketch_s.append(t2 - t1)
-            commit_s.append(t3 - t1)
-        history = LARGE_PROMPT + served_tokens - 1
-        replays = []
-        for _ in range(TIMING_REPEATS):
-            t0 = time.perf_counter()
-            shard.forward(inputs[:history], np.arange(history, dtype=np.int64), shard.new_cache())
-            replays.append(time.perf_counter() - t0)
-        served = prefill + sum(forward_s[: served_tokens - 1])
+        hop, served, replay = _wide_hop(shard, span, rng, identity, steps, served_tokens)
         served_s += served
-        replay_s += statistics.median(replays)
-        forward_med = statistics.median(forward_s)
-        commit_med = statistics.median(commit_s)
-        # Per step: the sketches and the chain's digest, and a signature's
-        # share (one in SIGN_EVERY); medians, so a step descheduled on a
-        # shared machine does not count as the commitment's cost.
-        per_step = commit_med + statistics.median(sign_s) / SIGN_EVERY
-        hops.append(
-            {
-                "layers": list(span),
-                "decode_forward_ms_median": round(forward_med * 1e3, 3),
-                "commitment_ms_median": round(commit_med * 1e3, 4),
-                "of_which_sketch_ms_median": round(statistics.median(sketch_s) * 1e3, 4),
-                "signature_ms_median": round(statistics.median(sign_s) * 1e3, 4),
-                "commitment_fraction": round(per_step / forward_med, 5),
-                "commitment_fraction_mean": round(sum(commit_s) / sum(forward_s), 5),
-                "request_served_ms": round(served * 1e3, 2),
-                "replay_prefill_ms": round(statistics.median(replays) * 1e3, 2),
-            }
-        )
-        say(f"  wide model hop {span}: {json.dumps(hops[-1])}")
+        replay_s += replay
+        hops.append(hop)
+        say(f"  wide model hop {span}: {json.dumps(hop)}")
         del shard
     return {
         "model": {
@@ -939,11 +905,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run(counts: Counts, seed: int, *, quick: bool = False) -> dict[str, Any]:
-    """Every measurement; the benchmark's JSON object. Torch computes on
-    ``COMPUTE_THREADS`` threads meanwhile (restored after)."""
-    started = time.perf_counter()
-    fraction = PlacementSettings().verify_fraction
+def _measure(
+    counts: Counts, seed: int
+) -> tuple[dict[str, Any], LiarRun, LiarRun, list[HonestRun], float]:
+    """The wide model, then the swarm's runs: (wide model's figures, the
+    always liar, the 1% liar, the honest runs, the swarm's wall seconds).
+    Torch computes on ``COMPUTE_THREADS`` threads meanwhile (restored after)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(COMPUTE_THREADS)
     check_log = CheckLog()
@@ -961,6 +928,90 @@ def run(counts: Counts, seed: int, *, quick: bool = False) -> dict[str, Any]:
     finally:
         logger.removeHandler(check_log)
         torch.set_num_threads(threads)
+    return wide, always, one, honest, swarm_wall
+
+
+def _anchors(p_always: float, p_one: float) -> dict[str, Any]:
+    """Petals (no verification) and BOINC-style redundancy, in our figures."""
+    return {
+        "petals": {
+            "detect_requests_p99_always": None,
+            "detect_requests_p99_one_percent": None,
+            "verify_overhead_fraction": 0.0,
+            "note": "no verification: peers can modify outputs and nothing detects it "
+            "(requests until detection: never)",
+        },
+        "boinc_redundancy": {
+            "detect_requests_p99_always": p99_requests(p_always),
+            "detect_requests_p99_one_percent": p99_requests(p_one),
+            "verify_overhead_fraction": 1.0,
+            "note": "every work unit computed twice and compared: a lie is caught on the "
+            "first request it is in (fraction 1 with the measured per-request p_detect), "
+            "at twice the compute",
+        },
+    }
+
+
+_DERIVATION: Final = (
+    "each request is checked with probability f = verify_fraction, "
+    "independently; a checked request names the liar with probability p_detect "
+    "(measured: every request checked); requests until detection N ~ "
+    "Geometric(p = f * p_detect), so P(N <= n) = 1 - (1 - p)^n and "
+    "p99 = ceil(ln(0.01) / ln(1 - p)); monte_carlo simulates that process, a checked "
+    "request's outcome drawn from the measured ones. Quarantine: one adjudication "
+    "(the leader's recomputation) after the detecting check, no further request."
+)
+
+
+def _overhead_json(
+    fraction: float, overall: dict[str, Any], wide: dict[str, Any]
+) -> dict[str, Any]:
+    """What checking costs, on the tiny model's swarm and on the wide model."""
+    return {
+        "verify_fraction": fraction,
+        "swarm_tiny_model": {
+            k: overall[k]
+            for k in (
+                "served_compute_s",
+                "replay_compute_s",
+                "replay_over_served_compute",
+                "replay_over_served_wall",
+            )
+        },
+        "wide_model": {
+            "replay_over_served": wide["replay_over_served"],
+            "overhead_fraction": round(fraction * wide["replay_over_served"], 5),
+            "request": wide["request"],
+        },
+        "note": "compute by the hops' own clocks (ChainTiming compute_us for the served "
+        "request, HopStats.prefill_compute_s on the checking hops for the replay); the "
+        "wide model's is one shard at a time in this process (prefill of the prompt plus "
+        "decode steps, against one prefill of the history)",
+    }
+
+
+def _swarm_json(swarm_wall: float) -> dict[str, Any]:
+    """The swarm the detection and honest runs used."""
+    return {
+        "model": MODEL,
+        "layers": LAYERS,
+        "spans": [list(s) for s in SPANS],
+        "replicas": REPLICAS,
+        "liar_hop": LIAR_HOP,
+        "noise": NOISE,
+        "recipes": list(RECIPES),
+        "backend": BACKEND,
+        "torch_threads": COMPUTE_THREADS,
+        "wall_s": round(swarm_wall, 1),
+    }
+
+
+def run(counts: Counts, seed: int, *, quick: bool = False) -> dict[str, Any]:
+    """Every measurement; the benchmark's JSON object. Torch computes on
+    ``COMPUTE_THREADS`` threads meanwhile (restored after)."""
+    started = time.perf_counter()
+    fraction = PlacementSettings().verify_fraction
+    wide, always, one, honest, swarm_wall = _measure(counts, seed)
     always_json = detection(always, fraction, counts.monte_carlo_trials, seed)
     one_json = detection(one, fraction, counts.monte_carlo_trials, seed + 1)
     honest_json = {run.recipe: _honest_json([run], fraction) for run in honest}
@@ -993,69 +1044,12 @@ def run(counts: Counts, seed: int, *, quick: bool = False) -> dict[str, Any]:
         "verify_overhead_fraction_wide_model": round(fraction * wide["replay_over_served"], 5),
         "targets": TARGETS,
         "targets_met": {name: met(name) for name in TARGETS},
-        "anchors": {
-            "petals": {
-                "detect_requests_p99_always": None,
-                "detect_requests_p99_one_percent": None,
-                "verify_overhead_fraction": 0.0,
-                "note": "no verification: peers can modify outputs and nothing detects it "
-                "(requests until detection: never)",
-            },
-            "boinc_redundancy": {
-                "detect_requests_p99_always": p99_requests(p_always),
-                "detect_requests_p99_one_percent": p99_requests(p_one),
-                "verify_overhead_fraction": 1.0,
-                "note": "every work unit computed twice and compared: a lie is caught on the "
-                "first request it is in (fraction 1 with the measured per-request p_detect), "
-                "at twice the compute",
-            },
-        },
-        "detection": {
-            "derivation": "each request is checked with probability f = verify_fraction, "
-            "independently; a checked request names the liar with probability p_detect "
-            "(measured: every request checked); requests until detection N ~ "
-            "Geometric(p = f * p_detect), so P(N <= n) = 1 - (1 - p)^n and "
-            "p99 = ceil(ln(0.01) / ln(1 - p)); monte_carlo simulates that process, a checked "
-            "request's outcome drawn from the measured ones. Quarantine: one adjudication "
-            "(the leader's recomputation) after the detecting check, no further request.",
-            "always": always_json,
-            "one_percent": one_json,
-        },
+        "anchors": _anchors(p_always, p_one),
+        "detection": {"derivation": _DERIVATION, "always": always_json, "one_percent": one_json},
         "honest": {"by_recipe": honest_json, "all": overall},
-        "overhead": {
-            "verify_fraction": fraction,
-            "swarm_tiny_model": {
-                k: overall[k]
-                for k in (
-                    "served_compute_s",
-                    "replay_compute_s",
-                    "replay_over_served_compute",
-                    "replay_over_served_wall",
-                )
-            },
-            "wide_model": {
-                "replay_over_served": wide["replay_over_served"],
-                "overhead_fraction": round(fraction * wide["replay_over_served"], 5),
-                "request": wide["request"],
-            },
-            "note": "compute by the hops' own clocks (ChainTiming compute_us for the served "
-            "request, HopStats.prefill_compute_s on the checking hops for the replay); the "
-            "wide model's is one shard at a time in this process (prefill of the prompt plus "
-            "decode steps, against one prefill of the history)",
-        },
+        "overhead": _overhead_json(fraction, overall, wide),
         "sketch": wide,
-        "swarm": {
-            "model": MODEL,
-            "layers": LAYERS,
-            "spans": [list(s) for s in SPANS],
-            "replicas": REPLICAS,
-            "liar_hop": LIAR_HOP,
-            "noise": NOISE,
-            "recipes": list(RECIPES),
-            "backend": BACKEND,
-            "torch_threads": COMPUTE_THREADS,
-            "wall_s": round(swarm_wall, 1),
-        },
+        "swarm": _swarm_json(swarm_wall),
         "seed": seed,
         "wall_s": round(time.perf_counter() - started, 1),
     }

@@ -1,7 +1,8 @@
 """Imports point one way (ARCHITECTURE.md): mesh <- consensus <- runtime,
-simulations beside runtime, and inside runtime model <- inference <- node <-
-api/cli. Every module is parsed with `ast` (nothing is imported), so every
-import counts: module level, inside functions, under TYPE_CHECKING, relative.
+simulations beside runtime, inside runtime model <- inference <- node <-
+api/cli, and benchmarks on top of all four, imported by none. Every module is
+parsed with `ast` (nothing is imported), so every import counts: module level,
+inside functions, under TYPE_CHECKING, relative.
 """
 
 from __future__ import annotations
@@ -11,10 +12,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-CHECKED = ("mesh", "consensus", "runtime", "simulations")
+CHECKED = ("mesh", "consensus", "runtime", "simulations", "benchmarks")
 RUNTIME_FOLDERS = ("model", "inference", "node", "api", "cli")
 
-# What each unit may import from the four checked packages (its own unit included).
+# What each unit may import from the checked packages (its own unit included).
 # "runtime" alone is runtime/__init__.py, open to every runtime folder.
 _UNDER_RUNTIME = frozenset({"mesh", "consensus", "runtime"})
 ALLOWED: dict[str, frozenset[str]] = {
@@ -30,6 +31,17 @@ ALLOWED: dict[str, frozenset[str]] = {
     # and `shardmesh simulate` runs the simulator: no other runtime folder imports it
     "runtime.cli": _UNDER_RUNTIME
     | {"runtime.model", "runtime.inference", "runtime.node", "runtime.cli", "simulations"},
+    # benchmarks measure the real parts, any of them; nothing imports a benchmark
+    "benchmarks": _UNDER_RUNTIME
+    | {
+        "runtime.model",
+        "runtime.inference",
+        "runtime.node",
+        "runtime.api",
+        "runtime.cli",
+        "simulations",
+        "benchmarks",
+    },
 }
 RULES = {
     "mesh": "mesh imports no other package (mesh <- consensus <- runtime)",
@@ -43,7 +55,10 @@ RULES = {
     "runtime.api": "runtime/api imports only runtime/model, inference and node (not cli)",
     "runtime.cli": "runtime/cli imports only runtime/model, inference, node and simulations "
     "(not api)",
+    "benchmarks": "benchmarks import only mesh, consensus, runtime and simulations",
 }
+# Checked before each unit's own rule: benchmarks sit on top of everything.
+ON_TOP = "no package imports benchmarks (benchmarks sit on top of the other four)"
 # The composition root serves the HTTP app: the one import against the grain.
 EXCEPTIONS = frozenset({("runtime/node/daemon.py", "runtime.api.app")})
 # ARCHITECTURE.md: the protocol cores and the simulator never load a model library.
@@ -63,7 +78,7 @@ class Violation:
 
 
 def unit_of(module: str) -> str | None:
-    """The layer a dotted module name belongs to; None outside the four packages."""
+    """The layer a dotted module name belongs to; None outside the checked packages."""
     parts = module.split(".")
     if parts[0] not in CHECKED:
         return None
@@ -110,6 +125,9 @@ def check_tree(root: Path) -> list[Violation]:
                     continue
                 target_unit = unit_of(target)
                 if target_unit is None or target_unit in ALLOWED[unit]:
+                    continue
+                if target_unit == "benchmarks":
+                    violations.append(Violation(rel.as_posix(), line, target, ON_TOP))
                     continue
                 if any(
                     rel.as_posix() == src
@@ -177,3 +195,34 @@ def test_checker_reports_each_direction(tmp_path: Path) -> None:
     }, found
     message = str(next(v for v in check_tree(tmp_path) if v.path == "mesh/bad.py"))
     assert message.startswith("mesh/bad.py:4: imports runtime.node.daemon: mesh imports no")
+
+
+def test_checker_keeps_benchmarks_on_top(tmp_path: Path) -> None:
+    """Benchmarks may import every other package; no other package may
+    import a benchmark, and the report says so."""
+    _write(
+        tmp_path,
+        {
+            "mesh/__init__.py": "",
+            "mesh/wire.py": "from benchmarks.gossip import run\n",
+            "consensus/raft.py": "import benchmarks\n",
+            "runtime/__init__.py": "",
+            "runtime/node/daemon.py": "from benchmarks import pipeline\n",
+            "simulations/loop.py": "from benchmarks.simulator import main\n",
+            "benchmarks/__init__.py": "",
+            "benchmarks/gossip.py": "from mesh.wire import x\nfrom simulations import loop\n",
+            "benchmarks/pipeline.py": (
+                "import torch\nfrom runtime.cli.localswarm import LocalSwarm\n"
+                "from runtime.api.app import create_app\nfrom consensus import raft\n"
+                "from . import gossip\n"
+            ),
+        },
+    )
+    violations = check_tree(tmp_path)
+    assert {(v.path, v.line, v.target) for v in violations} == {
+        ("mesh/wire.py", 1, "benchmarks.gossip.run"),
+        ("consensus/raft.py", 1, "benchmarks"),
+        ("runtime/node/daemon.py", 1, "benchmarks.pipeline"),
+        ("simulations/loop.py", 1, "benchmarks.simulator.main"),
+    }
+    assert {v.rule for v in violations} == {ON_TOP}
