@@ -333,7 +333,7 @@ class NodeRecord:
     sessions: int = 0
     """Inference sessions open on the node when it last published: its load,
     as other members' status pages show it. Republished at most every
-    `runtime.node.daemon.LOAD_PUBLISH_S`, so it lags by up to that."""
+    `runtime.node.record_publisher.LOAD_PUBLISH_S`, so it lags by up to that."""
 
     @_as_record_error
     def __post_init__(self) -> None:

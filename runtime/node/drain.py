@@ -15,13 +15,14 @@ node asked to stop can do better, because it knows it is going:
    `DRAIN_GRACE_S`, because leaving now would break them.
 
 Then the node leaves the swarm and exits 0. A second signal cancels the
-drain (the daemon's business): the node leaves at once.
+drain (`stop_at_once_on`): the node leaves at once.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import signal
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Final
 
 import trio
@@ -29,6 +30,7 @@ import trio
 from mesh.coverage import CoverageMap
 from mesh.member_table import LIVE_STATES
 from runtime.inference.hop_server import HopServer
+from runtime.node.admission import Admission
 
 log = logging.getLogger("shardmesh.node")
 
@@ -55,6 +57,17 @@ def others_hold(coverage: CoverageMap, me: bytes, model: str, layers: tuple[int,
             any(a <= layer < b for a, b in (n.layers for n in others)) for layer in range(*layers)
         )
     return False
+
+
+def span_replaceable(
+    admission: Admission | None, coverage: Callable[[], CoverageMap], me: bytes
+) -> bool:
+    """Whether the swarm can serve the span `admission` serves on node `me`
+    without it (False when it serves none)."""
+    assignment = admission.assignment() if admission else None
+    if assignment is None:
+        return False
+    return others_hold(coverage(), me, assignment.model, assignment.layers)
 
 
 async def drain(
@@ -93,3 +106,34 @@ async def drain(
             await trio.sleep(POLL_S)
     if hop.sessions:
         log.warning("stopping with %d session(s) still open", hop.sessions)
+
+
+async def stop_on_signal(
+    signals: AsyncIterator[int],
+    nursery: trio.Nursery,
+    hop: HopServer | None,
+    *,
+    withdraw: Callable[[], None],
+    replaceable: Callable[[], bool],
+    leave: Callable[[], Awaitable[None]],
+) -> None:
+    """On the first signal: `drain` (a second signal cuts it short), then
+    `leave` the swarm (membership announces the leave and keeps gossiping
+    for a short bounded grace); the caller then cancels the rest. `nursery` runs the
+    watcher for the second signal."""
+    async for signum in signals:
+        log.info("%s: stopping (signal again to stop at once)", signal.Signals(signum).name)
+        break
+    with trio.CancelScope() as draining:
+        nursery.start_soon(stop_at_once_on, signals, draining)
+        await drain(hop, withdraw=withdraw, replaceable=replaceable)
+    log.info("leaving the swarm")
+    await leave()
+
+
+async def stop_at_once_on(signals: AsyncIterator[int], draining: trio.CancelScope) -> None:
+    """A second SIGTERM or Ctrl-C during the drain: stop draining now."""
+    async for signum in signals:
+        log.info("%s again: stopping now", signal.Signals(signum).name)
+        draining.cancel()
+        return

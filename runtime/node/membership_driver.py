@@ -172,6 +172,11 @@ class MembershipDriver:
         self.core.join(list(seeds), trio.current_time())
         self.flush()
 
+    @property
+    def twin_addr(self) -> str | None:
+        """Where the other process holding this node's key was seen (see `twin_found`)."""
+        return self.core.twin_addr
+
     def join_status(self) -> dict[str, Any]:
         """What `/v1/network/status` says about joining: the seeds, whether
         one answered, how many attempts, and in words."""

@@ -1,7 +1,8 @@
 """What `shardmesh node` was asked to do, and the two planes it binds.
 
 `NodeOptions` is the daemon's whole input (the CLI builds it from flags);
-`open_node_planes` binds the control and data planes it names.
+`open_node_planes` binds the control and data planes it names;
+`NodeStartupError` is how any start-up step says the node cannot start.
 """
 
 from __future__ import annotations
@@ -37,6 +38,15 @@ CONTROL_FRAME_LIMIT: Final = MAX_CONTROL_MESSAGE_BYTES + CONTROL_FRAME_HEADROOM
 
 class NodeStartupError(Exception):
     """The node could not start (an address in use, a bad bind address)."""
+
+
+def first_leaf(group: BaseExceptionGroup) -> BaseException:
+    """The first exception at the bottom of `group`'s nesting: a start-up
+    failure raised inside nurseries arrives wrapped, the CLI prints one line."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    return exc
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,17 @@
 """The status document: the body of `GET /v1/network/status`.
 
-DESIGN.md (Contracts) fixes its keys; the metrics and the dashboard are both
-views of it. It is assembled here from what each component reports about
-itself, so no component needs to know the document's shape.
+Its keys are a contract: the Prometheus metrics (`runtime.api.metrics`),
+the web page and `shardmesh status` are all views of it, so a key is
+renamed or removed only with every reader. It is assembled here from what
+each component reports about itself, so no component needs to know the
+document's shape.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
 
 from mesh import records
 from mesh.coverage import coverage_to_json, excluded_to_json
@@ -17,6 +20,7 @@ from runtime.inference.chat import ChatService
 from runtime.inference.dispatch import Engine
 from runtime.model.store import ModelStore
 from runtime.node.admission import ShardSlot
+from runtime.node.ledger_follower import LedgerFollower
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import Placement
 from runtime.node.raft_driver import RaftDriver
@@ -24,18 +28,21 @@ from runtime.node.spot_check import Adjudicator, SpotChecker
 from runtime.node.swarm_view import SwarmView
 
 
-@dataclass(frozen=True)
-class StatusSources:
-    """Everything the document reports on, as the daemon wired it."""
+class StatusSources(Protocol):
+    """Everything the document reports on, as the daemon wired it
+    (`runtime.node.daemon.Node` is the real one)."""
 
     profile: str
     addresses: dict[str, str]
     started_at: float
     """Wall clock: shown to humans only."""
     started_mono: float
+    transport_drops: Counter[str]
+    local_drops: Counter[str]
     membership: MembershipDriver
     swarm: SwarmView
     raft: RaftDriver
+    ledger_follower: LedgerFollower
     engine: Engine
     slot: ShardSlot
     placement: Placement
@@ -43,7 +50,18 @@ class StatusSources:
     chat: ChatService
     spot_checks: SpotChecker
     adjudicator: Adjudicator
-    drops: dict[str, int]
+
+
+def merged_drops(
+    named: Sequence[Counter[str]], by_source: Mapping[str, Mapping[str, int]]
+) -> dict[str, int]:
+    """Every drop counter in one sorted map, zeros left out: the `named`
+    counters' names as they are ("control.", "data.", "engine."), each
+    source's prefixed by its name ("raft.", "placement.unknown_model")."""
+    drops: Counter[str] = sum(named, Counter())
+    for source, counter in by_source.items():
+        drops += Counter({f"{source}.{reason}": n for reason, n in counter.items()})
+    return dict(sorted(drops.items()))
 
 
 def status_document(source: StatusSources, now: float) -> dict[str, Any]:
@@ -88,7 +106,7 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         **source.raft.status(),
         "coverage": coverage_to_json(coverage),
         "not_serving": excluded_to_json(coverage),
-        "drops": source.drops,
+        "drops": _drops(source),
         "sessions": source.engine.sessions,
         "hop": source.engine.hop_stats,
         # What routes price each hop by: why a node gets no traffic.
@@ -111,7 +129,14 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
             }
             for e in membership.recent_events
         ],
+        "ledger_follower": source.ledger_follower.status(),
     }
+
+
+def _drops(source: StatusSources) -> dict[str, int]:
+    by_source = {**source.membership.drops(), "raft": source.raft.drops}
+    by_source["placement"] = source.placement.drops  # refused: "placement.unknown_model"
+    return merged_drops((source.transport_drops, source.local_drops), by_source)
 
 
 def _ago(now: float, then: float | None) -> float | None:

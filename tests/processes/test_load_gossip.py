@@ -21,7 +21,7 @@ import trio
 
 from runtime.cli.localswarm import LocalNode, LocalSwarm
 from runtime.model.tiny import make_tiny_model
-from runtime.node.daemon import LOAD_PUBLISH_S
+from runtime.node.record_publisher import LOAD_PUBLISH_S
 from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, serving, wait_for
 
 MODEL = "tiny"

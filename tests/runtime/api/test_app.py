@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from consensus.settings import PlacementSettings, policy_json
 from runtime.cli.localswarm import LocalSwarm, Views
-from runtime.node.daemon import TWIN_STARTUP_WINDOW_S
+from runtime.node.twin import TWIN_STARTUP_WINDOW_S
 
 CONTRACT_KEYS = {
     "node_id",
@@ -197,7 +197,7 @@ async def test_a_copied_state_dir_stops_the_copy_not_the_node(swarm: LocalSwarm)
     await swarm.start_ready(seed)
     await swarm.start_ready(original, [seed.seed])
     # The original is established (older than the profile's window; see
-    # runtime.node.daemon.TWIN_STARTUP_WINDOW_S) when the copy starts.
+    # runtime.node.twin.TWIN_STARTUP_WINDOW_S) when the copy starts.
     await trio.sleep(TWIN_STARTUP_WINDOW_S["local"] + 0.5)
     copy = swarm.new_node("copy")
     # Copied while it runs, as a careless backup-and-restore would; the
