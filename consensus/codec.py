@@ -1,37 +1,13 @@
 """Bytes <-> Raft messages, for the payload of a mesh control-plane envelope.
 
 Raft messages come from peers, so decoding is as strict as the membership
-wire (`mesh.wire`): the same CBOR dialect (`decode_strict_cbor`, one
-validator for the whole node, no second one here), a size cap checked before
-parsing, then a schema check of every field. Every refusal is a
+wire: the same strict CBOR (`mesh.wire.decode_strict_cbor`), a size cap
+checked before parsing, then every field checked. Every refusal is a
 `RaftDecodeError` whose `reason` is one of `RAFT_DROP_REASONS`, so the driver
-counts drops per reason and never crashes on input.
-
-Layout: one CBOR array ``[type_id, fields...]`` (arrays, not maps: these
-messages are sent at heartbeat rate, so field names would be most of the
-bytes). Type ids are append-only: never renumber or reuse one; a retired
-type keeps its number reserved; 0 is reserved so a zeroed byte is never a
-valid type. A new or changed field is a new type id (or a new envelope
-`PROTOCOL_VERSION`), never a silent reinterpretation::
-
-    id  message          array
-    1   RequestVote      [1, to, term, candidate, last_index, last_term, pre_vote, transfer]
-    2   VoteResponse     [2, to, term, voter, granted, pre_vote]
-    3   AppendEntries    [3, to, term, leader, prev_index, prev_term, entries, commit]
-    4   AppendResponse   [4, to, term, follower, success, match_index, reject_hint]
-    5   InstallSnapshot  [5, to, term, leader, [index, term, voters, learners, data]]
-    6   TimeoutNow       [6, to, term, leader]
-
-    entry               [term, kind, data]   index = prev_index + 1 + position
-    voters, learners    sorted arrays of distinct node ids, disjoint
-
-Field rules: node ids are exactly 32-byte byte strings; integers are in
-[0, 2**63) (they are stored as sqlite INTEGER); bools are CBOR true/false
-(not 0/1); entry kinds are `EntryKind` values. An entry's index is not sent:
-AppendEntries carries consecutive entries after `prev_index` (that is what
-the Raft core sends), so the index is implied, costs no bytes and cannot be
-inconsistent. Encoding applies the same rules and raises `RaftEncodeError`:
-we never send what an honest peer would drop.
+counts drops and never crashes on input; encoding applies the same rules
+(`RaftEncodeError`), so we never send what an honest peer would drop. A
+message is a CBOR array ``[type_id, fields...]`` with append-only type ids;
+the layout table and field rules are in docs/design/raft.md ("On the wire").
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
 """Consensus tuning profiles: `lan`, `wan` and `local`, like membership's.
 
 A Raft tick is the leader's heartbeat interval; the election timeout is
-drawn from [election_ticks, 2 * election_ticks) ticks. Every value is a
-trade-off between failover speed and false elections, and the profiles
-pair with `mesh.config.MembershipConfig`'s profiles of the same name.
-
-Why real-process timeouts are longer than the thesis' 150-300 ms (which the
-simulated failover benchmark uses): a Python process shares its core with
-the model runtime, the HTTP server and gossip, and a garbage collection or
-an import can stall it for 100 ms. A stall longer than the election timeout
-costs a needless election (PreVote and CheckQuorum keep it harmless, but
-proposals in flight wait for it). 500-1000 ms on a LAN still fails over
-well inside the 2 s target: detection takes one timeout and PreVote plus
-the vote two round trips.
+drawn from [election_ticks, 2 * election_ticks) ticks. Each profile pairs
+with `mesh.config.MembershipConfig`'s profile of the same name. Real
+processes use timeouts longer than the thesis' 150-300 ms, because a Python
+node's stalls (GC, imports, the model runtime) would cost needless
+elections; why, and what that costs in failover, is in docs/design/raft.md
+("Timing profiles").
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """Invitations to a private swarm: bearer tokens a voter signs.
 
-A private swarm's nodes complete a CURVE handshake only with keys the
-ledger has admitted (`consensus.ledger`, `Admit`). A newcomer gets there
-with an invitation: `shardmesh invite` asks a voter for one, the operator
-hands it over out of band, and the newcomer (`shardmesh node --invite`)
-redeems it with the node named inside (`redemption_bytes` signed by the
-newcomer's own key, so a redemption admits exactly the key that asked);
-the leader checks it once more and commits the admission.
-
-A token says which swarm (its founder's id), who signed it (a voter at
-the time of checking), whether it makes the newcomer eligible as a voter,
-until when it may be redeemed, where to redeem it (the inviter's API) and
-whom to join through (the inviter's control address). It is a secret like
-a password: whoever holds it before it expires can join, so send it over a
-private channel. Once redeemed, the admission does not expire.
-
-The token is `smi1.` and the base64url of one strict CBOR array (the
-fields in `Invitation` order, then the signature); decoding is strict like
-every other input (`mesh.wire.decode_strict_cbor`, `mesh.fields`).
+A private swarm's nodes complete a handshake only with keys the ledger has
+admitted (`consensus.commands.Admit`). A token names the swarm, its signer
+(a voter), whether the newcomer may vote, an expiry, and where to redeem it
+and join; the newcomer redeems it by signing `redemption_bytes` with its own
+key, so a redemption admits exactly the key that asked. It is a secret like
+a password until it expires. The token is `smi1.` and the base64url of one
+strict CBOR array. The redemption flow and the token's fields are in
+docs/design/ledger.md ("Invitations").
 """
 
 from __future__ import annotations

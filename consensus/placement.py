@@ -1,103 +1,14 @@
 """The placement policy: which Assign and Release commands the leader proposes next.
 
-ADR-0026 (`docs/adr/0026-node-assignment-ownership.md`) is the contract: pinned
-(operator and bootstrap) work is never touched, managed placements go only
-onto spare capacity, and a managed node moves to another model only under
-the safety policy. The leader calls `decide` whenever its inputs change (a
-commit, a membership verdict, a capability report, a timer), proposes what
-it returns through Raft, and calls again; the ledger re-checks every command
-at apply time, so a decision made on a slightly stale snapshot is refused by
-epoch rather than acted on.
-
-It is a pure function (DESIGN.md, "The central rule"): the ledger's state,
-membership's view, the model facts, the driver's failure history and `now`
-are parameters, so the simulator drives it in virtual time and a test states
-a scenario directly. The same input always gives the same decisions, in the
-same order.
-
-Rules (each decision's `code` names the rule)::
-
-    #  when                                           decision   code / reasoning
-    0  the caller's view has no quorum                nothing    a minority-partition
-                                                                 leader must not place
-    1  a pinned (operator|bootstrap) assignment       never      ADR-0026: pinned until the
-                                                      touched    operator restarts; a pinned
-                                                                 node is never a candidate
-    2  managed, node "left", or "dead" for at least   Release    node_left / node_dead: the
-       dead_grace_s (SWIM's verdict plus time for a              grace lets a crash-restart
-       crash-restart to come back)                               keep its loaded weights
-   2b  managed, node quarantined at `now` (a guilty   Release    quarantined: it serves
-       Verdict, or too many refuted reports)                     nothing until the quarantine
-                                                                 ends, so its span is a gap
-                                                                 other nodes must fill
-    3  managed, admission failed (MarkAdmission-      Release    admission_failed: the node
-       Failed committed)                                         is backed off for the model
-                                                                 (rule 5) so the next round
-                                                                 tries another spare node
-    4  managed, no demand for the model and no new    Release    idle: spare capacity returns
-       placement for idle_release_s                              to the pool for other models
-    5  a demanded model (demand within idle_release_s)  Assign   demand_gap, or relocate when
-       has layers no serving-or-loading node holds:              the gap was a dead node's
-       cover ALL of them with the fewest eligible                span (dropout relocation);
-       spare nodes, or place nothing for it                      a partial placement serves
-                                                                 nobody and strands spare
-                                                                 nodes other models need
-    6  rule 5 cannot be met from spare nodes alone:   Assign     retarget: safety policy —
-       also use managed nodes serving another model A            A keeps >= min_copies_left
-       (spare nodes first, then these)                           admitted copies afterwards,
-                                                                 rate(B) >= 1.5 x rate(A),
-                                                                 the assignment is older than
-                                                                 cooldown_s; never pinned
-    7  a demanded model's rate wants more copies      Assign     hot_copy: 1 + floor(rate /
-       (levels round-robin across models, so every               requests_per_copy_per_min),
-       model gets its 2nd copy before any its 3rd)               at most max_copies; spare
-                                                                 nodes only
-
-    spare     alive (not suspect), not quarantined, no live ledger assignment,
-              its record offers capacity (`NodeView.spare`: no pinned
-              assignment), not released within release_cooldown_s, the model in
-              its local store, memory for at least one layer, and not backed off
-              for that model.
-    quarantine
-              a quarantined node is assigned nothing and counts as neither
-              admitted nor loading: its layers are gaps. Its managed shard is
-              released (rule 2b); a pinned one (operator or bootstrap) keeps
-              its pin (rule 1: ADR-0026 leaves pinned work to the operator, and
-              a bootstrap shard is operator-equivalent once accepted), so the
-              node serves it again the moment its quarantine ends, and until
-              then coverage (`mesh.coverage`) keeps it out of every route.
-    back-off  after the n-th admission failure of a node for a model, that node
-              is not offered the model for admission_backoff_s * 2**(n-1),
-              capped at max_admission_backoff_s.
-    cover     gaps longest first; for each, the smallest eligible node that
-              takes the whole remaining gap, else the largest node (which takes
-              as many layers as its memory holds) and repeat. This is the
-              fewest nodes for a single gap (taking the largest until the rest
-              fits in one is optimal for one contiguous span) and leaves big
-              nodes for later gaps; across several gaps it is a heuristic.
-    ties      capacity, then the lowest node id (bytes order); models by
-              demand rate (highest first), then name. Never hash order.
-    one slot  one assignment per node, ever (multi-shard slots are US-048).
-
-Demand rate. The ledger keeps, per model, a total count and the first and
-last request times. `demand_rate` turns that into requests per minute::
-
-    rate = 60 * count / max(last_at - first_at, window) * exp(-(now - last_at) / window)
-
-`count / span` is the rate while the model was being asked for; flooring the
-span at `demand_window_s` keeps a burst (span ~ 0) from reading as infinite
-and makes a first request read as 1 per window. The exponential factor decays
-the rate with time since the last request, by e every window, so an abandoned
-model cools off smoothly instead of cliff-edging. The driver must record
-demand for served requests too (batched), or every managed placement of a
-model that became servable would look idle after `idle_release_s`.
-
-Coverage is not a separate input: a ledger assignment counts as *admitted*
-when its node is alive or suspect and `NodeView.capability` is "admitted"
-(the driver derives that from the node's capability report with
-`node_view`), and as *loading* when the node serves but has no report for it
-yet. Both fill gaps (placing a second node on a loading span would race it);
-only admitted assignments count as copies for the safety policy.
+ADR-0026 (docs/adr/0026-node-assignment-ownership.md) is the contract:
+pinned (operator and bootstrap) work is never touched, managed placements go
+only onto spare capacity, and a managed node moves to another model only
+under the safety policy. The leader calls `decide` (and `upkeep`) whenever
+its inputs change and proposes what they return; the ledger re-checks every
+command at apply time. It is a pure function of the ledger, membership's
+view, the model facts, the failure history and `now`: the same input gives
+the same decisions in the same order. The numbered rules, the demand rate
+and what counts as spare, admitted and loading are in docs/design/placement.md.
 """
 
 from __future__ import annotations

@@ -6,8 +6,8 @@ node (`counts_against`): the accused when guilty, else the reporter. A
 guilty verdict benches the accused; every `FALSE_REPORT_LIMIT`-th refuted
 report benches the reporter. Each bench is twice the last, capped, and
 never shortened. Records outlive their quarantines so repeat offences cost
-more. The ledger (`consensus.ledger`) keeps the records; why these numbers
-is in docs/design/ledger.md ("Quarantine").
+more. The ledger (`consensus.ledger`) keeps the records. The overview is in
+docs/design/ledger.md ("Quarantine"); why each number, beside its constant.
 """
 
 from __future__ import annotations

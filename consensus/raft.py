@@ -1,81 +1,14 @@
 """The sans-IO Raft core: messages and ticks in, a `Ready` of effects out.
 
-Built like etcd-io/raft's `RawNode` (DESIGN.md, "The central rule"): the core
-never reads a clock, the disk or the network, and its only randomness is an
-injected `random.Random`. That is what lets the simulator replay a 1000-node
-partition from its seed and lets tests run thousands of fault schedules in
-seconds. Two drivers feed it: the trio driver and the simulator.
-
-Driving loop (both drivers do exactly this)::
-
-    node.tick()                      # every heartbeat interval (e.g. 15 ms)
-    node.step(message)               # for every message that arrives
-    index = node.propose(command)    # on the leader
-    if node.has_ready():
-        rd = node.ready()
-        # 1. persist rd.snapshot (if any): store it and DROP THE WHOLE LOG
-        # 2. persist rd.entries: truncate the log from rd.entries[0].index,
-        #    then append them
-        # 3. persist rd.hard_state (if not None)
-        # 4. only now send rd.messages: they may depend on 1-3 (a granted
-        #    vote, an acknowledged append); sending earlier breaks Raft
-        # 5. restore the state machine from rd.snapshot (if any), then apply
-        #    rd.committed in order
-        node.advance(rd)
-
-Features: randomized election timeouts, PreVote, CheckQuorum with a leader
-lease, replication with fast back-off, commit only through a current-term
-entry, snapshots and compaction, learners, single-server membership changes
-(thesis §4.1: a configuration takes effect as soon as its entry is appended,
-and is rolled back if that entry is truncated), and leadership transfer.
-
-Who may speak (DESIGN.md, "Trust": voters are trusted, nobody else is).
-Once a node has a configuration, `step` drops, and counts in `refused`,
-every message whose sender is neither in it nor `eligible`
-(`not_in_configuration`), and every leader's message (AppendEntries,
-InstallSnapshot, TimeoutNow) whose sender is neither a voter nor `eligible`
-(`leader_message_from_non_voter`). Raft's own checks are all about terms and
-logs: without this, one message with a huge term from a key that never
-joined deposes the leader, and one forged InstallSnapshot replaces the
-configuration and the state machine.
-
-`eligible` is the driver's: the nodes the replicated ledger lets become
-voters. They are trusted like voters because a follower's configuration can
-lag: a follower that missed the entry promoting a new voter must still
-follow it once it leads, or it would never be repaired. Eligibility is
-committed long before any promotion (a learner must first be stable), so a
-follower far enough behind to miss that too is the one corner left: it
-ignores that leader (counted) until a voter it knows leads again.
-A node with no configuration yet (it joined and waits to be added) checks
-against `eligible` alone, and with neither has no one to check against: it
-takes the first leader that reaches it.
-
-Learners are a property of the configuration, not a `Role`: a learner runs
-as a FOLLOWER that never campaigns and whose acknowledgements never count
-towards a quorum. Keeping the role set to the four Raft states keeps the
-state machine the paper's; `RaftNode.is_learner` answers the question.
-
-Repair: a node whose log lost entries it had acknowledged (sqlite's WAL cut
-short by a crash or a disk fault; `consensus.storage` notices this from its
-marker) is started with `repair_until`, the position its log had reached.
-Until a leader has replicated its log to at least that position, it grants
-no vote and no pre-vote (it answers each with a rejection) and never
-campaigns, not even when a leader transfers leadership to it; it follows,
-acknowledges and applies as usual. The reason is the election restriction
-(paper §5.4): a leader counted this node's acknowledgements towards
-committing entries, and the proof that every later leader holds those
-entries relies on this node refusing candidates whose logs lack them,
-which it can only do while it still holds them. Repaired means: a leader's
-AppendEntries or InstallSnapshot succeeded up to an index `m` whose entry
-is at least as up to date as `repair_until` (`LogPosition` order). Then the
-log matches that leader's through `m`, and the leader holds every committed
-entry (Leader Completeness), so this node again holds every committed entry
-it acknowledged. Comparing by (term, index) rather than by index alone ends
-the repair as soon as the node matches a newer leader whose log is shorter
-(the lost suffix was never committed). A leader that had counted this
-node's acknowledgements learns of the loss from a rejection hinting below
-them, which an intact follower never sends, and backs off from there instead
-of waiting forever for entries it believes the follower holds.
+`RaftNode` is built like etcd-io/raft's `RawNode`: it never reads a clock,
+the disk or the network, and its only randomness is an injected
+`random.Random`, so the trio driver (`runtime/node/raft_driver.py`) and the
+simulator drive the same object. It has PreVote, CheckQuorum, snapshots,
+learners, single-server membership changes and leadership transfer; it
+drops messages from senders outside the configuration and not `eligible`,
+and a node whose log lost acknowledged entries (`repair_until`) never votes
+until a leader has repaired it. The driving loop, who may speak and the
+proof that repair is safe are in docs/design/raft.md.
 """
 
 from __future__ import annotations

@@ -1,67 +1,13 @@
 """Durable Raft state in sqlite: hard state, log and latest snapshot.
 
-Raft is only safe if a node never forgets what it promised: its term, its
-vote in that term and every entry it acknowledged. The driver therefore calls
-`RaftStorage.save` with a Ready's hard state, entries and snapshot *before*
-sending that Ready's messages, and `save` returns only once one sqlite
-transaction holding all three is committed with `synchronous=FULL` (fsync of
-the WAL on every commit).
-
-Three rules shape this module:
-
-* **Never a silent reset.** A store that is not a sqlite file, fails sqlite's
-  own check, has the wrong schema version, a gap in its log, a checksum that
-  does not match or a commit index past its last entry raises `StorageError`
-  naming the file. Starting empty instead would let a voter vote twice in a
-  term or forget acknowledged entries; an operator must decide what to do.
-* **Caller bugs are loud.** `save` checks that entries are contiguous, follow
-  the log without a gap, never rewrite a committed entry, and that the hard
-  state never goes backwards or changes its vote within a term. A violation
-  raises `LogOrderError` and rolls back: persisting it would turn a bug in
-  the core into corruption on disk.
-* **Atomic creation.** A new store is built in a temporary file and renamed
-  into place, so a file at `path` always holds a complete schema: an empty or
-  schema-less file there is damage, not "first use".
-
-Every row carries a CRC-32 of its values, because sqlite's checks cover the
-b-tree structure but not the bytes inside a record: a flipped bit in an
-entry's data would otherwise be applied to the state machine unnoticed.
-
-**A WAL that lost its tail is noticed, not trusted.** sqlite checks the
-frames of its write-ahead log and, at the first frame that is torn (kill -9
-or power loss mid-write on a disk that lies about fsync), truncated, or has
-a flipped bit, silently drops that frame and every one after it: the store
-opens cleanly, just older, and the entries it acknowledged are gone. Nothing
-inside sqlite can tell. So every `save` that changes where the log ends, the
-term or the vote also records, in a small *marker* beside the database
-(`<file>.marker`), the last entry's index and term, the term and vote, and
-any repair still owed; durably, and only *after* sqlite's commit, so the
-marker never claims more than the store held. It is one fdatasync'd
-overwrite of the older of two slots (`_MarkerFile`, created atomically by a
-rename), and a commit-index-only save (the frequent follower case) skips it:
-one small write per batch of entries. On `open`:
-
-* a term or vote that the store lost is restored from the marker (a voter
-  that forgot its vote could vote twice in a term);
-* a log that no longer holds the marker's last entry is *damaged*: a warning
-  names the database, the marker and the indexes, `damaged_until` says how
-  far it must be repaired, and the node starts as a follower that never
-  votes or campaigns until a leader has replicated at least that far
-  (`consensus.raft`, "Repair"). The debt is kept in the marker until paid,
-  so a second crash mid-repair does not forget it;
-* a missing marker beside a non-empty store (one written before markers
-  existed) is a warning, and so is one unreadable slot (the other is used);
-  a marker with no readable slot is a `StorageError` naming it.
-
-Damage sqlite itself sees (a bad main file, a malformed page) still raises
-`StorageError` naming the file, as above. One crash window remains on the
-safe side: a crash between sqlite's commit and the marker's write in a
-batch that *replaced* entries (a new leader's conflicting suffix, or a
-snapshot) leaves a marker that names an entry the log legitimately dropped,
-so the node repairs once when it did not need to; it never votes wrongly.
-
-The object is not thread-safe; the driver serializes calls (it may make them
-from a worker thread, hence `check_same_thread=False`).
+Raft is only safe if a node never forgets its term, its vote or an entry it
+acknowledged, so `RaftStorage.save` commits a Ready's hard state, entries and
+snapshot in one fsync'd transaction before the driver sends its messages.
+A damaged or unknown store raises `StorageError` naming the file (never a
+silent reset), a caller bug raises `LogOrderError` and rolls back, and every
+row carries a CRC-32. A marker beside the database notices a WAL that
+silently lost its tail, so the node repairs before it votes again. The
+rules and the marker's crash analysis are in docs/design/storage.md.
 """
 
 from __future__ import annotations

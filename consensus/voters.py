@@ -1,57 +1,14 @@
 """Autopilot-style voter management: which ONE configuration change to make next.
 
-Only a handful of members vote (Consul: 3-5 servers among thousands of
-gossiping clients): every voter adds a round trip to every commit's quorum,
-and a quorum of 3 of 5 already survives two failures. The leader runs
-`next_change` whenever it has no configuration change in flight, proposes
-the change it returns (if any) as a CONFIG entry, and calls again once that
-entry commits: Raft's single-server membership change (thesis §4.1) is only
-safe one change at a time, so the function never returns more than one.
-
-It is a pure function (DESIGN.md, "The central rule"): membership's view,
-the leader's Raft contact times and `now` are parameters, so the simulator
-can drive it in virtual time and tests can state scenarios directly.
-
-Rules, in priority order (the first that applies is the change)::
-
-    #  when                                              change        reason
-    1  a voter other than the leader has failed, an      promote       replace_failed_voter
-       eligible stable learner exists, live voters < target and
-       voters < max_voters (replacement first: the
-       quorum never shrinks below the live voters)
-    2  a voter other than the leader has failed          remove        failed_voter
-       (lowest id first; never the leader; never the
-       last voter)
-    3  voters < target and an eligible stable learner    promote       stable_learner
-       exists
-    4  a learner is not eligible                         remove        not_eligible
-    5  a learner has failed                              remove        failed_learner
-    6  an alive eligible member is neither voter nor     add_learner   new_member
-       learner, and learners < max_learners (a failed
-       learner gives its place up first: rule 5)
-
-    eligible   the ledger says the node may vote
-               (`PlacementLedger.eligible_voters`: the founder and the nodes
-               an operator made eligible). Anyone can make a key and join an
-               open swarm, and a voter can rewrite the swarm's decisions, so
-               being alive and stable is never enough (DESIGN.md, "Trust").
-    stable     membership says "alive", continuously for stabilization_s
-               (alive_since), and the leader heard from it through Raft within
-               last_contact_threshold_s (last_contact). Never "suspect".
-    failed     membership says "left" (a graceful leave: at once), or "dead"
-               for at least dead_grace_s (counted from the later of
-               state_since and last_contact).
-    target     max_voters (5) once at least max_voters stable members exist
-               (leader + stable voters + stable learners), else
-               small_swarm_voters (3). The target only limits promotion: a
-               live voter is never removed to reach a lower target, so the
-               quorum never shrinks below what the live voters already need.
-    ties       always the lowest node id (bytes order), never hash order.
-
-A member missing from the view is unknown, not failed: a leader that has
-just restarted has an empty membership table and must not purge its voters.
-The leader itself is never removed (hand leadership over first). The first
-node bootstraps a one-voter cluster and, alone, gets no change.
+Only a handful of members vote (every voter adds a round trip to every
+commit's quorum; 3 of 5 survives two failures). The leader calls
+`next_change` whenever no configuration change is in flight and proposes
+what it returns as a CONFIG entry: Raft's single-server change is only safe
+one at a time, so it never returns more than one. Only nodes the ledger
+makes eligible are ever promoted. It is a pure function of membership's
+view, the leader's contact times and `now`. The rules in priority order,
+and what eligible, stable, failed and target mean, are in
+docs/design/voters.md.
 """
 
 from __future__ import annotations
