@@ -12,13 +12,8 @@ from hypothesis import strategies as st
 
 from consensus.placement import ModelFacts
 from consensus.settings import PlacementSettings
-from simulations.placement_cluster import (
-    DOCTOR_S,
-    GB,
-    LOAD_BYTES_PER_S,
-    PlacementCluster,
-    WorkerSpec,
-)
+from simulations.placement_cluster import PlacementCluster
+from simulations.placement_workers import DOCTOR_S, GB, LOAD_BYTES_PER_S, WorkerSpec
 from simulations.scenario import ScenarioError, run_scenario
 from tests import REPO
 

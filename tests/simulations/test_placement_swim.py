@@ -14,13 +14,10 @@ import pytest
 from consensus.placement import ModelFacts
 from consensus.settings import PlacementSettings
 from mesh.config import MembershipConfig
-from simulations.placement_cluster import (
-    DETECT_S,
-    ENTRIES,
-    GB,
-    PlacementCluster,
-    WorkerSpec,
-)
+from simulations.placement_cluster import PlacementCluster
+from simulations.placement_membership import DETECT_S
+from simulations.placement_routing import ENTRIES
+from simulations.placement_workers import GB, WorkerSpec
 from simulations.scenario import run_scenario
 from simulations.schema import ScenarioError, resolve
 from tests import REPO
