@@ -211,7 +211,7 @@ class PlacementLedger:
         self._rejected: dict[str, int] = {}
         self._settings: dict[str, int | float] = {}
         self._swarm: Found | None = None
-        self._admitted: dict[bytes, AdmittedKey] = {}
+        self._admitted_keys: dict[bytes, AdmittedKey] = {}
         self._eligible: dict[bytes, float] = {}  # node -> when it was made eligible
         self._quarantine: dict[bytes, Quarantine] = {}
         self._judged: dict[bytes, None] = {}  # evidence digests, oldest first
@@ -322,9 +322,9 @@ class PlacementLedger:
     def _admit(self, cmd: Admit) -> None:
         if self._swarm is None or self._swarm.mode != "private":
             raise _Reject(REASON_NOT_PRIVATE, "only a private swarm admits members")
-        if cmd.node in self._admitted or cmd.node == self._swarm.swarm:
+        if cmd.node in self._admitted_keys or cmd.node == self._swarm.swarm:
             raise _Reject(REASON_ALREADY_ADMITTED, "the node is a member already")
-        self._admitted[cmd.node] = AdmittedKey(cmd.voter, cmd.invitation, cmd.at)
+        self._admitted_keys[cmd.node] = AdmittedKey(cmd.voter, cmd.invitation, cmd.at)
 
     def _make_eligible(self, cmd: Eligible) -> None:
         if cmd.node in self.eligible_voters():
@@ -422,10 +422,10 @@ class PlacementLedger:
         """The swarm's founding (None until the founder commits it)."""
         return self._swarm
 
-    def admitted(self) -> dict[bytes, AdmittedKey]:
-        """A private swarm's admitted members, by node id (the founder is
+    def admitted_keys(self) -> dict[bytes, AdmittedKey]:
+        """A private swarm's admitted keys, by node id (the founder is
         implicitly one), in id order."""
-        return {n: self._admitted[n] for n in sorted(self._admitted)}
+        return {n: self._admitted_keys[n] for n in sorted(self._admitted_keys)}
 
     def eligible_voters(self) -> frozenset[bytes]:
         """Who may become a Raft voter: the founder, the nodes made
@@ -433,7 +433,7 @@ class PlacementLedger:
         until the swarm is founded (its founder is then the one voter)."""
         if self._swarm is None:
             return frozenset(self._eligible)
-        admitted = (n for n, a in self._admitted.items() if a.voter)
+        admitted = (n for n, a in self._admitted_keys.items() if a.voter)
         return frozenset({self._swarm.swarm, *self._eligible, *admitted})
 
     def quarantine(self, node: bytes) -> Quarantine | None:
@@ -506,7 +506,7 @@ class PlacementLedger:
                 "mode": self._swarm.mode,
                 "admitted": [
                     {"node_id": n.hex(), "voter": a.voter, "invitation": a.invitation.hex()}
-                    for n, a in self.admitted().items()
+                    for n, a in self.admitted_keys().items()
                 ],
             },
             "eligible_voters": sorted(n.hex() for n in self.eligible_voters()),
@@ -558,7 +558,9 @@ class PlacementLedger:
         if version >= 3:
             swarm = self._swarm
             state.append(None if swarm is None else [swarm.swarm, swarm.mode, swarm.at])
-            state.append([[n, a.voter, a.invitation, a.at] for n, a in self.admitted().items()])
+            state.append(
+                [[n, a.voter, a.invitation, a.at] for n, a in self.admitted_keys().items()]
+            )
         if version >= 4:
             state.append([[n, self._eligible[n]] for n in sorted(self._eligible)])
         if version >= 5:
@@ -620,7 +622,9 @@ class PlacementLedger:
                 ledger._swarm = Found(*founding)
             for node, voter, invitation, at in admitted:
                 admit = Admit(node, voter, invitation, at)
-                ledger._admitted[admit.node] = AdmittedKey(admit.voter, admit.invitation, admit.at)
+                ledger._admitted_keys[admit.node] = AdmittedKey(
+                    admit.voter, admit.invitation, admit.at
+                )
             for node, at in eligible:
                 made = Eligible(node, at)
                 ledger._eligible[made.node] = made.at

@@ -139,7 +139,7 @@ class SwarmAccess:
         if swarm is None or swarm.mode == "open":
             self._allowed = None
             return
-        members = {swarm.swarm, self._identity.node_id, *ledger.admitted()}
+        members = {swarm.swarm, self._identity.node_id, *ledger.admitted_keys()}
         keys = (curve_public_key(node) for node in members)
         self._allowed = frozenset(key for key in keys if key is not None)
 

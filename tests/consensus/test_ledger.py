@@ -369,7 +369,7 @@ def test_older_snapshot_versions_still_restore_with_defaults() -> None:
     for version, items in ((1, old[1:6]), (2, old[1:7]), (3, old[1:9]), (4, old[1:10])):
         restored = PlacementLedger.restore(cbor2.dumps([version, *items], canonical=True))
         assert restored == ledger and restored.policy() == PlacementSettings()
-        assert restored.swarm is None and restored.admitted() == {}
+        assert restored.swarm is None and restored.admitted_keys() == {}
 
 
 @pytest.mark.parametrize(
@@ -536,7 +536,7 @@ def test_a_private_swarm_admits_each_member_once_and_an_open_one_none() -> None:
     assert twice.reason == "already_admitted"
     founder = ledger.apply(4, encode_command(Admit(FOUNDER, False, INVITATION, 4.0)))
     assert founder.reason == "already_admitted"
-    assert list(ledger.admitted()) == [newcomer] and ledger.admitted()[newcomer].voter
+    assert list(ledger.admitted_keys()) == [newcomer] and ledger.admitted_keys()[newcomer].voter
     assert ledger.to_json()["swarm"]["admitted"][0]["node_id"] == newcomer.hex()
     restored = PlacementLedger.restore(ledger.snapshot())
     assert restored == ledger and restored.swarm == ledger.swarm
