@@ -1,18 +1,12 @@
 """`shardmesh node --config FILE` (and `serve`'s): a node's flags in a TOML file.
 
-Every key is a `shardmesh node` flag without its leading dashes, spelled as
-on the command line (`data-listen`, `max-sessions`, `auto-join`); the
-underscore spelling (`data_listen`) is refused with the one to use. Values
-are TOML strings, except numbers for numeric flags, true/false for on/off
-flags, and an array of strings for a repeatable flag (`join`). Each value
-goes through its flag's own argparse converter and choices, so a file and a
-command line follow one set of rules; a path relative to the file's folder
-is resolved against it (`~` is expanded).
-
-The file's values become the parser's defaults, so a flag given on the
-command line wins; for a repeatable flag its values replace the file's list.
-Hidden flags (help=argparse.SUPPRESS) cannot be set from a file. Every
-mistake is a `ConfigError` of one line naming the file and the key.
+Every key is a flag without its leading dashes, spelled as on the command
+line (`data-listen`); each value goes through its flag's own converter and
+choices, so a file and a command line follow one set of rules. The file's
+values become the parser's defaults, so a flag given on the command line
+wins. Every mistake is a `ConfigError` of one line naming the file and the
+key. The rules in full (types, relative paths, hidden flags):
+docs/design/cli.md, "Config files".
 """
 
 from __future__ import annotations

@@ -109,6 +109,21 @@ async def demo(root: Path, nodes: int, profile: str) -> None:
 
 
 async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> None:
+    """The demo's story, step by step; any step that fails raises SwarmError."""
+    _introduce(swarm, members, profile)
+    await _converge(swarm, members)
+    await _chat(swarm, members)
+    placed = len(members) > len(SHARDS)
+    if placed:
+        await _place_on_demand(swarm, members)
+    await _operator_call(members[0])
+    await _show_status(swarm, members, placed)
+    survivors = await _kill_one(swarm, members, profile)
+    remaining = await _leave_one(swarm, members, survivors)
+    await _stop_the_rest(swarm, remaining)
+
+
+def _introduce(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> None:
     _say(f"starting {len(members)} nodes on 127.0.0.1 (profile {profile}) under {swarm.root}")
     _say(
         f"{', '.join(m.name for m in members[: len(SHARDS)])} serve layers "
@@ -122,6 +137,11 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
         "CurveZMQ, encrypted to the key that is the node's id); the matrix shows who sees whom"
     )
     _say("(rows: observer, columns: subject; A alive S suspect D dead L left . unknown)")
+
+
+async def _converge(swarm: LocalSwarm, members: list[LocalNode]) -> None:
+    """Start the nodes one after another, each joining through the one
+    before, while the matrix shows them converge to full membership."""
     t0 = trio.current_time()
     started = trio.Event()
 
@@ -149,14 +169,12 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
             t0,
         )
     _say(f"full membership at every node {took:.2f}s after the first start")
-    await _chat(swarm, members)
-    placed = len(members) > len(SHARDS)
-    if placed:
-        await _place_on_demand(swarm, members)
-    await _operator_call(members[0])
-    # The status shown is node0's, and what it reports reached it from the
-    # others: the shards' reports by gossip (the wait above was on another
-    # node), the placed assignment by Raft replication.
+
+
+async def _show_status(swarm: LocalSwarm, members: list[LocalNode], placed: bool) -> None:
+    """`shardmesh status` of the first node. What it reports reached it
+    from the others: the shards' reports by gossip (the waits before were on
+    another node), the placed assignment by Raft replication."""
     await swarm.wait_for(
         members[:1],
         lambda views: _shows(views.get(members[0].name), placed),
@@ -169,6 +187,10 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     _say(f"$ shardmesh status --api {members[0].api}")
     _say(format_status(view))
 
+
+async def _kill_one(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> list[LocalNode]:
+    """SIGKILL the last node and time its detection against the profile's
+    documented bound; returns the survivors."""
     victim, survivors = members[-1], members[:-1]
     bound = dead_bound(profile, len(members))
     _say()
@@ -188,7 +210,13 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     _say(f"every survivor declared {victim.name} dead after {took:.2f}s ({verdict} {bound:.2f}s)")
     if took > bound:
         raise SwarmError(f"detection took {took:.2f}s, over the documented {bound:.2f}s")
+    return survivors
 
+
+async def _leave_one(
+    swarm: LocalSwarm, members: list[LocalNode], survivors: list[LocalNode]
+) -> list[LocalNode]:
+    """SIGTERM the last survivor: a graceful leave, seen as `left`; returns the rest."""
     leaver, remaining = survivors[-1], survivors[:-1]
     _say()
     _say(f"SIGTERM {leaver.name}: a graceful leave")
@@ -201,7 +229,11 @@ async def _demo(swarm: LocalSwarm, members: list[LocalNode], profile: str) -> No
     _say(f"every remaining node shows {leaver.name} left after {took:.2f}s; exit code {code}")
     if code != 0:
         raise SwarmError(f"{leaver.name} exited {code} after SIGTERM")
+    return remaining
 
+
+async def _stop_the_rest(swarm: LocalSwarm, remaining: list[LocalNode]) -> None:
+    """SIGTERM the rest side by side; every one must exit 0."""
     _say()
     _say(f"stopping {', '.join(n.name for n in remaining)} (SIGTERM)")
     codes: dict[str, int] = {}

@@ -1,8 +1,10 @@
-"""The `shardmesh` command line: usage errors, `status`, start-up errors."""
+"""`runtime.cli.main`: the parser built from the command modules, the
+dispatch to a command's run function, and a fast `--help`. Also the helpers
+the command tests share (`run_cli`, `assert_usage_error`)."""
 
 from __future__ import annotations
 
-import json
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -10,11 +12,24 @@ from pathlib import Path
 import pytest
 import trio
 
-from runtime.cli.localswarm import LocalSwarm
-from runtime.cli.main import main
-from runtime.node.hostport import EndpointError, api_url, parse_hostport
+from runtime.cli.commands import manifest, status, voters
+from runtime.cli.main import COMMANDS, build_parser, main
 
 CLI_TIMEOUT_S = 30.0
+HEAVY_MODULES = (
+    "numpy",
+    "torch",
+    "transformers",
+    "mlx",
+    "trio",
+    "httpx",
+    "huggingface_hub",
+    "cryptography",
+    "runtime.node.daemon",
+    "simulations",
+)
+"""What `shardmesh --help` must not import: each costs from tens of
+milliseconds (httpx) to seconds (torch)."""
 
 
 def shardmesh_command() -> list[str]:
@@ -34,37 +49,6 @@ async def run_cli(*args: str) -> subprocess.CompletedProcess[bytes]:
         )
 
 
-# --- usage errors ---------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("argv", "message"),
-    [
-        ([], "the following arguments are required"),
-        (["frobnicate"], "invalid choice: 'frobnicate'"),
-        (["node"], "--listen"),
-        (["node", "--listen", "nonsense"], "is not HOST:PORT"),
-        (["node", "--listen", "127.0.0.1:99999"], "out of range"),
-        (["node", "--listen", "127.0.0.1:0", "--join", "127.0.0.1:7000"], "NODE_ID@HOST:PORT"),
-        (["node", "--join", "ab@127.0.0.1:7000"], "not a node id"),
-        (["node", "--join", f"{'a' * 64}@127.0.0.1:0"], "out of range"),
-        (["node", "--listen", "127.0.0.1:0", "--profile", "fast"], "invalid choice: 'fast'"),
-        (["node", "--listen", "0.0.0.0:7000"], "--advertise"),
-        (["status"], "--api"),
-        (["status", "--api", "localhost"], "is not HOST:PORT"),
-        (["demo", "--nodes", "1"], "at least 2 nodes"),
-        (["policy", "--api", "127.0.0.1:1", "--set", "nope=1"], "expected NAME=VALUE"),
-        (["policy", "--api", "127.0.0.1:1", "--set", "idle_release_s"], "expected NAME=VALUE"),
-        (["policy", "--api", "127.0.0.1:1", "--set", "max_copies=2.5"], "takes an integer"),
-        (["policy", "--api", "127.0.0.1:1", "--set", "cooldown_s=soon"], "takes a number"),
-    ],
-)
-def test_bad_arguments_exit_2_with_usage(
-    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
-) -> None:
-    assert_usage_error(argv, message, capsys)
-
-
 def assert_usage_error(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str], usage: str = "shardmesh"
 ) -> None:
@@ -77,6 +61,22 @@ def assert_usage_error(
     assert message in err
 
 
+# --- usage errors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        ([], "the following arguments are required"),
+        (["frobnicate"], "invalid choice: 'frobnicate'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_usage(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert_usage_error(argv, message, capsys)
+
+
 async def test_console_script_usage_error() -> None:
     result = await run_cli()
     assert result.returncode == 2
@@ -85,113 +85,86 @@ async def test_console_script_usage_error() -> None:
         assert command in result.stderr
 
 
-def test_endpoint_spellings() -> None:
-    assert parse_hostport("tcp://127.0.0.1:7000").zmq() == "tcp://127.0.0.1:7000"
-    assert parse_hostport("[::1]:7000").zmq() == "tcp://[::1]:7000"
-    assert api_url("127.0.0.1:8080") == "http://127.0.0.1:8080"
-    assert api_url("http://node.example:8080/") == "http://node.example:8080"
-    for bad in ("::1:7000", "host:", ":7000", "[::1]7000", "[nothex]:1"):
-        with pytest.raises(EndpointError):
-            parse_hostport(bad)
+# --- dispatch ---------------------------------------------------------------------
 
 
-# --- status -----------------------------------------------------------------------
+def _leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every command a command line can end in (`manifest build`, not `manifest`)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [(path, parser)]
+    return [leaf for name, sub in subs[0].choices.items() for leaf in _leaves(sub, (*path, name))]
 
 
-async def test_status_json_and_table_against_a_running_node(swarm: LocalSwarm) -> None:
-    node = swarm.new_node()
-    await swarm.start_ready(node)
+def test_every_command_names_a_run_function_of_its_own_module() -> None:
+    leaves = _leaves(build_parser())
+    assert {" ".join(path) for path, _ in leaves} >= {"node", "voters add", "manifest build"}
+    modules = {command.__name__ for command in COMMANDS}
+    for path, parser in leaves:
+        run = parser.get_default("run")
+        assert callable(run), path
+        assert run.__module__ in modules, path
 
-    # Alone, the node founds a one-voter Raft cluster and leads it at once.
-    await swarm.wait_for(
-        [node], lambda views: (views[node.name] or {}).get("leader") == node.node_id, 5.0, "leader"
+
+def test_the_commands_are_listed_in_the_order_help_shows_them() -> None:
+    (commands,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert list(commands.choices) == [
+        "node", "serve", "status", "chat", "demo", "simulate", "tiny-model", "manifest",
+        "policy", "voters", "invite", "doctor",
+    ]  # fmt: skip
+
+
+def test_main_calls_the_chosen_run_function_with_the_parser(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[tuple[argparse.Namespace, argparse.ArgumentParser]] = []
+
+    def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+        calls.append((args, parser))
+        return 7
+
+    monkeypatch.setattr(status, "run", run)
+    assert main(["status", "--api", "127.0.0.1:1"]) == 7
+    ((args, parser),) = calls
+    assert args.command == "status" and args.api == "http://127.0.0.1:1"
+    assert parser.prog == "shardmesh"  # the top-level parser, for a usage error
+
+
+def test_nested_commands_dispatch_to_their_own_run_function(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ran: list[str] = []
+    for module, name in (
+        (voters, "run_list"),
+        (voters, "run_add"),
+        (voters, "run_refound"),
+        (manifest, "run_build"),
+    ):
+        monkeypatch.setattr(module, name, lambda args, parser, name=name: ran.append(name) or 0)
+    api = ("--api", "127.0.0.1:1")
+    assert main(["voters", "list", *api]) == 0
+    assert main(["voters", "add", "a" * 64, *api]) == 0
+    assert main(["voters", "refound", *api]) == 0
+    assert main(["manifest", "build", "."]) == 0
+    assert ran == ["run_list", "run_add", "run_refound", "run_build"]
+
+
+def test_help_imports_nothing_heavy() -> None:
+    """`shardmesh --help` (and every command's) builds the whole parser:
+    the command modules defer what running them needs."""
+    probe = (
+        "import sys, contextlib, io\n"
+        "from runtime.cli.main import main\n"
+        "for argv in ([], ['node'], ['serve'], ['doctor'], ['manifest', 'build']):\n"
+        "    with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+        "        main([*argv, '--help'])\n"
+        "print(' '.join(sorted(sys.modules)))\n"
     )
-    result = await run_cli("status", "--api", node.api, "--json")
-    assert result.returncode == 0, result.stderr
-    doc = json.loads(result.stdout)
-    assert doc["node_id"] == node.node_id
-    for key in ("members", "leader", "term", "commit_index", "coverage", "ledger", "drops"):
-        assert key in doc
-    (me,) = doc["members"]
-    assert me["node_id"] == node.node_id and me["state"] == "alive" and me["self"]
-
-    # Without a scheme, and human-readable.
-    result = await run_cli("status", "--api", node.api.removeprefix("http://"))
-    assert result.returncode == 0, result.stderr
-    text = result.stdout.decode()
-    assert f"{node.node_id[:12]}*" in text
-    assert "alive" in text
-    assert node.info["control"] in text
-    assert f"leader: {node.node_id[:12]} (term 1" in text
-    assert "drops: none" in text
-
-
-async def test_policy_shown_set_and_refused_against_a_running_node(swarm: LocalSwarm) -> None:
-    node = swarm.new_node()
-    await swarm.start_ready(node)
-
-    shown = await run_cli("policy", "--api", node.api)
-    assert shown.returncode == 0, shown.stderr
-    rows = [line.split() for line in shown.stdout.decode().splitlines()]
-    assert ["idle_release_s", "1800.0", "default"] in rows and [
-        "max_copies",
-        "4",
-        "default",
-    ] in rows
-
-    # One commit for both knobs (the CLI waits out the node's first election),
-    # with the operator token from the node's state dir.
-    token = ("--state-dir", str(node.state_dir))
-    changed = await run_cli(
-        "policy", "--api", node.api, *token, "--set", "cooldown_s=30", "--set", "max_copies=3",
-        "--json",
-    )  # fmt: skip
-    assert changed.returncode == 0, changed.stderr
-    answer = json.loads(changed.stdout)
-    assert answer["accepted"] and answer["settings"] == {"cooldown_s": 30.0, "max_copies": 3}
-    assert answer["policy"]["cooldown_s"] == 30.0 and answer["policy"]["max_copies"] == 3
-
-    status = await run_cli("status", "--api", node.api)
-    assert "policy: cooldown_s=30.0, max_copies=3 (the rest default" in status.stdout.decode()
-
-    refused = await run_cli(
-        "policy", "--api", node.api, *token, "--set", "max_admission_backoff_s=1"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
-    assert refused.returncode == 1
-    assert b"HTTP 400: admission_backoff_s (60.0) is above its ceiling" in refused.stderr
-
-
-async def test_status_of_an_unreachable_node_exits_1(tmp_path: Path) -> None:
-    import socket
-
-    with socket.socket() as sock:  # a port that is certainly closed: bound, never listening
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-        result = await run_cli("status", "--api", f"127.0.0.1:{port}", "--timeout", "2")
-    assert result.returncode == 1
-    assert b"cannot reach" in result.stderr
-
-
-# --- node start-up errors ------------------------------------------------------
-
-
-async def test_second_node_on_one_state_dir_or_port_exits_1(swarm: LocalSwarm) -> None:
-    node = swarm.new_node()
-    await swarm.start_ready(node)
-
-    same_dir = await run_cli("node", "--listen", "127.0.0.1:0", "--state-dir", str(node.state_dir))
-    assert same_dir.returncode == 1
-    assert b"is in use by another shardmesh node" in same_dir.stderr
-
-    other_dir = str(swarm.root / "other")
-    same_port = await run_cli("node", "--listen", node.control, "--state-dir", other_dir)
-    assert same_port.returncode == 1
-    assert b"cannot listen on" in same_port.stderr
-
-    api = node.api.removeprefix("http://")
-    same_api = await run_cli(
-        "node", "--listen", "127.0.0.1:0", "--api", api, "--state-dir", other_dir
-    )
-    assert same_api.returncode == 1
-    assert b"cannot serve the API" in same_api.stderr
-    assert node.running
+    loaded = result.stdout.split()
+    heavy = [m for m in loaded for h in HEAVY_MODULES if m == h or m.startswith(f"{h}.")]
+    assert heavy == []
