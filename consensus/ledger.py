@@ -210,7 +210,7 @@ class PlacementLedger:
         self._demand: dict[str, Demand] = {}
         self._rejected: dict[str, int] = {}
         self._settings: dict[str, int | float] = {}
-        self._swarm: Found | None = None
+        self._founding: Found | None = None
         self._admitted_keys: dict[bytes, AdmittedKey] = {}
         self._eligible: dict[bytes, float] = {}  # node -> when it was made eligible
         self._quarantine: dict[bytes, Quarantine] = {}
@@ -312,17 +312,17 @@ class PlacementLedger:
         )
 
     def _found(self, cmd: Found) -> None:
-        if self._swarm is not None:
+        if self._founding is not None:
             raise _Reject(
                 REASON_ALREADY_FOUNDED,
-                f"the swarm was founded {self._swarm.mode} and stays so",
+                f"the swarm was founded {self._founding.mode} and stays so",
             )
-        self._swarm = cmd
+        self._founding = cmd
 
     def _admit(self, cmd: Admit) -> None:
-        if self._swarm is None or self._swarm.mode != "private":
+        if self._founding is None or self._founding.mode != "private":
             raise _Reject(REASON_NOT_PRIVATE, "only a private swarm admits members")
-        if cmd.node in self._admitted_keys or cmd.node == self._swarm.swarm:
+        if cmd.node in self._admitted_keys or cmd.node == self._founding.swarm:
             raise _Reject(REASON_ALREADY_ADMITTED, "the node is a member already")
         self._admitted_keys[cmd.node] = AdmittedKey(cmd.voter, cmd.invitation, cmd.at)
 
@@ -418,9 +418,9 @@ class PlacementLedger:
         return {m: self._demand[m] for m in sorted(self._demand)}
 
     @property
-    def swarm(self) -> Found | None:
-        """The swarm's founding (None until the founder commits it)."""
-        return self._swarm
+    def founding(self) -> Found | None:
+        """The swarm's founding, its id and mode (None until the founder commits it)."""
+        return self._founding
 
     def admitted_keys(self) -> dict[bytes, AdmittedKey]:
         """A private swarm's admitted keys, by node id (the founder is
@@ -431,10 +431,10 @@ class PlacementLedger:
         """Who may become a Raft voter: the founder, the nodes made
         `Eligible`, and a private swarm's members admitted as voters. Empty
         until the swarm is founded (its founder is then the one voter)."""
-        if self._swarm is None:
+        if self._founding is None:
             return frozenset(self._eligible)
         admitted = (n for n, a in self._admitted_keys.items() if a.voter)
-        return frozenset({self._swarm.swarm, *self._eligible, *admitted})
+        return frozenset({self._founding.swarm, *self._eligible, *admitted})
 
     def quarantine(self, node: bytes) -> Quarantine | None:
         """`node`'s standing under verdicts, its quarantine in force or ended
@@ -500,10 +500,10 @@ class PlacementLedger:
             "ledger_rejected": self.rejected(),
             "policy_settings": self.policy_settings(),
             "swarm": None
-            if self._swarm is None
+            if self._founding is None
             else {
-                "id": self._swarm.swarm.hex(),
-                "mode": self._swarm.mode,
+                "id": self._founding.swarm.hex(),
+                "mode": self._founding.mode,
                 "admitted": [
                     {"node_id": n.hex(), "voter": a.voter, "invitation": a.invitation.hex()}
                     for n, a in self.admitted_keys().items()
@@ -556,7 +556,7 @@ class PlacementLedger:
         if version >= 2:
             state.append([[name, value] for name, value in self._settings.items()])
         if version >= 3:
-            swarm = self._swarm
+            swarm = self._founding
             state.append(None if swarm is None else [swarm.swarm, swarm.mode, swarm.at])
             state.append(
                 [[n, a.voter, a.invitation, a.at] for n, a in self.admitted_keys().items()]
@@ -619,7 +619,7 @@ class PlacementLedger:
             if settings:
                 ledger._settings = dict(SetPolicy(settings, 0.0).settings)
             if founding is not None:
-                ledger._swarm = Found(*founding)
+                ledger._founding = Found(*founding)
             for node, voter, invitation, at in admitted:
                 admit = Admit(node, voter, invitation, at)
                 ledger._admitted_keys[admit.node] = AdmittedKey(

@@ -135,7 +135,7 @@ class SwarmAccess:
 
     def _refresh(self) -> None:
         ledger = self._raft.ledger
-        swarm = ledger.swarm
+        swarm = ledger.founding
         if swarm is None or swarm.mode == "open":
             self._allowed = None
             return
@@ -145,14 +145,14 @@ class SwarmAccess:
 
     async def run(self) -> None:
         """Until cancelled: the founder commits the founding once it leads."""
-        while self._founding is not None and self._raft.ledger.swarm is None:
+        while self._founding is not None and self._raft.ledger.founding is None:
             await self.found_when_leading()
             await trio.sleep(FOUND_RETRY_S)
 
     async def found_when_leading(self) -> None:
         """The founder, once it leads with no founding in its ledger,
         commits it (retried by `run` until it sticks)."""
-        if self._founding is None or self._proposing or self._raft.ledger.swarm is not None:
+        if self._founding is None or self._proposing or self._raft.ledger.founding is not None:
             return
         if not self._raft.is_leader:
             return
@@ -167,7 +167,7 @@ class SwarmAccess:
 
     def invite(self, *, voter: bool, expires_s: float, seed: str, api: str) -> Invitation:
         """A token this node signs; it must be a voter of a private swarm."""
-        swarm = self._raft.ledger.swarm
+        swarm = self._raft.ledger.founding
         if swarm is None or swarm.mode != "private":
             raise AccessError("this swarm is open: anyone may join it, no invitation needed")
         if self._identity.node_id not in self._raft.raft.voters:
@@ -197,7 +197,7 @@ class SwarmAccess:
             raise AccessError("the redemption is not signed by the node it names")
         if abs(time.time() - at) > REDEMPTION_CLOCK_SKEW_S:
             raise AccessError("the redemption's time is too far from ours (check the clocks)")
-        swarm = self._raft.ledger.swarm
+        swarm = self._raft.ledger.founding
         if swarm is None or swarm.mode != "private":
             raise AccessError("this swarm is open: join it without an invitation")
         try:

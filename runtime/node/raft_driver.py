@@ -291,7 +291,7 @@ class RaftDriver:
                 f"no leader for {self.leaderless_s():.0f} s; a refound is for voters gone for "
                 f"good, so it waits {grace:g} s (an election may still succeed)"
             )
-        swarm = self.ledger.swarm
+        swarm = self.ledger.founding
         eligible = self.ledger.eligible_voters() if swarm is not None else self.raft.voters
         if self.node_id not in eligible:
             return "this node is not eligible to vote: refound from an eligible node"

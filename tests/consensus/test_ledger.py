@@ -369,7 +369,7 @@ def test_older_snapshot_versions_still_restore_with_defaults() -> None:
     for version, items in ((1, old[1:6]), (2, old[1:7]), (3, old[1:9]), (4, old[1:10])):
         restored = PlacementLedger.restore(cbor2.dumps([version, *items], canonical=True))
         assert restored == ledger and restored.policy() == PlacementSettings()
-        assert restored.swarm is None and restored.admitted_keys() == {}
+        assert restored.founding is None and restored.admitted_keys() == {}
 
 
 @pytest.mark.parametrize(
@@ -523,7 +523,7 @@ def test_a_swarm_is_founded_once_and_keeps_its_mode() -> None:
     ledger = _private_ledger()
     again = ledger.apply(2, encode_command(Found(b"\x01" * 32, "open", 2.0)))
     assert not again.accepted and again.reason == "already_founded"
-    assert ledger.swarm == Found(FOUNDER, "private", 1.0)
+    assert ledger.founding == Found(FOUNDER, "private", 1.0)
     with pytest.raises(LedgerError, match="mode"):
         Found(FOUNDER, "public", 1.0)
 
@@ -539,7 +539,7 @@ def test_a_private_swarm_admits_each_member_once_and_an_open_one_none() -> None:
     assert list(ledger.admitted_keys()) == [newcomer] and ledger.admitted_keys()[newcomer].voter
     assert ledger.to_json()["swarm"]["admitted"][0]["node_id"] == newcomer.hex()
     restored = PlacementLedger.restore(ledger.snapshot())
-    assert restored == ledger and restored.swarm == ledger.swarm
+    assert restored == ledger and restored.founding == ledger.founding
 
     open_swarm = PlacementLedger()
     assert open_swarm.apply(1, encode_command(Found(FOUNDER, "open", 1.0))).accepted

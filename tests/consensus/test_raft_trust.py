@@ -195,5 +195,5 @@ async def test_a_snapshot_whose_ledger_cannot_be_restored_is_never_persisted(
             await trio.sleep(0.2)
             nursery.cancel_scope.cancel()
         assert store.load().snapshot is not None
-        assert driver.ledger.swarm == Found(leader, "open", 1.0)
+        assert driver.ledger.founding == Found(leader, "open", 1.0)
         assert driver.raft.term == 2 and driver.raft.learners == {me}
