@@ -5,8 +5,9 @@ what it found wrong, file by file:
 
 - every module of the five packages is named in ARCHITECTURE.md by its
   repo-relative path (a package's `__init__.py` and `__main__.py` may be);
-- every repository path ARCHITECTURE.md names exists, and every dotted name
-  it gives (`consensus.ledger.PlacementLedger`) is defined where it says;
+- every repository path ARCHITECTURE.md (and README, CONTRIBUTING and the
+  docs they lead to) names exists, and every dotted name it gives
+  (`consensus.ledger.PlacementLedger`) is defined where it says;
 - every `.md` file that code, docs, the Makefile or pyproject.toml cite
   exists in the repository, and none cites a document outside it;
 - README.md stays short and shows `make demo` and `make test` first;
@@ -56,6 +57,15 @@ PATH_TOKEN = re.compile(r"[\w.-]+(?:/[\w.-]+)*/?")
 DOTTED = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+")
 
 README = "README.md"
+# The documents a newcomer reads first: every path and dotted name in them is real.
+NAMED_DOCS = (
+    MAP,
+    README,
+    "CONTRIBUTING.md",
+    "docs/features.md",
+    "docs/operations.md",
+    "docs/threat-model.md",
+)
 README_MAX_LINES = 300
 FIRST_COMMANDS = ("make demo", "make test")
 # The documents whose commands are checked against the real CLI and Makefile.
@@ -188,18 +198,21 @@ def dotted_problem(root: Path, token: str) -> str | None:
     return "no such module"
 
 
-def broken_map_names(root: Path) -> list[Finding]:
-    text = (root / MAP).read_text(encoding="utf-8")
+def broken_names(root: Path, doc: str = MAP) -> list[Finding]:
+    """Paths and dotted names `doc` gives that the tree does not have (a path
+    may also be relative to the document's folder, as its links are)."""
+    text = (root / doc).read_text(encoding="utf-8")
+    folder = (root / doc).parent
     findings = []
     for offset, token in map_tokens(text):
         line = _line_of(text, offset)
         if is_repo_path(token):
-            if not (root / token).exists():
-                findings.append(Finding(MAP, line, f"names {token}, which does not exist"))
+            if not ((root / token).exists() or (folder / token).exists()):
+                findings.append(Finding(doc, line, f"names {token}, which does not exist"))
         elif DOTTED.fullmatch(token) and token.split(".", 1)[0] in PACKAGES:
             problem = dotted_problem(root, token)
             if problem:
-                findings.append(Finding(MAP, line, f"names {token}: {problem}"))
+                findings.append(Finding(doc, line, f"names {token}: {problem}"))
     return _once(findings)
 
 
@@ -415,9 +428,9 @@ def test_every_module_is_in_the_map() -> None:
     assert not findings, _report(findings, f"modules missing from {MAP}")
 
 
-def test_every_name_in_the_map_exists() -> None:
-    findings = broken_map_names(REPO)
-    assert not findings, _report(findings, f"{MAP} names what is not there")
+def test_every_name_in_the_map_and_the_front_docs_exists() -> None:
+    findings = [f for doc in NAMED_DOCS for f in broken_names(REPO, doc)]
+    assert not findings, _report(findings, "documents name what is not there")
 
 
 def test_every_cited_document_is_in_the_repository() -> None:
@@ -492,7 +505,7 @@ def test_checker_finds_each_broken_name(tmp_path: Path) -> None:
         "`mesh.wire.encode` `mesh.wire.Envelope.method` `mesh.wire.LIMIT` `mesh.wire.gone`\n"
         "`mesh.absent.X` `runtime.cli.main.demo` `trio.current_time` `/v1/network/status`\n",
     )
-    found = {(f.line, f.what.split(",")[0].split(":")[0]) for f in broken_map_names(tmp_path)}
+    found = {(f.line, f.what.split(",")[0].split(":")[0]) for f in broken_names(tmp_path)}
     assert found == {
         (2, "names mesh/gone.py"),
         (2, "names docs/y.md"),
@@ -501,6 +514,11 @@ def test_checker_finds_each_broken_name(tmp_path: Path) -> None:
         (4, "names mesh.wire.gone"),
         (5, "names mesh.absent.X"),
     }, found
+    # A document's links may be relative to its folder; its paths are checked the same.
+    _write(tmp_path, {"docs/ops.md": "[x](x.md) [m](../mesh/wire.py) `docs/x.md` [n](n.md)\n"})
+    assert [f.what for f in broken_names(tmp_path, "docs/ops.md")] == [
+        "names n.md, which does not exist"
+    ]
 
 
 def test_checker_finds_each_missing_citation(tmp_path: Path) -> None:
