@@ -1,5 +1,6 @@
 """The protocol cores in virtual time: event loop, simulated network, faults,
-membership clusters and scenarios (see DESIGN.md, "simulations/").
+membership and Raft clusters, placement, and scenarios (ARCHITECTURE.md
+maps the modules; docs/simulation.md says how to run them).
 
 Importing this package first honours `SHARDMESH_SIM_CORE` (run the hot
 modules from a compiled build: `simulations.compiled`), so the names below

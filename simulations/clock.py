@@ -1,18 +1,12 @@
 """A simulated node's own clock, when it disagrees with virtual time.
 
-The membership core never reads a clock: every call passes it ``now``, and
-every timer it keeps (probe timeouts, suspicions, gossip rounds) is a
-deadline in that same time. A node whose clock is wrong is therefore
-modelled exactly by handing its core its own reading instead of virtual
-time, and by running its ``tick`` at the virtual moment its clock reaches
-the core's next deadline: a fast clock fires timers early, a slow one late,
-a clock that jumps forward fires everything due in the gap at once.
-
-Only the rate and steps forward are modelled. The core keeps a monotonic
-clock, as the real driver does (trio's clock is monotonic), and a monotonic
-clock never steps back; what it does do is tick at a wrong rate (a drifting
-oscillator, a VM starved of CPU whose timekeeping lags, NTP slewing) or leap
-ahead (a guest clock catching up after the hypervisor paused or migrated it).
+The membership core never reads a clock: every call passes it ``now``. A
+node whose clock is wrong is modelled by handing its core its own reading
+and running its ``tick`` at the virtual moment that clock reaches the
+core's next deadline: a fast clock fires timers early, a slow one late, a
+jump forward fires everything due in the gap at once. Only rate and steps
+forward are modelled, never a step back, as the real driver's clock is
+monotonic (docs/design/simulator.md).
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
-"""The simulator's hot modules compiled with mypyc: the same source, in less
-CPU time (on the 1,000-node benchmark cases, 1.8-2.4x less for a steady
-swarm with churn, 1.2-1.6x for a 3-way partition, whose time goes more to
-dict operations and memory, which are C either way).
+"""The simulator's hot modules compiled with mypyc: the same source, in less CPU.
 
-A simulation spends most of its time in a few modules: the membership
-core, its member table and broadcast queue, the delta sync and the
-simulated cluster that drives them. mypyc compiles exactly
-those files (it ships with mypy, which `make test` already installs; it needs
-a C compiler) into extension modules kept out of the source tree, in
-`build/sim-core/`:
-
-    make sim-core
-    SHARDMESH_SIM_CORE=build/sim-core shardmesh simulate SCENARIO.toml
-    python -m benchmarks.simulator --json          # builds it, runs both cores side by side
-
-Nothing else changes: the modules are the ones the tests check, and a run
-gives the same trace digest either way (`tests/simulations/test_compiled.py`, and the
-benchmark compares every case). A build records a digest of each source file
-it compiled; `use` refuses a build whose sources have changed since, so a
-stale build cannot run old code under new names.
-
-`use` must run before anything imports the modules it replaces: it puts the
-build first on the `mesh` and `simulations` package paths, so their next
-import finds the extension before the `.py` file. Modules it does not
-replace keep coming from the source tree. `SHARDMESH_SIM_CORE` does the same
-in every process that imports the `simulations` package (sweep workers
-included), which is how the CLI and the benchmark's children use it.
+`HOT_MODULES` (the membership core, its member table, broadcast queue and
+delta sync, and the simulated cluster) compile into `build/sim-core/`
+(`make sim-core`); `SHARDMESH_SIM_CORE=build/sim-core` or `use` runs them,
+with the same trace digest as the source. A build records a digest of each
+source it compiled and `use` refuses a stale one. `use` must run before the
+modules it replaces are imported: it puts the build first on the `mesh` and
+`simulations` package paths. Measured gains and the reasons:
+docs/design/simulator.md and docs/simulation.md, "The compiled core".
 """
 
 from __future__ import annotations

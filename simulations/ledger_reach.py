@@ -1,36 +1,13 @@
 """The ledger at swarm scale: a Raft configuration the voter policy builds,
 the leader's Raft traffic, and the spread of the leader's ledger notice.
 
-Only eligible nodes enter Raft (`consensus.voters`: at most `max_voters`
-voters and `max_learners` learners); every other member follows the ledger
-by the `LedgerNotice` in the leader's gossiped record and then pulls it from
-a voter over HTTP (`runtime.node.ledger_follower`; HTTP is not simulated,
-the pull is one round trip after the notice arrives). This module measures
-both halves with the real cores:
-
-* `PolicySwarm`: a `RaftCluster` of the swarm's eligible nodes, the founder
-  bootstrapping alone and the others joining with no configuration. The
-  leader runs the node driver's loop: every `voter_check_ticks` it asks
-  `next_change` about *all* `members` (a membership oracle: every member
-  alive and stable, so a swarm of 10,000 costs a 10,000-entry view, not
-  10,000 Raft processes) and proposes the change it returns; committed
-  commands are applied to a `PlacementLedger` per node, and the ledger's
-  `eligible_voters` is what the policy and the cores are told, as in
-  `runtime.node.raft_driver`. Members that are not eligible never run Raft:
-  no leader message is ever addressed to them.
-* `old_rule_cluster`: the rule this replaced, every member a learner, as a
-  `RaftCluster` bootstrapped with that configuration (building it by one
-  change per voter check would take minutes of virtual time to show the
-  same thing).
-* `leader_traffic`: the same workload of proposals on any of these, and the
-  Raft messages the leader sends and receives per second.
-* `notice_spread`: a `MembershipCluster` of `nodes` real membership cores in
-  which the leader publishes a real `NodeRecord` carrying a `LedgerNotice`
-  (encoded with `encode_record_body`, so its size is real), and the time
-  until each node holds it.
-
-Node `i` has the id `sim_node_id(seed, i)` in both clusters, so the leader
-of the Raft run is node 0 (the founder) of the gossip run.
+Only eligible nodes enter Raft (`consensus.voters`); every other member
+follows the ledger by the `LedgerNotice` in the leader's gossiped record.
+`PolicySwarm` runs the voter policy over a membership oracle of all
+members, `old_rule_cluster` the every-member-a-learner rule it replaced,
+`leader_traffic` counts the leader's Raft messages under a workload, and
+`notice_spread` times a real notice's gossip. Node `i` has the id
+`sim_node_id(seed, i)` in both clusters. Details: docs/design/simulator.md.
 """
 
 from __future__ import annotations
@@ -409,64 +386,18 @@ def leader_traffic(
     not noticed yet still pays for what it sends). Commands offered while
     no node leads are dropped, as a driver's would be.
     """
-    loop = cluster.loop
-    net = cluster.network
-    tick = cluster.tick_s
+    loop, tick = cluster.loop, cluster.tick_s
     leading = cluster.leader()
     timer = None if leading is None else cluster.nodes[leading].tick
     if timer is not None:
         cluster.run_until(timer[0] + tick / 2)
     start = loop.now
     beats = max(1, round(len(commands) * interval_s / tick))
-    stop = start + beats * tick
-    n = len(cluster.nodes)
-    last_sent = list(net.sent_messages)
-    last_received = list(net.received_messages)
-    drops_before = net.drops["queue_full"]
-    totals = {"sent": 0, "received": 0, "led": 0, "samples": 0}
-    leaders: set[int] = set()
-    leader_ids: set[bytes] = set()
-    peers: set[bytes] = set()
-    proposals: list[Proposal] = []
-    queue = deque(commands)
-
-    def sample() -> None:
-        totals["samples"] += 1
-        led = False
-        for i in range(n):
-            core = cluster.node(i)
-            if core is not None and core.is_leader:
-                led = True
-                leaders.add(i)
-                leader_ids.add(core.node_id)
-                totals["sent"] += net.sent_messages[i] - last_sent[i]
-                totals["received"] += net.received_messages[i] - last_received[i]
-        totals["led"] += led
-        last_sent[:] = net.sent_messages
-        last_received[:] = net.received_messages
-
-    def offer() -> None:
-        if not queue:
-            return
-        proposal = cluster.propose(queue.popleft())
-        if proposal is not None:
-            proposals.append(proposal)
-        loop.call_later(interval_s, offer)
-
-    previous = cluster.on_message
-
-    def watch(dst: int, message: Message) -> None:
-        if previous is not None:
-            previous(dst, message)
-        if message.sender in leader_ids:
-            peers.add(message.to)
-
-    if leading is not None:
-        leader_ids.add(cluster.nodes[leading].node_id)
-    cluster.on_message = watch
+    window = _TrafficWindow(cluster, commands, interval_s, leading)
+    cluster.on_message = window.watch
     for k in range(1, beats + 1):
-        loop.call_at(start + k * tick, sample)
-    loop.call_at(start, offer)
+        loop.call_at(start + k * tick, window.sample)
+    loop.call_at(start, window.offer)
     chunk = max(1, beats // 20)
     try:
         for k in range(chunk, beats + chunk, chunk):
@@ -474,21 +405,85 @@ def leader_traffic(
             if on_progress is not None:
                 on_progress(loop.now - start)
     finally:
-        cluster.on_message = previous
-    if totals["samples"] < beats:  # float rounding left the last one just past stop
-        cluster.run_until(stop + tick / 4)
-    committed = sum(1 for p in proposals if cluster.is_committed(p))
-    return LeaderTraffic(
-        window_s=beats * tick,
-        sent=totals["sent"],
-        received=totals["received"],
-        proposed=len(proposals),
-        committed=committed,
-        leader_s=totals["led"] * tick,
-        leaders=len(leaders),
-        peers_messaged=len(peers),
-        queue_drops=net.drops["queue_full"] - drops_before,
-    )
+        cluster.on_message = window.previous
+    if window.samples < beats:  # float rounding left the last one just past stop
+        cluster.run_until(start + beats * tick + tick / 4)
+    return window.result(beats)
+
+
+class _TrafficWindow:
+    """What `leader_traffic` counts while its window runs: the leaders'
+    messages per heartbeat, the commands it offers, the peers messaged."""
+
+    def __init__(
+        self,
+        cluster: RaftCluster,
+        commands: Sequence[bytes],
+        interval_s: float,
+        leading: int | None,
+    ) -> None:
+        self._cluster, self._net, self._interval_s = cluster, cluster.network, interval_s
+        self._last_sent = list(self._net.sent_messages)
+        self._last_received = list(self._net.received_messages)
+        self._drops_before = self._net.drops["queue_full"]
+        self.sent = self.received = self.led = self.samples = 0
+        self.leaders: set[int] = set()
+        self._leader_ids: set[bytes] = set()
+        self.peers: set[bytes] = set()
+        self.proposals: list[Proposal] = []
+        self._queue = deque(commands)
+        self.previous = cluster.on_message
+        """The observer the window wraps, put back when it ends."""
+        if leading is not None:
+            self._leader_ids.add(cluster.nodes[leading].node_id)
+
+    def sample(self) -> None:
+        """A heartbeat: what each node that believes it leads sent and
+        received since the last one counts for the leader."""
+        net = self._net
+        self.samples += 1
+        led = False
+        for i in range(len(self._cluster.nodes)):
+            core = self._cluster.node(i)
+            if core is not None and core.is_leader:
+                led = True
+                self.leaders.add(i)
+                self._leader_ids.add(core.node_id)
+                self.sent += net.sent_messages[i] - self._last_sent[i]
+                self.received += net.received_messages[i] - self._last_received[i]
+        self.led += led
+        self._last_sent[:] = net.sent_messages
+        self._last_received[:] = net.received_messages
+
+    def offer(self) -> None:
+        """Propose the next command to whoever leads, then again after the interval."""
+        if not self._queue:
+            return
+        proposal = self._cluster.propose(self._queue.popleft())
+        if proposal is not None:
+            self.proposals.append(proposal)
+        self._cluster.loop.call_later(self._interval_s, self.offer)
+
+    def watch(self, dst: int, message: Message) -> None:
+        """Every delivered message: note who a leader sent to."""
+        if self.previous is not None:
+            self.previous(dst, message)
+        if message.sender in self._leader_ids:
+            self.peers.add(message.to)
+
+    def result(self, beats: int) -> LeaderTraffic:
+        tick = self._cluster.tick_s
+        return LeaderTraffic(
+            window_s=beats * tick,
+            sent=self.sent,
+            received=self.received,
+            proposed=len(self.proposals),
+            committed=sum(1 for p in self.proposals if self._cluster.is_committed(p)),
+            leader_s=self.led * tick,
+            leaders=len(self.leaders),
+            peers_messaged=len(self.peers),
+            queue_drops=self._net.drops["queue_full"] - self._drops_before,
+        )
 
 
 # --- the gossip side --------------------------------------------------------------------

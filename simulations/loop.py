@@ -3,23 +3,10 @@
 The simulator replaces the trio driver's wall clock with this loop: time only
 moves when the next event is taken off the heap, so a 600-second run of 1,000
 nodes costs whatever the events cost, not 600 seconds, and the same inputs
-always give the same order of events.
-
-Why it is built the way it is (this is the simulator's innermost loop, and
-the 1,000 nodes x 600 s in <= 60 s wall target leaves a few microseconds per
-event, most of which the protocol cores need):
-
-- heap entries are plain lists ``[when, seq, fn, arg]`` that ``heapq``
-  compares in C; ``seq`` is unique, so comparison never reaches ``fn``;
-- ties on ``when`` are broken by ``seq``, the insertion order, which makes the
-  run independent of anything but the order callers scheduled things in;
-- cancellation is lazy: a cancelled entry has its ``fn`` replaced by ``None``
-  and is skipped when popped, so cancelling is O(1) and the heap is never
-  re-sorted;
-- the hot path (``post``) allocates one list per event and no handle object;
-  callers that need to cancel use ``call_at``/``call_later``, whose handle is
-  itself the heap entry (a list subclass, so it still compares in C);
-- while it runs, CPython's full garbage collections wait (``_young_only``).
+always give the same order of events (ties run in the order scheduled).
+It is the simulator's innermost loop, built for a few microseconds per
+event: why each choice (plain-list heap entries, lazy cancellation, handles
+that are heap entries, full GCs deferred) is in docs/design/simulator.md.
 """
 
 from __future__ import annotations

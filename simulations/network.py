@@ -1,32 +1,12 @@
 """Simulated links between simulated nodes.
 
 Every message a node sends goes through ``Network.send``; what the network
-does to it is what the real network and the real receiving process would do,
-scaled to what matters for protocols that run over UDP-like datagrams:
-
-- one-way latency ``base + jitter`` per message, jitter uniform (LAN) or
-  lognormal (WAN, with its long tail); messages reorder whenever jitter makes
-  a later one overtake an earlier one, as datagrams do;
-- independent loss and duplication per message (a duplicate gets its own
-  latency draw, so it may arrive first);
-- optional bandwidth, per link or for all: a message first waits for the
-  messages sent before it on the same directed link, then takes its encoded
-  size / bandwidth to transmit, then its latency (see ``Network.send``);
-- partitions: sets of groups with a start and a heal time; a message between
-  nodes in different groups of any active partition is dropped, both when it
-  is sent and, if it was already in flight when the partition started, when
-  it arrives;
-- a bounded inbound queue per node, served at a fixed rate: a node takes
-  ``service_time`` of virtual time per inbound message, arrivals while it is
-  busy wait in the queue, and arrivals to a full queue are dropped and
-  counted (ZeroMQ's ROUTER drops the same way at its high-water mark);
-- a paused node keeps queueing (up to the bound) and works the queue off at
-  its service rate once resumed; a crashed node drops everything.
-
-Nodes are small integers; the cluster maps addresses to them. The network
-never looks inside a message except through the optional ``size_of``, which
-is how byte counts are taken (off by default: encoding every message costs
-more than simulating it).
+does to it is what the real network and the real receiving process would
+do: latency with uniform or lognormal jitter (so datagrams reorder), loss
+and duplication, optional per-link bandwidth, partitions and one-way cuts,
+and a bounded inbound queue served at a fixed rate (paused nodes queue,
+crashed ones drop). Nodes are small integers; the cluster maps addresses
+to them. The model, point by point: docs/design/simulator.md.
 """
 
 from __future__ import annotations

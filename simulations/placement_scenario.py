@@ -1,59 +1,13 @@
 """Placement scenarios: a `[placement]` table in a scenario file runs
 `simulations.placement_cluster` instead of the membership swarm.
 
-Example::
-
-    name = "demand-and-a-crash"
-    duration = 300.0
-
-    [placement]
-    voters = 3                 # Raft voters (default 3)
-    # detect_s = 10.0          # crash -> "dead" at the leader (the oracle)
-    # membership = "swim"      # real SWIM cores instead of the oracle; then
-    # swim = {profile = "lan", suspicion_mult = 4}  # optionally its config
-
-    [placement.policy]         # the policy's knobs (consensus.settings)
-    verify_fraction = 0.25     # share of answers the entries spot-check
-
-    [[placement.models]]
-    name = "y"
-    layers = 32
-    layer_gb = 0.5
-    # recipe = "bf16"
-
-    [[placement.workers]]
-    count = 2                  # default 1
-    memory_gb = 24
-    models = ["y"]             # what its store holds
-    # hardware = "gpu"         # gpu | mac | cpu: how fast it loads
-    # pinned = "y"             # an operator pinned it to the whole model
-    # fails_doctor = true
-    # lies = {rate = 0.01, from_s = 60.0}  # wrong on 1% of decode steps from 60 s
-
-    [[placement.demand]]
-    model = "y"
-    per_minute = 30
-    from = 10.0
-    until = 250.0
-
-    [[faults]]
-    kind = "crash"             # crash | restart (a worker) | partition (voters)
-    worker = 1
-    at = 100.0
-
-    [[faults]]
-    kind = "partition"
-    voters = [[0], [1, 2]]     # or "leader": whoever leads at `at`, alone
-    # workers = [1]            # swim: cut off too, on a side of their own
-    at = 50.0
-    heal = 80.0
-
-Workers are numbered in the order the tables list them (a `count` of n
-takes n numbers), voters from 0. `simulations.schema` checks every key.
-The metrics' `verification` says what liars cost and how soon the spot
-checks had them quarantined (`PlacementCluster.metrics`); with
-`membership = "swim"`, `membership` says when the leader's own core saw
-each crash, and what its views cost (`PlacementCluster._membership`).
+`run_placement_scenario` builds a `PlacementCluster` from the resolved
+table (models, workers in the order the tables list them, voters from 0,
+the policy's knobs, the oracle or SWIM membership), schedules its demand
+and faults (a worker's crash or restart; a voter partition, the leader
+isolated, or workers cut off), runs it and returns its metrics, with the
+plots drawn when asked. An example file and every key: docs/simulation.md,
+"A placement scenario" and "`[placement]`".
 """
 
 from __future__ import annotations

@@ -1,39 +1,13 @@
 """Plots of a simulation run: what the swarm believed, and what it sent, over time.
 
-DESIGN's reports are JSON metrics, a timeline, PNG plots and a trace digest.
-The metrics say *how much* (spread p99.9, detection median, false
-positives); the plots say *when*, which is what a researcher looks at first
-after a partition or a burst of crashes:
-
-* ``membership``: the fraction of (observer, subject) pairs that currently
-  believe the subject suspect, and dead, with partitions and cuts shaded and
-  crashes, pauses and leaves marked. A healthy heal shows both curves
-  returning to zero.
-* ``traffic``: messages (and bytes, when the network counts them) sent
-  per node and second in each step, the mean over running nodes and the
-  busiest node. Suspicion storms and state syncs after a heal show here.
-* ``spread``: for each ``publish`` fault, the fraction of running nodes
-  holding the new record against seconds since it was published.
-
-A placement run draws ``placement``, three tracks over one time axis:
-requests and those served, with the commands that changed what serves
-them; which voter leads and could commit, with term changes marked and
-leaderless spans shaded; and each model's served fraction, with the spans
-it had no complete chain shaded. And ``verification``: the
-fraction of served answers that were correct over time, with each liar's
-first lie and quarantine marked. A liar's dip ends at its quarantine.
-
-Each figure is written as PNG (for a quick look), SVG and PDF (for a
-paper), with the plotted series beside it as CSV, so a figure can be
-redrawn in any style without running the simulation again.
-
-The series come from the run itself: the verdict stream, each publication's
-spread times, and the network's send counters read between steps of
-``run_sampled``. Running the loop in steps runs exactly the events one
-``run_until`` would (the loop only ever runs what is due by the step's end),
-so a run with plots has the same trace digest as one without; a test checks
-that. Plotting needs matplotlib (the ``plots`` extra); ``plots_unavailable``
-says whether it is there, so a caller can warn before the run.
+The metrics say *how much*; the plots say *when*. A membership run draws
+``membership`` (suspect and dead pairs, faults marked), ``traffic`` and
+``spread``; a placement run draws ``placement`` (requests, who could commit,
+each model's served fraction) and ``verification`` (correct answers, each
+liar's first lie and quarantine). Each figure is PNG, SVG and PDF with its
+series beside it as CSV. Plotting runs the same events as a plain run, so
+the trace digest is unchanged. Each figure, track by track:
+docs/design/simulator.md; how to get them: docs/simulation.md.
 """
 
 from __future__ import annotations

@@ -1,56 +1,13 @@
 """Scenario files: a membership experiment described in TOML, run to metrics.
 
-(A scenario with a `[placement]` table is a placement experiment instead:
-see `simulations.placement_scenario`.)
-
 A scenario names the swarm (how many nodes, how they start), the membership
 profile, the network, a fault schedule and a duration. ``run_scenario`` runs
-it with a seed and returns a JSON-ready dict of metrics, including the trace
-digest: the same file and seed always give the same dict (nothing in it
-depends on the wall clock), which is what lets a researcher diff two runs. Every key is checked
-against `simulations.schema` before anything runs (`shardmesh simulate
---schema` prints the reference).
-
-Example::
-
-    name = "crash-under-loss"
-    duration = 120.0
-
-    [nodes]
-    count = 200
-    join = "preconverged"      # or "seed": everyone joins via node 0
-    # seeds = 1, stagger = 0.01, record_size = 1024
-
-    [membership]
-    profile = "lan"            # lan | wan | local; other keys override fields
-    # suspicion_mult = 4
-
-    [network]
-    profile = "lan"            # lan | wan; other keys override fields
-    loss = 0.1
-
-    [[faults]]
-    kind = "crash"             # crash | pause | restart | leave | publish | skew, or a
-                               # link fault: partition | cut | bridge | ring
-    node = 7                   # or nodes = [1, {range = [2, 9]}], or random = 5
-    at = 10.0
-
-    [[faults]]
-    kind = "pause"
-    node = 3
-    at = 20.0
-    duration = 8.0
-
-    [[faults]]
-    kind = "partition"
-    at = 30.0
-    heal = 90.0
-    groups = "halves"          # or explicit: [[0, 1, 2], [{range = [3, 5]}]]
-
-    [[faults]]
-    kind = "publish"
-    node = 0
-    at = 100.0
+it with a seed and returns a JSON-ready dict of metrics, trace digest
+included: the same file and seed always give the same dict. Every key is
+checked against `simulations.schema` before anything runs. A scenario with
+a `[placement]` table is a placement experiment instead
+(`simulations.placement_scenario`). Examples and every key:
+docs/simulation.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Cheap deterministic signatures for simulated nodes.
 
-The simulator swaps Ed25519 for a keyed BLAKE2b digest for the same reason
-it swaps the wall clock for a virtual one: cost. A 1,000-node run verifies
-millions of signed updates, and Ed25519 verification (~50-100 us each in
-Python's bindings) would dominate it; a keyed BLAKE2b costs well under a
-microsecond.
-
-What stays true, so the membership core's signature checks stay exercised:
-
-- a node's signature verifies only under its own ``node_id``: a Suspect or
-  Dead signed by node A but claiming accuser B fails, as does an Alive
-  "refuted" by anyone but its subject, and any tampered byte;
-- signatures are 64 bytes and node ids 32, as with Ed25519, so the core's
-  size checks and the wire's field sizes see realistic values.
-
-What is different: the per-node secret is derived from the node id with a
-simulator-wide salt, so the *simulator* could forge anything. The protocol
-code never sees the salt; it only gets a ``Signer`` and a ``Verifier``. Real
-Ed25519 is covered by the real-node tests (``mesh.identity``).
+A keyed BLAKE2b digest stands in for Ed25519, whose verification would
+dominate a 1,000-node run's CPU. A node's signature still verifies only
+under its own node id, and signatures and ids keep Ed25519's 64 and 32
+bytes, so the membership core's signature and size checks stay exercised.
+The per-node secret comes from the node id and a simulator-wide salt, so
+the simulator (never the protocol code) could forge anything; real Ed25519
+is covered by `mesh.identity`'s tests. The argument: docs/design/simulator.md.
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Sweeps: one scenario run over a grid of seeds and settings, one CSV row per run.
 
-    shardmesh simulate SCENARIO.toml --seeds 1..10 \\
+    shardmesh simulate SCENARIO.toml --seeds 1..10 \
         --set membership.suspicion_mult=2,3,4 --jobs 2 --csv out.csv
 
-The grid is every seed times every combination of the `--set` values, in
-that order (settings vary slowest, seeds fastest), and the rows come back in
-grid order whatever `jobs` is, so a sweep is reproducible row for row. Each
-run is an ordinary `run_scenario` in a worker process: the same seed and
-settings give the same row as running that one scenario alone.
-
-From Python::
-
-    from simulations.sweep import Setting, run_sweep, write_csv
-    rows = run_sweep("s.toml", seeds=range(1, 11),
-                     settings=[Setting("membership.suspicion_mult", (2, 3, 4))], jobs=2)
-    write_csv(rows, "out.csv")
+The grid is every seed times every combination of the `--set` values
+(settings vary slowest, seeds fastest), and rows come back in grid order
+whatever `jobs` is. Each run is an ordinary `run_scenario` in a worker
+process, so a row equals that one run alone. From Python: `run_sweep` and
+`write_csv` (docs/simulation.md, "Sweeps" and "From Python").
 """
 
 from __future__ import annotations

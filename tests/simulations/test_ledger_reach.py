@@ -41,7 +41,8 @@ MEMBERS = 1000
 ELIGIBLE = 12
 """A dozen trusted nodes: more than the 5 voters and 4 learners Raft takes."""
 GOSSIP_TARGET_S = 2.0
-"""DESIGN.md, Targets: an update reaches 99.9% of 1,000 nodes in <= 2.0 s."""
+"""The spread target: an update reaches 99.9% of 1,000 nodes in <= 2.0 s
+(serf's convergence model of memberlist, docs/benchmarks.md)."""
 POLICY = ConsensusConfig.lan().voters
 
 
