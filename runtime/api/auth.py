@@ -1,30 +1,29 @@
 """Who may change the swarm over HTTP: this node's operator, or a node that signed.
 
-Chat and every GET are public. A call that changes the swarm (policy,
-assignments, fault injection) needs one of two credentials:
-
-* **the operator token** of the node asked (`STATE_DIR/operator.token`,
-  `runtime.node.state_dir`), as `Authorization: Bearer TOKEN`, compared in
-  constant time. Missing or wrong: 401 with `WWW-Authenticate: Bearer`.
-* **a node's signature** (`runtime.node.signed_http`): what a node sends
-  when it passes an operator's call on to the Raft leader, or reports its
-  chat demand. `authenticate` checks the signature and its time (a bad one
-  is a 403); the route then checks who signed (a voter, the node being
-  assigned, a member), since only it knows what the call does.
-
-Demand is never an operator's to invent: it comes only from members'
-signed reports of the chat requests they received.
+Chat and every GET are public. A call that changes the swarm needs one of two
+credentials: **the operator token** of the node asked (`STATE_DIR/operator.token`,
+as `Authorization: Bearer TOKEN`, compared in constant time; missing or wrong:
+401 with `WWW-Authenticate: Bearer`), or **a node's signature**
+(`runtime.node.signed_http`), which a node sends when it passes an operator's
+call on to the Raft leader or reports chat demand (bad or replayed: 403).
+`authenticate` says who calls; `Gate` then says whether they may: a voter for
+admin calls, the node being assigned for its own bootstrap, a live member for
+demand and evidence. Demand is never an operator's to invent.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
-from typing import Final
+from typing import Final, Protocol
 
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
+from mesh.identity import node_id_text
+from mesh.member_table import LIVE_STATES
+from runtime.node.membership_driver import MembershipDriver
+from runtime.node.raft_driver import RaftDriver
 from runtime.node.signed_http import ReplayGuard, SignatureRefused, is_signed, verify_request
 
 TOKEN_HINT: Final = (
@@ -72,3 +71,74 @@ async def authenticate(
             "(chat entries send their own demand)"
         )
     raise unauthorized(f"{request.method} {request.url.path} changes the swarm: {TOKEN_HINT}")
+
+
+class GateNode(Protocol):
+    """What a `Gate` reads of its node (`runtime.node.daemon.Node`)."""
+
+    raft: RaftDriver
+    membership: MembershipDriver
+
+    @property
+    def operator_token(self) -> str:
+        """What this node's operator presents (`STATE_DIR/operator.token`)."""
+        ...
+
+
+class Gate:
+    """One node's checks of who calls and whether they may, for its routes.
+
+    It holds the node's `ReplayGuard`, shared by every route, so a signed
+    request is accepted once whichever route it reaches. Each check either
+    returns who called (None: this node's operator; else the signer's id) or
+    raises the 401/403 the app turns into OpenAI's error shape."""
+
+    def __init__(self, node: GateNode) -> None:
+        self.node = node
+        self.replays = ReplayGuard()
+
+    async def caller(self, request: Request, *, operator: bool = True) -> bytes | None:
+        """`authenticate` against this node's token and replay guard."""
+        token = self.node.operator_token
+        return await authenticate(request, token, self.replays, operator=operator)
+
+    async def operator(self, request: Request, refusal: str) -> None:
+        """403 (`refusal`) unless this node's own operator calls: for what
+        no other node may ask for it (refound, invitations, fault injection)."""
+        if await self.caller(request) is not None:
+            raise forbidden(refusal)
+
+    async def voter(self, request: Request) -> bytes | None:
+        """The caller of an admin call, which must be the operator or a voter."""
+        signer = await self.caller(request)
+        self.voter_only(signer)
+        return signer
+
+    async def member(self, request: Request, refusal: str = "") -> bytes:
+        """The live member that signed this report (demand, evidence); a
+        403 for anyone else, with `refusal` appended to its message."""
+        signer = await self.caller(request, operator=False)
+        assert signer is not None  # operator=False: only a signature is accepted
+        if not self.live_member(signer):
+            raise forbidden(
+                f"node {node_id_text(signer)[:12]} is not a live member of this swarm{refusal}"
+            )
+        return signer
+
+    def live_member(self, signer: bytes) -> bool:
+        member = self.node.membership.member(signer)
+        return member is not None and member.state in LIVE_STATES
+
+    def voter_only(self, signer: bytes | None, assignee: bytes | None = None) -> None:
+        """403 unless the call is the operator's (None) or signed by a Raft
+        voter of this node's current configuration (or by `assignee`, a
+        live member asking for its own bootstrap assignment)."""
+        if signer is None or signer in self.node.raft.raft.voters:
+            return
+        if signer == assignee and self.live_member(signer):
+            return
+        raise forbidden(
+            f"node {node_id_text(signer)[:12]} signed this call, but only a Raft voter's "
+            "forwarded admin calls are accepted"
+            + (" (or a member's own bootstrap assignment)" if assignee is not None else "")
+        )

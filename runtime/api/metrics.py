@@ -1,28 +1,24 @@
-"""`GET /metrics`: the node's status in Prometheus' text exposition format.
+"""`GET /metrics`: the node's status in Prometheus' text exposition format (0.0.4).
 
-Every figure is read from the same document `GET /v1/network/status`
-returns, so the two can never disagree; this module only names and shapes
-them. Counters are what only ever grows in the node's life (drops, steps,
-completions) or in the swarm's (the ledger's demand counts); gauges are
-everything else. Labels are only ever bounded sets: member states, tiers,
-drop reasons (fixed strings), request outcomes, model names (the ones the
-swarm knows).
-
-Latency is histograms (`runtime.inference.latency`): time to first token
-and between tokens at this node as the entry, and each step of the shard
-this node serves, by phase. The status carries each as its cumulative
-buckets, count and sum; here they become `_bucket{le=...}` (with
-`le="+Inf"`, the count), `_sum` and `_count` samples.
-
-The format (version 0.0.4): `# HELP` and `# TYPE` once per family, then
-`name{label="value"} number` lines; label values escape backslash, double
-quote and newline.
+Every figure is read from the document `GET /v1/network/status` returns, so
+the two never disagree; this module only names and shapes them. Counters are
+what only grows in the node's life or the swarm's (drops, steps, completions,
+the ledger's demand counts); gauges are everything else. Labels are bounded
+sets only: member states, tiers, drop reasons, outcomes, the swarm's models.
+Latency histograms (`runtime.inference.latency`) come as cumulative buckets,
+count and sum, and become `_bucket{le=...}` (`le="+Inf"`: the count), `_sum`
+and `_count`. Each family: `# HELP`, `# TYPE`, then `name{label="value"}
+number` lines; label values escape backslash, double quote and newline.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Protocol
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 
 from mesh.member_table import MemberState
 
@@ -83,6 +79,47 @@ class _Exposition:
 def prometheus_text(status: Mapping[str, Any]) -> str:
     """The exposition of one status document (see the module doc)."""
     out = _Exposition()
+    _membership(out, status)
+    _raft(out, status)
+    _ledger(out, status)
+    _drops_and_sessions(out, status)
+    _chat(out, status.get("chat") or {})
+    _verify(out, status.get("verify") or {})
+    hop = status.get("hop")
+    if hop is not None:
+        _hop(out, hop)
+    admission = status.get("admission")
+    if admission is not None:
+        out.family(
+            "admission_state",
+            "gauge",
+            "1 for the state of this node's shard (doctor before routing).",
+            [({"state": state}, float(admission["state"] == state)) for state in ADMISSION_STATES],
+        )
+    return out.text()
+
+
+class StatusSource(Protocol):
+    """Where the figures come from: the node's status document."""
+
+    def status(self) -> dict[str, Any]: ...
+
+
+class MetricsRoutes:
+    """`GET /metrics`: `prometheus_text` of the node's status, read afresh."""
+
+    def __init__(self, node: StatusSource) -> None:
+        self.node = node
+
+    def routes(self) -> list[Route]:
+        return [Route("/metrics", self.metrics, methods=["GET"])]
+
+    async def metrics(self, request: Request) -> Response:
+        return Response(prometheus_text(self.node.status()), media_type=CONTENT_TYPE)
+
+
+def _membership(out: _Exposition, status: Mapping[str, Any]) -> None:
+    """This node's life and the members it knows."""
     out.one("uptime_seconds", "gauge", "Seconds since this node started.", status["uptime_s"])
     out.one("incarnation", "gauge", "This node's SWIM incarnation.", status["incarnation"])
     out.one("health_score", "gauge", "Lifeguard local health (0 is healthy).", status["health"])
@@ -93,6 +130,9 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
         _counted("state", MEMBER_STATES, (member["state"] for member in status["members"])),
     )
 
+
+def _raft(out: _Exposition, status: Mapping[str, Any]) -> None:
+    """Raft as this node sees it: term, indexes, leader, voters."""
     raft = status.get("raft") or {}
     out.one("raft_term", "gauge", "Current Raft term.", status["term"])
     out.one("raft_commit_index", "gauge", "Highest committed log index.", status["commit_index"])
@@ -111,6 +151,9 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
     )
     out.one("raft_voters", "gauge", "Voters in the configuration.", len(raft.get("voters", [])))
 
+
+def _ledger(out: _Exposition, status: Mapping[str, Any]) -> None:
+    """The placement ledger: assignments, quarantines, demand, coverage."""
     out.family(
         "ledger_assignments",
         "gauge",
@@ -143,6 +186,8 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
         [({"model": model}, _span_length(entry["gaps"])) for model, entry in coverage],
     )
 
+
+def _drops_and_sessions(out: _Exposition, status: Mapping[str, Any]) -> None:
     out.family(
         "drops",
         "counter",
@@ -150,7 +195,10 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
         [({"reason": reason}, count) for reason, count in sorted(status["drops"].items())],
     )
     out.one("sessions", "gauge", "Inference sessions open on this node.", status["sessions"])
-    chat = status.get("chat") or {}
+
+
+def _chat(out: _Exposition, chat: Mapping[str, Any]) -> None:
+    """Chats this node answered as the entry, and their latency."""
     out.family(
         "chat_completions",
         "counter",
@@ -176,7 +224,10 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
     ):
         if key in chat:
             out.histogram(name, help_text, [({}, chat[key])])
-    verify = status.get("verify") or {}
+
+
+def _verify(out: _Exposition, verify: Mapping[str, Any]) -> None:
+    """Spot checks as the entry, verdicts as the leader."""
     checks = {k: v for k, v in (verify.get("checks") or {}).items() if isinstance(v, int)}
     out.family(
         "spot_checks",
@@ -192,34 +243,25 @@ def prometheus_text(status: Mapping[str, Any]) -> str:
         "(guilty, false_report, undecided, no_independent_chain, ...).",
         [({"outcome": k}, v) for k, v in sorted((verify.get("verdicts") or {}).items())],
     )
-    hop = status.get("hop")
-    if hop is not None:
-        for name, field, help_text in (
-            ("hop_steps", "steps", "Forward steps this node's shard computed, by phase."),
-            ("hop_compute_seconds", "compute_s", "Seconds this node's shard computed, by phase."),
-        ):
-            phases = [({"phase": phase}, hop[f"{phase}_{field}"]) for phase in PHASES]
-            out.family(name, "counter", help_text, phases)
-        out.one(
-            "hop_prefill_tokens", "counter", "Prompt tokens prefilled here.", hop["prefill_tokens"]
+
+
+def _hop(out: _Exposition, hop: Mapping[str, Any]) -> None:
+    """The shard this node serves: steps, compute time, sessions."""
+    for name, field, help_text in (
+        ("hop_steps", "steps", "Forward steps this node's shard computed, by phase."),
+        ("hop_compute_seconds", "compute_s", "Seconds this node's shard computed, by phase."),
+    ):
+        phases = [({"phase": phase}, hop[f"{phase}_{field}"]) for phase in PHASES]
+        out.family(name, "counter", help_text, phases)
+    out.one("hop_prefill_tokens", "counter", "Prompt tokens prefilled here.", hop["prefill_tokens"])
+    out.one("hop_sessions_reaped", "counter", "Sessions closed as idle.", hop["reaped"])
+    steps = hop.get("step_s")
+    if steps is not None:
+        out.histogram(
+            "hop_step_seconds",
+            "Seconds each forward step of this node's shard took, by phase.",
+            [({"phase": phase}, steps[phase]) for phase in PHASES],
         )
-        out.one("hop_sessions_reaped", "counter", "Sessions closed as idle.", hop["reaped"])
-        steps = hop.get("step_s")
-        if steps is not None:
-            out.histogram(
-                "hop_step_seconds",
-                "Seconds each forward step of this node's shard took, by phase.",
-                [({"phase": phase}, steps[phase]) for phase in PHASES],
-            )
-    admission = status.get("admission")
-    if admission is not None:
-        out.family(
-            "admission_state",
-            "gauge",
-            "1 for the state of this node's shard (doctor before routing).",
-            [({"state": state}, float(admission["state"] == state)) for state in ADMISSION_STATES],
-        )
-    return out.text()
 
 
 def _counted(

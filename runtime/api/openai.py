@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncGenerator, Callable
 from contextlib import aclosing
+from functools import partial
 from typing import Any, Final
 
 import trio
@@ -43,65 +44,83 @@ from runtime.inference.chat import (
 def openai_routes(chat: ChatService, quota: ChatQuota | None = None) -> list[Route]:
     """The routes, served from `chat`; `quota` bounds each client's chats
     in flight (default: `ChatQuota()`, the documented limits)."""
-    quota = quota if quota is not None else ChatQuota()
+    return OpenAIRoutes(chat, quota if quota is not None else ChatQuota()).routes()
 
-    async def chat_completions(request: Request) -> Response:
+
+class OpenAIRoutes:
+    """`POST /v1/chat/completions` and `GET /v1/models`, served from `chat`,
+    each client's chats in flight bounded by `quota`."""
+
+    def __init__(self, chat: ChatService, quota: ChatQuota) -> None:
+        self.chat = chat
+        self.quota = quota
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v1/chat/completions", self.chat_completions, methods=["POST"]),
+            Route("/v1/models", self.models, methods=["GET"]),
+        ]
+
+    async def chat_completions(self, request: Request) -> Response:
+        """`answer`, with the request counted once by how it ended."""
+        outcomes = self.chat.outcomes
         try:
-            response = await answer(request)
+            response = await self.answer(request)
         except Exception as exc:
-            chat.outcomes[request_outcome(exc)] += 1
+            outcomes[request_outcome(exc)] += 1
             raise
         except BaseException:  # cancelled: the client went away, or the node stops
-            chat.outcomes[OUTCOME_CANCELLED] += 1
+            outcomes[OUTCOME_CANCELLED] += 1
             raise
         if not isinstance(response, _SlotStream):  # a stream counts itself once over
-            chat.outcomes[OUTCOME_OK] += 1
+            outcomes[OUTCOME_OK] += 1
         return response
 
-    async def answer(request: Request) -> Response:
+    async def answer(self, request: Request) -> Response:
+        """A completion (JSON, or a stream that holds the client's quota slot
+        until it is over); 429 when the client has no slot left."""
         # Before the body is read: a slow upload holds a slot too.
         client = client_key(request.client.host if request.client else None)
-        refusal = quota.acquire(client)
-        if refusal is not None:
-            chat.counters[f"refused_{refusal.reason}"] += 1
-            raise ChatError(
-                429,
-                refusal.message,
-                type_="requests",  # OpenAI's rate-limit error: type "requests"
-                code="rate_limit_exceeded",
-                headers={"Retry-After": str(refusal.retry_after_s)},
-                extra={"reason": refusal.reason},
-            )
+        self._acquire(client)
         streaming = False
         try:
             request_ = parse_chat_request(await json_object(request))
-            generation, deltas = await chat.start(request_)
+            generation, deltas = await self.chat.start(request_)
             if not request_.stream:
                 async with aclosing(deltas):
                     text = "".join([delta async for delta in deltas])
                 return JSONResponse(_completion_json(generation, text))
             ending = _Ending()
-
-            def over() -> None:
-                chat.outcomes[ending.outcome] += 1
-                quota.release(client)
-
-            response = _SlotStream(
-                _events(generation, deltas, request_.include_usage, ending), release=over
-            )
+            events = _events(generation, deltas, request_.include_usage, ending)
+            response = _SlotStream(events, release=partial(self._stream_over, client, ending))
             streaming = True  # the response releases the slot once it is over
             return response
         finally:
             if not streaming:
-                quota.release(client)
+                self.quota.release(client)
 
-    async def models(request: Request) -> JSONResponse:
-        return JSONResponse({"object": "list", "data": chat.models()})
+    def _acquire(self, client: str) -> None:
+        """Take one of `client`'s quota slots, or raise the 429 that says why not."""
+        refusal = self.quota.acquire(client)
+        if refusal is None:
+            return
+        self.chat.counters[f"refused_{refusal.reason}"] += 1
+        raise ChatError(
+            429,
+            refusal.message,
+            type_="requests",  # OpenAI's rate-limit error: type "requests"
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(refusal.retry_after_s)},
+            extra={"reason": refusal.reason},
+        )
 
-    return [
-        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
-        Route("/v1/models", models, methods=["GET"]),
-    ]
+    def _stream_over(self, client: str, ending: _Ending) -> None:
+        """A stream is over: count how it ended and give its slot back."""
+        self.chat.outcomes[ending.outcome] += 1
+        self.quota.release(client)
+
+    async def models(self, request: Request) -> JSONResponse:
+        return JSONResponse({"object": "list", "data": self.chat.models()})
 
 
 def request_outcome(exc: Exception) -> str:

@@ -1,24 +1,14 @@
 """How many chats each HTTP client may run at once on this node.
 
-Chat is public (DESIGN.md, Trust): any client may ask, so one client must not
-be able to take the node's whole capacity. Each chat in flight holds a
-session on every hop of its chain (a hop serves 16 by default), a pipeline
-on this entry and an open response; 40 streams from one client used to fail
-mid-stream and starve everyone else. `ChatQuota` counts chats in flight per
-client and in all, and refuses one over either bound; the route answers
-`429` with `Retry-After` (`runtime.api.openai`), before reading the body.
-
-A client is its peer address as the TCP connection shows it
-(`request.client.host`): an IPv4 address, or an IPv6 /64, the block one
-machine is usually given (so one host cannot mint a fresh client per
-address). Behind a reverse proxy every client has the proxy's address and
-they all share one quota: run such a node with a per-client limit that
-covers the proxy's traffic, and let the proxy limit its own clients. The
-`X-Forwarded-For` header is not read: any client can write it.
-
-Sans-IO: `acquire` and `release` are plain calls, no clock and no awaiting;
-the route holds a slot from before the body is read until the response has
-been sent or the client went away (`runtime.api.openai`).
+Chat is public (docs/threat-model.md: HTTP clients are untrusted), so one
+client must not take the node's whole capacity: every chat in flight holds a
+session on each hop of its chain, a pipeline here and an open response.
+`ChatQuota` counts chats in flight per client and in all, and refuses one
+over either bound; the route answers `429` with `Retry-After` before it
+reads the body (`runtime.api.openai`). A client is its peer address (IPv4,
+or an IPv6 /64); `X-Forwarded-For` is never read. Sans-IO: `acquire` and
+`release` are plain calls. Why these bounds and who counts as a client,
+behind a proxy too: docs/design/api.md.
 """
 
 from __future__ import annotations

@@ -4,7 +4,9 @@ Chat and reads are public; every call that changes the swarm needs the
 node's operator token (`STATE_DIR/operator.token`) or, passed on between
 nodes, a node's signature that the receiver checks against who may make the
 call. Every POST is JSON only, and no CORS header is ever sent. The signing
-and token files are tested directly; the rest against real node processes.
+and token files are tested directly; every route's gate in process
+(`runtime.api.auth.Gate`, tests/runtime/api/inprocess.py); the rest against
+real node processes.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 import stat
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,9 @@ import pytest
 import trio
 
 from mesh.identity import Identity, node_id_text
+from mesh.member_table import MemberState
+from runtime.api.auth import Gate
+from runtime.api.network import network_routes
 from runtime.cli import operator_token as token_module
 from runtime.cli.localswarm import LocalNode, LocalSwarm
 from runtime.cli.operator_token import TOKEN_ENV, TokenError, find_token
@@ -37,12 +42,22 @@ from runtime.node.signed_http import (
     sign_request,
     verify_request,
 )
+from runtime.node.spot_check import EVIDENCE_PATH
 from runtime.node.state_dir import (
     OPERATOR_TOKEN_FILE,
     StateDir,
     StateDirError,
     load_or_create_operator_token,
     read_operator_token,
+)
+from tests.runtime.api.inprocess import (
+    BEARER,
+    JSON,
+    TOKEN,
+    ApiNode,
+    client_of,
+    error_of,
+    leading_node,
 )
 from tests.runtime.cli.test_main import CLI_TIMEOUT_S, shardmesh_command
 from tests.swarm_helpers import START_TIMEOUT_S, wait_for
@@ -109,6 +124,191 @@ def test_a_signed_request_is_accepted_once() -> None:
     for n in range(3):
         assert guard.first_use(bytes([n]), NOW + 200)
     assert guard.first_use(bytes.fromhex(first[SIGNATURE]), NOW + 200)  # evicted
+
+
+# --- in process: every route's gate ---------------------------------------------------
+
+MEMBER_REPORTS = (DEMAND, EVIDENCE_PATH)
+"""Taken only signed by a live member: never the operator's to invent."""
+OPERATOR_ONLY = ("/v1/network/refound", "/v1/network/invitations", "/v1/debug/faults")
+"""This node's operator's calls only: no other node may ask them for it."""
+
+
+@pytest.fixture
+async def api_node(tmp_path: Path) -> AsyncIterator[ApiNode]:
+    async with leading_node(tmp_path, fault_injection=True) as node:
+        yield node
+
+
+def post_paths(node: ApiNode) -> list[str]:
+    """Every POST route of the network API but a join (signed by the newcomer's key)."""
+    paths = [r.path for r in network_routes(node) if "POST" in (getattr(r, "methods", None) or ())]
+    return [path for path in paths if path != "/v1/network/join"]
+
+
+async def test_every_call_that_changes_the_swarm_needs_a_credential(api_node: ApiNode) -> None:
+    paths = post_paths(api_node)
+    assert {POLICY, DEMAND, NODES_ASSIGN, *OPERATOR_ONLY} <= set(paths)
+    before = api_node.raft.ledger.to_json()
+    async with client_of(api_node) as client:
+        for path in paths:
+            for headers in [
+                {},
+                {"authorization": "Bearer nope"},
+                {"authorization": f"Basic {TOKEN}"},
+                {"authorization": TOKEN},
+            ]:
+                answer = await client.post(path, content=b"{}", headers={**JSON, **headers})
+                if path in MEMBER_REPORTS:
+                    assert "signed by a member" in error_of(answer, 403, "forbidden")["message"]
+                    continue
+                error = error_of(answer, 401, "unauthorized")
+                assert answer.headers["www-authenticate"] == "Bearer"
+                assert "operator token" in error["message"] and "STATE_DIR" in error["message"]
+                assert error["type"] == "authentication_error"
+        # The operator's own token is no credential for a member's report.
+        for path in MEMBER_REPORTS:
+            refused = await client.post(path, content=b"{}", headers=BEARER)
+            error_of(refused, 403, "forbidden")
+    assert api_node.raft.ledger.to_json() == before
+    assert not api_node.members.isolated
+
+
+async def test_the_token_is_the_nodes_own_and_compared_whole(api_node: ApiNode) -> None:
+    async with client_of(api_node) as client:
+        for given in (TOKEN[:-1], TOKEN + "x", TOKEN.upper(), ""):
+            refused = await client.post(
+                POLICY, json=CHANGE, headers={"authorization": f"Bearer {given}"}
+            )
+            error_of(refused, 401, "unauthorized")
+        # The scheme's case and the spaces around the token do not matter.
+        accepted = await client.post(
+            POLICY, json=CHANGE, headers={"authorization": f"bearer  {TOKEN} "}
+        )
+        assert accepted.status_code == 200 and accepted.json()["accepted"], accepted.text
+
+
+async def test_a_web_page_cannot_make_a_call_for_the_operator(api_node: ApiNode) -> None:
+    """Cross-site requests: a page can send a form or text/plain without
+    a preflight, never JSON, so anything but JSON is a 415; and no answer
+    carries a CORS header, so no other site's script may read one."""
+    body = json.dumps(CHANGE).encode()
+    bearer = {"authorization": f"Bearer {TOKEN}"}
+    origin = {"origin": "https://evil.example"}
+    async with client_of(api_node) as client:
+        for declared in ("text/plain", "application/x-www-form-urlencoded", "multipart/form-data"):
+            plain = await client.post(
+                POLICY, content=body, headers={**bearer, "content-type": declared}
+            )
+            assert declared in error_of(plain, 415, "unsupported_media_type")["message"]
+        form = await client.post(POLICY, data=CHANGE, headers=bearer)
+        error_of(form, 415, "unsupported_media_type")
+        error_of(await client.post(POLICY, content=body, headers=bearer), 415)  # none declared
+        assert (await client.get(POLICY)).json()["settings"] == {}
+        preflight = await client.options(
+            POLICY,
+            headers={
+                **origin,
+                "access-control-request-method": "POST",
+                "access-control-request-headers": "authorization, content-type",
+            },
+        )
+        error_of(preflight, 405, "method_not_allowed")
+        posted = await client.post(POLICY, content=body, headers={**origin, **JSON, **bearer})
+        assert posted.status_code == 200
+        for response in (preflight, posted, await client.get(POLICY, headers=origin)):
+            assert not [h for h in response.headers if h.lower().startswith("access-control-")]
+
+
+async def test_a_node_signed_call_is_checked_against_who_signed(api_node: ApiNode) -> None:
+    stranger = Identity.generate()
+    body = json.dumps({"cooldown_s": 30}).encode()
+    async with client_of(api_node) as client:
+        # Signed by this node, a voter (as a forward from a voter would be): accepted once.
+        headers = api_node.signed(POLICY, body)
+        by_voter = await client.post(POLICY, content=body, headers=headers)
+        assert by_voter.status_code == 200 and by_voter.json()["accepted"], by_voter.text
+        replay = await client.post(POLICY, content=body, headers=headers)
+        assert "already used" in error_of(replay, 403, "forbidden")["message"]
+        # A non-voter's: 403 naming who signed.
+        other = json.dumps(CHANGE).encode()
+        refused = await client.post(
+            POLICY, content=other, headers=api_node.signed(POLICY, other, stranger)
+        )
+        error = error_of(refused, 403, "forbidden")
+        assert "only a Raft voter's" in error["message"]
+        assert node_id_text(stranger.node_id)[:12] in error["message"]
+        # A voter's signature that is stale, over another body, or for another path: 403.
+        for when, over, path in [
+            (time.time() - 2 * MAX_SKEW_S, other, POLICY),
+            (time.time(), b'{"cooldown_s": 1}', POLICY),
+            (time.time(), other, DEMAND),
+        ]:
+            headers = {**JSON, **sign_request(api_node.identity, "POST", path, over, when)}
+            stale = await client.post(POLICY, content=other, headers=headers)
+            assert "refused a node-signed request" in error_of(stale, 403, "forbidden")["message"]
+        # Operator-only calls take no signature, not even a voter's.
+        for path in OPERATOR_ONLY:
+            signed_call = await client.post(
+                path, content=b"{}", headers=api_node.signed(path, b"{}")
+            )
+            assert "operator only" in error_of(signed_call, 403, "forbidden")["message"]
+    assert api_node.raft.ledger.policy_settings() == {"cooldown_s": 30.0}
+    assert not api_node.members.isolated
+
+
+async def test_a_member_may_ask_for_its_own_bootstrap_assignment_only(api_node: ApiNode) -> None:
+    member, stranger = Identity.generate(), Identity.generate()
+    api_node.members.add(member.node_id)
+
+    def assign(key: Identity, target: bytes) -> tuple[bytes, dict[str, str]]:
+        body = json.dumps({"node_id": node_id_text(target), "model": "m", "layers": [0, 4]})
+        return body.encode(), api_node.signed(NODES_ASSIGN, body.encode(), key)
+
+    async with client_of(api_node) as client:
+        for key, target in [
+            (stranger, stranger.node_id),  # not a member
+            (member, stranger.node_id),  # a member, for another node
+        ]:
+            body, headers = assign(key, target)
+            refused = await client.post(NODES_ASSIGN, content=body, headers=headers)
+            assert "own bootstrap assignment" in error_of(refused, 403, "forbidden")["message"]
+        body, headers = assign(member, member.node_id)
+        accepted = await client.post(NODES_ASSIGN, content=body, headers=headers)
+        assert accepted.status_code == 200 and accepted.json()["accepted"], accepted.text
+    held = api_node.raft.ledger.assignment(member.node_id)
+    assert held is not None and held.model == "m"
+    assert api_node.raft.ledger.assignment(stranger.node_id) is None
+
+
+@pytest.mark.parametrize(
+    ("state", "live"),
+    [
+        (MemberState.ALIVE, True),
+        (MemberState.SUSPECT, True),
+        (MemberState.DEAD, False),
+        (MemberState.LEFT, False),
+        (None, False),
+    ],
+)
+async def test_only_a_live_member_reports_demand(
+    api_node: ApiNode, state: MemberState | None, live: bool
+) -> None:
+    reporter = Identity.generate()
+    if state is not None:
+        api_node.members.add(reporter.node_id, state)
+    assert Gate(api_node).live_member(reporter.node_id) is live
+    body = json.dumps({"model": "m"}).encode()
+    async with client_of(api_node) as client:
+        answer = await client.post(
+            DEMAND, content=body, headers=api_node.signed(DEMAND, body, reporter)
+        )
+    if live:  # past the gate: no member serves "m", so the leader refuses to record it
+        error_of(answer, 404, "model_not_found")
+    else:
+        error = error_of(answer, 403, "forbidden")
+        assert "not a live member" in error["message"] and "report demand" in error["message"]
+    assert api_node.raft.ledger.demand() == {}
 
 
 # --- the token file ----------------------------------------------------------------

@@ -37,7 +37,7 @@ import pytest
 import trio
 
 from consensus.placement import WAIT_MESSAGES
-from runtime.api.app import WEB, WEB_FILES
+from runtime.api.page import WEB, WEB_FILES
 from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from runtime.model.tiny import make_tiny_model
 from tests import REPO
