@@ -588,29 +588,3 @@ async def test_the_key_policy_refuses_first_and_a_refused_key_is_not_charged() -
             guest.send(b"invited")
             assert await _received(b) == b"invited"
     assert drops[f"control.{R_ADDRESS}"] == 0
-
-
-def test_the_gate_is_safe_to_share_between_threads() -> None:
-    """The ZAP thread admits while the node's thread vouches: under
-    contention exactly the budget of new keys gets in."""
-    import threading
-
-    gate = HandshakeGate(NewcomerLimit(50, 50), clock=FakeClock())
-    admitted: list[bytes] = []
-    lock = threading.Lock()
-
-    def hammer(worker: int) -> None:
-        for i in range(500):
-            key = worker.to_bytes(2, "big") + i.to_bytes(30, "big")
-            if gate.admit(key, "192.0.2.1") is None:
-                with lock:
-                    admitted.append(key)
-            gate.vouch(b"v" * 31 + bytes([i % 256]))
-
-    threads = [threading.Thread(target=hammer, args=(w,)) for w in range(8)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    assert len(admitted) == 50
-    assert all(gate.admit(key, "192.0.2.1") is None for key in admitted)  # known now
