@@ -39,7 +39,7 @@ from benchmarks.runtime import transformers_greedy
 from mesh.identity import Identity
 from mesh.transport import open_planes
 from runtime.cli.localswarm import LocalSwarm
-from runtime.inference.chain import Hop, PipelineError
+from runtime.inference.chain import ChainHop, PipelineError
 from runtime.inference.deadlines import DEFAULT_DEADLINES, Deadlines, HopPace, expected_pace
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import HopServer
@@ -452,7 +452,7 @@ def measured_pace(shard: ShardBackend) -> tuple[HopPace, dict[str, float]]:
     return pace, {k: round(v, 1) for k, v in rates.items()}
 
 
-def fixed_timeouts(chain: Sequence[Hop]) -> tuple[list[Hop], Deadlines]:
+def fixed_timeouts(chain: Sequence[ChainHop]) -> tuple[list[ChainHop], Deadlines]:
     """The fixed timeouts the entry had before issue 15, as the deadline
     rule: factor 1 on a 2 s floor, every hop expected to take its share of
     5 ms per prompt token and nothing per decode step, so a prefill of T
@@ -486,7 +486,11 @@ async def serve_engine(
 
 
 async def _generate(
-    entry: Engine, model: str, chain: Sequence[Hop], prompt: Sequence[int], deadlines: Deadlines
+    entry: Engine,
+    model: str,
+    chain: Sequence[ChainHop],
+    prompt: Sequence[int],
+    deadlines: Deadlines,
 ) -> dict[str, Any]:
     """One greedy generation, timed by this process's clock."""
     params = SamplingParams(temperature=0.0, max_tokens=SLOW_HOP_NEW_TOKENS)
@@ -529,7 +533,7 @@ async def _slow_hop(model_dir: Path, model: str) -> dict[str, Any]:
             node: Engine = await nursery.start(serve_engine, shard, model)
             node_id = node.plane.keys.node_id.hex()
             span = (shard.spec.start, shard.spec.end)
-            chain.append(Hop(node_id, node.plane.address, span, pace))
+            chain.append(ChainHop(node_id, node.plane.address, span, pace))
         expected = [hop.pace.step_s(len(prompt), prefill=True) for hop in chain]
         run = await _generate(entry, model, chain, prompt, DEFAULT_DEADLINES)
         fixed_chain, fixed = fixed_timeouts(chain)

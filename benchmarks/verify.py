@@ -42,7 +42,7 @@ from consensus.settings import PlacementSettings
 from mesh.coverage import CoverageKey, CoverageMap, ModelCoverage, ServingNode, recipe_class
 from mesh.identity import Identity
 from mesh.records import Addresses, NodeRecord
-from runtime.inference.chain import ChainTiming, Hop, Pipeline
+from runtime.inference.chain import ChainHop, ChainTiming, Pipeline
 from runtime.inference.commitment import SIGN_EVERY, SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import HopServer
@@ -206,9 +206,9 @@ class Node:
         assert self.engine.hop_server is not None
         return self.engine.hop_server
 
-    def as_hop(self) -> Hop:
+    def as_hop(self) -> ChainHop:
         assert self.span is not None
-        return Hop(self.node.hex(), self.address, self.span)
+        return ChainHop(self.node.hex(), self.address, self.span)
 
 
 async def start_node(
@@ -224,7 +224,7 @@ async def start_node(
 
 class StaticSwarm:
     """The swarm as the entry's and the leader's checks read it
-    (`runtime.node.spot_check.SwarmReader`), from a fixed table of the
+    (`runtime.inference.swarm.SwarmReader`), from a fixed table of the
     benchmark's nodes instead of gossip: every node alive, every span
     served by each chain of its recipe class."""
 
@@ -319,7 +319,7 @@ async def serve_and_check(
     checker: SpotChecker,
     reported: list[Evidence],
     check_log: CheckLog,
-    chain: Sequence[Hop],
+    chain: Sequence[ChainHop],
     swarm: Sequence[Node],
     prompt: Sequence[int],
     params: SamplingParams,

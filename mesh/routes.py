@@ -80,7 +80,7 @@ NoRouteReason = Literal["gap", "misaligned", "unavailable"]
 
 
 @dataclass(frozen=True, slots=True)
-class Hop:
+class RouteHop:
     """One node of a chain and the layers it runs, `[start, end)`."""
 
     node_id: bytes
@@ -95,7 +95,7 @@ class Route:
     suspicion penalties), not a promise of wall time.
     """
 
-    hops: tuple[Hop, ...]
+    hops: tuple[RouteHop, ...]
     cost_s: float
 
     @property
@@ -219,14 +219,14 @@ def _cheapest(
     num_layers: int,
     inputs: RouteInputs,
     ceiling: float,
-) -> tuple[Hop, ...] | None:
+) -> tuple[RouteHop, ...] | None:
     """The cheapest hops tiling `[start, end)`, ties to the smallest node ids."""
     by_start: dict[int, list[ServingNode]] = {}
     for node in nodes:
         if start <= node.layers[0] and node.layers[1] <= end:
             by_start.setdefault(node.layers[0], []).append(node)
     # best[b] = (cost, node ids, hops) of the best chain found from start to b.
-    best: dict[int, tuple[float, tuple[bytes, ...], tuple[Hop, ...]]] = {start: (0.0, (), ())}
+    best: dict[int, tuple[float, tuple[bytes, ...], tuple[RouteHop, ...]]] = {start: (0.0, (), ())}
     for boundary in range(start, end):
         if boundary not in best:
             continue
@@ -235,7 +235,7 @@ def _cheapest(
             candidate = (
                 cost + hop_cost_s(node, num_layers, inputs, ceiling),
                 (*ids, node.node_id),
-                (*hops, Hop(node.node_id, node.layers)),
+                (*hops, RouteHop(node.node_id, node.layers)),
             )
             # Two chains to one boundary are never prefixes of each other, so
             # comparing (cost, ids) here keeps the lexicographic tie-break exact.
@@ -289,7 +289,7 @@ def reroute(
     length = coverage.num_layers
     allowed = {node.node_id: node for node in coverage.nodes if not inputs.excludes(node.node_id)}
     ceiling = claim_ceiling(coverage, inputs)
-    patched: list[Hop] = []
+    patched: list[RouteHop] = []
     for hop in route.hops:
         node = allowed.get(hop.node_id)
         if node is not None and node.layers == hop.layers:
@@ -305,7 +305,7 @@ def reroute(
     return Route(hops, _route_cost(coverage, hops, inputs))
 
 
-def _route_cost(coverage: ModelCoverage, hops: tuple[Hop, ...], inputs: RouteInputs) -> float:
+def _route_cost(coverage: ModelCoverage, hops: tuple[RouteHop, ...], inputs: RouteInputs) -> float:
     nodes = {node.node_id: node for node in coverage.nodes}
     ceiling = claim_ceiling(coverage, inputs)
     return sum(hop_cost_s(nodes[hop.node_id], coverage.num_layers, inputs, ceiling) for hop in hops)

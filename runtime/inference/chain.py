@@ -10,7 +10,7 @@ Failover
 ========
 A step *fails* when a hop answers ``error`` (or ``busy`` at open), or when
 no token arrives by the step's deadline. Deadlines follow from what each
-hop of the chain is expected to take (:class:`Hop.pace`, the rule in
+hop of the chain is expected to take (:class:`ChainHop.pace`, the rule in
 :mod:`runtime.inference.deadlines`), so a hop measured slow is given the
 time it needs and a fast chain notices a dead hop within seconds. The
 entry closes the failed chain's sessions and hands the caller a
@@ -96,9 +96,9 @@ from runtime.model.sampling import SEED_MODULUS, SamplingParams
 __all__ = [
     "COMMIT_WAIT_S",
     "MAX_REROUTES",
+    "ChainHop",
     "ChainTiming",
     "Failure",
-    "Hop",
     "Pipeline",
     "PipelineError",
     "Reroute",
@@ -130,7 +130,7 @@ sessions of the generations a node keeps for spot checks at once."""
 
 
 @dataclass(frozen=True, slots=True)
-class Hop:
+class ChainHop:
     """One node in a chain: who, where its data plane listens, which layers,
     and what it is expected to take per step (its steps' deadlines follow)."""
 
@@ -163,7 +163,7 @@ class Failure:
     stall: Stall | None = None
 
 
-Reroute = Callable[[Failure], Awaitable[Sequence[Hop] | None]]
+Reroute = Callable[[Failure], Awaitable[Sequence[ChainHop] | None]]
 
 
 @dataclass
@@ -187,7 +187,7 @@ class ChainTiming:
     prefill_tokens: int = 0
     prefill_wall_s: float = 0.0
 
-    def restart(self, chain: Sequence[Hop]) -> None:
+    def restart(self, chain: Sequence[ChainHop]) -> None:
         self.nodes = [hop.node_id for hop in chain]
         self.prefill_us = [0] * len(chain)
         self.decode_us = [0] * len(chain)
@@ -281,7 +281,7 @@ class _Attempt:
     def __init__(
         self,
         pipeline: Pipeline,
-        chain: Sequence[Hop],
+        chain: Sequence[ChainHop],
         model: str,
         budget: int,
         params: SamplingParams,
@@ -511,7 +511,7 @@ class Pipeline:
     async def generate(
         self,
         model: str,
-        chain: Sequence[Hop],
+        chain: Sequence[ChainHop],
         prompt_ids: Sequence[int],
         params: SamplingParams,
         *,
@@ -537,7 +537,7 @@ class Pipeline:
         caller that stops early has cost the chain one step more.
 
         Each step's deadline is ``deadlines``' rule over what the chain's
-        hops are expected to take for it (their :attr:`Hop.pace`).
+        hops are expected to take for it (their :attr:`ChainHop.pace`).
 
         ``timing``, when given, is kept up to date as tokens arrive, and so
         is ``transcript``: the chain, the tokens and every hop's signed
@@ -614,7 +614,7 @@ COMMIT_POLL_S: Final = 0.01
 
 async def replay(
     pipeline: Pipeline,
-    chain: Sequence[Hop],
+    chain: Sequence[ChainHop],
     transcript: Transcript,
     *,
     sketch_seeds: Sequence[int],
@@ -746,7 +746,7 @@ def _token_limit(prompt: int, max_tokens: int | None, context_window: int | None
     return room if max_tokens is None else min(max_tokens, room)
 
 
-def _check_chain(chain: Sequence[Hop]) -> None:
+def _check_chain(chain: Sequence[ChainHop]) -> None:
     """Hops must tile contiguous layers from 0 (the last hop must hold the
     model's last layer; only that hop itself can check it)."""
     if not chain:

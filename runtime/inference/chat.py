@@ -48,11 +48,11 @@ from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
 from mesh.member_table import MemberState
 from mesh.observed_speed import ObservedSpeeds
-from mesh.records import NodeRecord
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
-from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
+from runtime.inference.chain import ChainHop, ChainTiming, Failure, Pipeline, PipelineError
 from runtime.inference.deadlines import expected_pace
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
+from runtime.inference.swarm import SwarmReader
 from runtime.inference.transcript import Transcript
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
 
@@ -415,16 +415,14 @@ PREPARE_POLL_S: Final = 1.0
 """How often a node that cannot tokenize yet looks for a model in the swarm."""
 
 
-class SwarmReader(Protocol):
-    """What chat reads of the swarm (`runtime.node.swarm_view.SwarmView` is the real one)."""
+class ChatSwarm(SwarmReader, Protocol):
+    """What chat reads of the swarm beyond a `SwarmReader`: which models are
+    assigned, stored and loading, and each member's state and API
+    (`runtime.node.swarm_view.SwarmView` is the real one)."""
 
-    @property
-    def node_id(self) -> bytes: ...
-    def coverage(self) -> CoverageMap: ...
     def assigned_models(self) -> set[str]: ...
     def stored_models(self) -> set[str]: ...
     def loading_nodes(self, model: str) -> list[str]: ...
-    def record(self, node: bytes) -> NodeRecord | None: ...
     def member_state(self, node: bytes) -> str | None: ...
     def member_api(self, node: bytes) -> str | None: ...
 
@@ -451,7 +449,7 @@ class ChatService:
     def __init__(
         self,
         *,
-        swarm: SwarmReader,
+        swarm: ChatSwarm,
         placement: PlacementDesk,
         leader: Callable[[], bytes | None],
         pipeline: Pipeline,
@@ -622,7 +620,7 @@ class ChatService:
             observed_step_s=self.speeds.step_s(),
         )
 
-    def _chain(self, route: Route, slowed: Mapping[bytes, float]) -> list[Hop]:
+    def _chain(self, route: Route, slowed: Mapping[bytes, float]) -> list[ChainHop]:
         """The pipeline's chain for `route`: each hop's address, and the pace
         its deadlines follow: what this entry observed it take, else what its
         capability report states, `slowed` times slower where a step showed
@@ -641,7 +639,7 @@ class ChatService:
                 observed_step_s=step_s.get(hop.node_id),
             ).slowed(slowed.get(hop.node_id, 1.0))
             address = record.addresses.data
-            chain.append(Hop(node_id_text(hop.node_id), address, hop.layers, pace))
+            chain.append(ChainHop(node_id_text(hop.node_id), address, hop.layers, pace))
         return chain
 
     def _artifact_sources(self, variant: ModelCoverage) -> list[str]:
@@ -664,7 +662,7 @@ class ChatService:
         state = {"route": route}
         slowed: dict[bytes, float] = {}  # hops this generation saw slower than expected
 
-        async def on_failure(failure: Failure) -> list[Hop] | None:
+        async def on_failure(failure: Failure) -> list[ChainHop] | None:
             new_route = await self._reroute(variant.model, state["route"], failure, slowed)
             if new_route is None:
                 return None

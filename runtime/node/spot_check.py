@@ -41,7 +41,7 @@ import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Final, Protocol
+from typing import Any, Final
 
 import httpx
 import trio
@@ -49,9 +49,9 @@ import trio
 from consensus.commands import Verdict
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import Signer, node_id_text
-from mesh.records import NodeRecord
-from runtime.inference.chain import Hop, Pipeline, PipelineError, replay
+from runtime.inference.chain import ChainHop, Pipeline, PipelineError, replay
 from runtime.inference.commitment import SIGN_EVERY, Commitment
+from runtime.inference.swarm import SwarmReader
 from runtime.inference.transcript import (
     Divergence,
     Replay,
@@ -115,15 +115,6 @@ hop sends its last one after the last token) before judging."""
 def tolerance(recipes: Iterable[str]) -> float:
     """How far two honest computations in these recipes may differ."""
     return TOLERANCE_FACTOR * max(get_recipe(recipe).tolerance for recipe in recipes)
-
-
-class SwarmReader(Protocol):
-    """What a check needs of the swarm's state."""
-
-    @property
-    def node_id(self) -> bytes: ...
-    def coverage(self) -> CoverageMap: ...
-    def record(self, node: bytes) -> NodeRecord | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +215,7 @@ class Evidence:
             return "the commitment's signature does not verify (nor its chain's)"
         return ""
 
-    def transcript(self, chain: Sequence[Hop]) -> Transcript:
+    def transcript(self, chain: Sequence[ChainHop]) -> Transcript:
         """The request as a transcript over ``chain`` holding only the
         accused's commitment, to judge it with."""
         step = self.commitment.step
@@ -242,7 +233,7 @@ class _Checking:
     """A replay chain and, per hop, whether it is another node than the one
     it checks (only then is a disagreement independent evidence)."""
 
-    chain: list[Hop]
+    chain: list[ChainHop]
     independent: list[bool]
     recipes: list[str]
 
@@ -278,7 +269,7 @@ def _checking_chain(
         record = swarm.record(chosen.node_id)
         if record is None:
             return None
-        chain.append(Hop(node_id_text(chosen.node_id), record.addresses.data, span))
+        chain.append(ChainHop(node_id_text(chosen.node_id), record.addresses.data, span))
         independent.append(bool(others))
         recipes.append(chosen.recipe)
     return _Checking(chain, independent, recipes)
@@ -461,7 +452,7 @@ class SpotChecker:
 
 async def _replay(
     pipeline: Pipeline,
-    chain: list[Hop],
+    chain: list[ChainHop],
     transcript: Transcript,
     seeds: Sequence[int],
     counters: Counter[str],

@@ -20,9 +20,9 @@ from mesh.routes import (
     OVERCLAIM_PENALTY_S,
     SUSPECT_PENALTY_S,
     Backoff,
-    Hop,
     NoRoute,
     Route,
+    RouteHop,
     RouteInputs,
     claim_ceiling,
     find_route,
@@ -110,7 +110,11 @@ def test_three_shards_make_one_chain() -> None:
     cov = coverage([Spec(1, (0, 3)), Spec(2, (3, 6)), Spec(3, (6, 8))])
     route = find_route(cov, inputs(latency_s={nid(1): 0.001, nid(2): 0.002, nid(3): 0.003}))
     assert isinstance(route, Route)
-    assert route.hops == (Hop(nid(1), (0, 3)), Hop(nid(2), (3, 6)), Hop(nid(3), (6, 8)))
+    assert route.hops == (
+        RouteHop(nid(1), (0, 3)),
+        RouteHop(nid(2), (3, 6)),
+        RouteHop(nid(3), (6, 8)),
+    )
     # Three compute steps of 10 ms, three incoming links, one return from the last hop.
     assert route.cost_s == pytest.approx(3 * 0.01 + 0.001 + 0.002 + 2 * 0.003)
 
@@ -330,7 +334,9 @@ def test_reroute_replaces_only_the_failed_span() -> None:
         ]
     )
     # The route taken before node 5 joined.
-    first = Route((Hop(nid(1), (0, 3)), Hop(nid(2), (3, 6)), Hop(nid(3), (6, 8))), 0.0)
+    first = Route(
+        (RouteHop(nid(1), (0, 3)), RouteHop(nid(2), (3, 6)), RouteHop(nid(3), (6, 8))), 0.0
+    )
     after = reroute(cov, first, {nid(2)}, inputs())
     assert ids(after) == [1, 4, 3]
     assert isinstance(after, Route)
@@ -441,7 +447,7 @@ def test_route_is_the_cheapest_tiling(scenario: tuple[ModelCoverage, RouteInputs
     best_cost, best_tiling = min(options, key=lambda o: (o[0], [n.node_id for n in o[1]]))
     assert result.cost_s == best_cost
     assert result.node_ids == tuple(n.node_id for n in best_tiling)
-    assert result.hops == tuple(Hop(n.node_id, n.layers) for n in best_tiling)
+    assert result.hops == tuple(RouteHop(n.node_id, n.layers) for n in best_tiling)
 
 
 @settings(max_examples=200, deadline=None)

@@ -35,7 +35,7 @@ import trio
 from mesh.identity import Identity, PlaneKeys
 from mesh.transport import Plane, open_planes
 from mesh.wire import decode_tensor
-from runtime.inference.chain import ChainTiming, Failure, Hop, Pipeline, PipelineError
+from runtime.inference.chain import ChainHop, ChainTiming, Failure, Pipeline, PipelineError
 from runtime.inference.deadlines import Deadlines
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import MAX_SESSION_SHARE, HopServer
@@ -130,9 +130,9 @@ class Node:
         assert self.engine.hop_server is not None
         return self.engine.hop_server
 
-    def as_hop(self) -> Hop:
+    def as_hop(self) -> ChainHop:
         spec = self.hop.shard.spec
-        return Hop(self.node_id, self.address, (spec.start, spec.end))
+        return ChainHop(self.node_id, self.address, (spec.start, spec.end))
 
     def stop(self) -> None:
         """Like a crashed process: the planes close, nothing more is said."""
@@ -180,7 +180,7 @@ async def start_chain(
 
 async def collect(
     pipeline: Pipeline,
-    chain: Sequence[Hop],
+    chain: Sequence[ChainHop],
     prompt: Sequence[int] = PROMPT,
     params: SamplingParams = GREEDY,
     **kwargs: Any,
@@ -296,7 +296,7 @@ async def test_concurrent_sessions_do_not_interfere(
 ) -> None:
     results: dict[tuple[int, ...], list[int]] = {}
 
-    async def run(pipeline: Pipeline, chain: list[Hop], prompt: tuple[int, ...]) -> None:
+    async def run(pipeline: Pipeline, chain: list[ChainHop], prompt: tuple[int, ...]) -> None:
         results[prompt] = await collect(pipeline, chain, prompt)
 
     async with trio.open_nursery() as nursery:
@@ -609,7 +609,7 @@ async def test_failover_mid_stream_continues_with_identical_tokens(
         dead: set[str] = set()  # what membership would report
         failures: list[Failure] = []
 
-        async def reroute(failure: Failure) -> list[Hop] | None:
+        async def reroute(failure: Failure) -> list[ChainHop] | None:
             failures.append(failure)
             chain = []
             for span in replicas:
@@ -687,7 +687,7 @@ async def test_a_stale_route_is_refused_at_open(
         shardless = await start_node(nursery, "shardless")
         claims = [
             hops[0].as_hop(),
-            Hop(shardless.node_id, shardless.address, (3, 6)),
+            ChainHop(shardless.node_id, shardless.address, (3, 6)),
             hops[2].as_hop(),
         ]
         with trio.fail_after(1.0), pytest.raises(PipelineError, match="wrong_shard") as info:
@@ -696,7 +696,7 @@ async def test_a_stale_route_is_refused_at_open(
         # The right node at its address, but not holding the layers claimed.
         misplaced = [
             hops[0].as_hop(),
-            Hop(hops[2].node_id, hops[2].address, (3, 6)),
+            ChainHop(hops[2].node_id, hops[2].address, (3, 6)),
             hops[2].as_hop(),
         ]
         with trio.fail_after(1.0), pytest.raises(PipelineError, match="wrong_shard") as info:
@@ -720,7 +720,7 @@ async def test_a_route_naming_the_wrong_node_for_an_address_never_delivers(
         entry, hops = await start_chain(nursery, [torch_shards[s] for s in SPANS])
         pipeline = entry.engine.pipeline
         impostor = Identity.generate().node_id.hex()
-        claims = [hops[0].as_hop(), Hop(impostor, hops[1].address, (3, 6)), hops[2].as_hop()]
+        claims = [hops[0].as_hop(), ChainHop(impostor, hops[1].address, (3, 6)), hops[2].as_hop()]
         with trio.fail_after(SETTLE_S):
             with pytest.raises(PipelineError, match="open timed out") as info:
                 await collect(pipeline, claims, deadlines=Deadlines(open_s=0.5))
@@ -741,12 +741,12 @@ async def test_chain_must_tile_the_layers() -> None:
     async with trio.open_nursery() as nursery:
         entry = await start_node(nursery, "entry")
         x, y = (Identity.generate().node_id.hex() for _ in range(2))
-        bad = [Hop(x, "tcp://127.0.0.1:1", (0, 3)), Hop(y, "tcp://127.0.0.1:2", (4, 8))]
+        bad = [ChainHop(x, "tcp://127.0.0.1:1", (0, 3)), ChainHop(y, "tcp://127.0.0.1:2", (4, 8))]
         with pytest.raises(ValueError, match="contiguous"):
             await collect(entry.engine.pipeline, bad)
         # A hop is a node id, not a name: anything else is refused up front.
         for name in ("x", x.upper(), x[:-2]):
-            named = [Hop(name, "tcp://127.0.0.1:1", (0, 8))]
+            named = [ChainHop(name, "tcp://127.0.0.1:1", (0, 8))]
             with pytest.raises(ValueError, match="not a node id"):
                 await collect(entry.engine.pipeline, named)
         nursery.cancel_scope.cancel()

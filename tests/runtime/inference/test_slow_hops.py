@@ -27,7 +27,7 @@ from benchmarks.pipeline import PacedShard, fixed_timeouts, measured_pace
 from mesh.coverage import build_coverage
 from mesh.records import Addresses, Assignment, BackendInfo, CapabilityReport, NodeRecord
 from mesh.routes import Route
-from runtime.inference.chain import Failure, Hop, Pipeline, PipelineError
+from runtime.inference.chain import ChainHop, Failure, Pipeline, PipelineError
 from runtime.inference.chat import REROUTE_WAIT_S, ArtifactStore, ChatService
 from runtime.inference.deadlines import DEFAULT_DEADLINES, Deadlines, Stall
 from runtime.model.backends.base import ShardBackend
@@ -147,7 +147,7 @@ async def test_a_step_past_its_deadline_moves_to_another_replica_at_once(
         slowed: dict[bytes, float] = {}
         state = {"route": route}
 
-        async def on_failure(failure: Failure) -> list[Hop] | None:  # as ChatService._deltas
+        async def on_failure(failure: Failure) -> list[ChainHop] | None:  # as ChatService._deltas
             failures.append(failure)
             new_route = await chat._reroute(MODEL, state["route"], failure, slowed)
             if new_route is None:
@@ -175,7 +175,7 @@ async def test_a_step_past_its_deadline_moves_to_another_replica_at_once(
 
 
 class Swarm:
-    """The swarm as a chat entry reads it (`runtime.inference.chat.SwarmReader`):
+    """The swarm as a chat entry reads it (`runtime.inference.chat.ChatSwarm`):
     records and member states as the test sets them, coverage from the
     real builder."""
 

@@ -23,7 +23,7 @@ import pytest
 import trio
 
 from mesh.identity import Identity
-from runtime.inference.chain import Hop, Pipeline, replay
+from runtime.inference.chain import ChainHop, Pipeline, replay
 from runtime.inference.commitment import SIGN_EVERY, SKETCH_DIMS, Commitment, ids_digest, sketch
 from runtime.inference.hop_server import HopServer
 from runtime.inference.protocol import encode_message
@@ -96,7 +96,9 @@ def shards(qwen3_dir: Path) -> dict[tuple[int, int], ShardBackend]:
     return {span: _load(qwen3_dir, span, "torch") for span in SPANS}
 
 
-async def _generate(pipeline: Pipeline, chain: Sequence[Hop], params: SamplingParams) -> Transcript:
+async def _generate(
+    pipeline: Pipeline, chain: Sequence[ChainHop], params: SamplingParams
+) -> Transcript:
     transcript = Transcript()
     stream = pipeline.generate(
         MODEL, chain, PROMPT, params, seed=SEED, deadlines=PATIENT, transcript=transcript
@@ -115,7 +117,7 @@ async def _swarm(
     shards: dict[tuple[int, int], ShardBackend],
     served: Sequence[ShardBackend],
     hop_class: type[HopServer] = HopServer,
-) -> tuple[Pipeline, list[Hop], list[Hop]]:
+) -> tuple[Pipeline, list[ChainHop], list[ChainHop]]:
     """An entry, the chain under test (``served``, one per span) and an
     honest second chain to check it with."""
     entry = await start_node(nursery, "entry")
@@ -130,7 +132,7 @@ async def _swarm(
     return entry.engine.pipeline, checked, honest
 
 
-async def _check(pipeline: Pipeline, transcript: Transcript, chain: list[Hop]) -> Any:
+async def _check(pipeline: Pipeline, transcript: Transcript, chain: list[ChainHop]) -> Any:
     result = await replay(pipeline, chain, transcript, sketch_seeds=transcript.sketch_seeds)
     return find_divergence(transcript, result, FP32)
 

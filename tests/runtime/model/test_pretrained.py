@@ -44,7 +44,7 @@ import trio
 from safetensors.numpy import load_file, save_file
 
 from benchmarks.pipeline import serve_engine
-from runtime.inference.chain import Hop
+from runtime.inference.chain import ChainHop
 from runtime.inference.chat import ModelTokenizer
 from runtime.inference.dispatch import Engine
 from runtime.model.backends import load_shard
@@ -156,7 +156,7 @@ async def test_fp32_three_hop_chain_writes_transformers_greedy_text(
         for start, end in SPANS:
             shard = load_shard(ShardSpec(smollm2.folder, start, end, "fp32"), "torch")
             hop: Engine = await nursery.start(serve_engine, shard, MODEL)
-            hops.append(Hop(hop.plane.keys.node_id.hex(), hop.plane.address, (start, end)))
+            hops.append(ChainHop(hop.plane.keys.node_id.hex(), hop.plane.address, (start, end)))
         stream = entry.pipeline.generate(MODEL, hops, prompt, params, seed=0)
         async with aclosing(stream) as generated:
             tokens = [token async for token in generated]

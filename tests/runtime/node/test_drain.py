@@ -70,7 +70,7 @@ def test_span_replaceable_reads_the_served_assignment() -> None:
     assert asked == ["coverage"], "coverage is built only when there is a span to cover"
 
 
-class Hop:
+class HopStub:
     """A hop server's drain surface: `leaving`, open `sessions`, `hand_over`."""
 
     def __init__(self, sessions: int) -> None:
@@ -90,7 +90,7 @@ async def test_no_shard_nothing_to_drain() -> None:
 
 
 async def test_a_replaceable_node_hands_its_sessions_over(autojump_clock: object) -> None:
-    hop = Hop(2)
+    hop = HopStub(2)
     order: list[str] = []
 
     def replaceable() -> bool:
@@ -115,7 +115,7 @@ async def test_a_replaceable_node_hands_its_sessions_over(autojump_clock: object
 
 
 async def test_the_only_holder_serves_its_sessions_to_their_end(autojump_clock: object) -> None:
-    hop = Hop(1)
+    hop = HopStub(1)
     start = trio.current_time()
     await drain(cast(Any, hop), withdraw=lambda: None, replaceable=lambda: False, grace_s=30.0)
     assert hop.handed == 0
@@ -126,7 +126,7 @@ async def test_the_only_holder_serves_its_sessions_to_their_end(autojump_clock: 
 
 async def test_a_second_signal_cuts_the_drain_short(autojump_clock: object) -> None:
     send, receive = trio.open_memory_channel[int](4)
-    hop = Hop(1)
+    hop = HopStub(1)
     left: list[float] = []
 
     async def leave() -> None:
