@@ -116,7 +116,7 @@ def test_the_digest_follows_every_change() -> None:
     table.set_record(record(PEOPLE[7], 3))
     assert table.digest(8) == expected_digest(table)
     table.set_record(record(PEOPLE[1], 5))  # replaces the view's seq 1
-    assert table.record(PEOPLE[1].node_id).seq == 5
+    assert (renewed := table.record(PEOPLE[1].node_id)) is not None and renewed.seq == 5
     assert table.digest(8) == expected_digest(table)
     entry = table.own(table.entry(PEOPLE[2].node_id))
     table.restate(entry, alive(PEOPLE[2], 1), None)  # a refutation

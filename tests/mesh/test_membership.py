@@ -12,7 +12,6 @@ import itertools
 import random
 from collections.abc import Callable
 
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -381,18 +380,6 @@ def test_random_loss_without_crashes_never_kills_anyone(seed: int, loss: float, 
     for observer in names:
         for subject in names:
             assert net.state(observer, subject) is MemberState.ALIVE
-
-
-@pytest.mark.parametrize("profile", ["lan", "wan", "local"])
-def test_profiles_document_consistent_timings(profile: str) -> None:
-    config = MembershipConfig.profile(profile)
-    assert config.probe_timeout < config.probe_interval
-    assert config.suspicion_min_timeout(1000) < config.suspicion_max_timeout(1000)
-    assert config.detection_bound(5) > config.suspicion_max_timeout(5)
-    assert config.retransmit_limit(1000) == config.retransmit_mult * 4  # ceil(log10 1001)
-    assert config.retransmit_limit(999) == config.retransmit_mult * 3
-    with pytest.raises(ValueError, match="unknown profile"):
-        MembershipConfig.profile("moon")
 
 
 def test_a_join_nobody_answers_backs_off_and_a_late_answer_ends_it() -> None:

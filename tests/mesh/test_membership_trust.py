@@ -360,16 +360,6 @@ def test_a_joiner_learns_a_whole_swarm_from_its_seed_despite_the_limits() -> Non
     assert len(late.members()) == 1 + 2 and late.drops[R_ADDRESS] == 10
 
 
-@pytest.mark.parametrize("profile", ["lan", "wan", "local"])
-def test_every_profile_bounds_newcomers_and_local_stays_permissive(profile: str) -> None:
-    config = MembershipConfig.profile(profile)
-    assert 1 <= config.newcomers_per_address <= config.newcomers_per_prefix
-    if profile == "local":  # every node of a loopback swarm is 127.0.0.1
-        assert config.newcomers_per_address >= 40  # more real nodes than any test starts
-    with pytest.raises(ValueError, match="newcomers"):
-        config.with_overrides(newcomers_per_address=0)
-
-
 class OneHostNet(Net):
     """A `Net` whose nodes all listen on 127.0.0.1, one port each, as a
     loopback swarm (or a lab host running many nodes) does."""
