@@ -5,20 +5,22 @@ build`) reads it with `model_source`, so both forms mean the same in each
 and a mistake reads the same. A hub model's files go to a folder in the
 user cache, one per repository and revision (`default_hub_folder`; `serve`
 takes another with MODEL_DIR): config, tokenizer and index first, then only
-the weight files the command needs (`fetch_model`, `runtime.model.hub`).
+the weight files the command needs (`fetch_weights`, `runtime.model.hub`).
 From there on it is a model folder like any other.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
 from runtime.cli.command import PROG
 
 if TYPE_CHECKING:  # runtime.model.hub imports NumPy: only when a hub model is named
-    from runtime.model.hub import HubSource
+    from runtime.model.hub import HubModel, HubSource
 
 HUB_PREFIX: Final = "hf:"
 """`runtime.model.hub.HUB_SCHEME`, spelled here so that reading a folder's
@@ -78,43 +80,54 @@ def model_folder(source: Path | HubSource) -> Path:
     return source if isinstance(source, Path) else default_hub_folder(source)
 
 
-def fetch_model(
-    source: Path | HubSource,
-    command: str,
-    *,
-    folder: Path | None = None,
-    layers: tuple[int, int] | None = None,
-    every_layer: bool = False,
-) -> Path:
+def fetch_model(source: Path | HubSource, command: str, *, folder: Path | None = None) -> Path:
     """The folder of `source`: a folder as it is (the command checks it);
-    for a hub model, `folder` (default `default_hub_folder`) with the
-    metadata fetched, then the weight files of `layers` (which need a
-    shardmesh manifest there: ModelSourceError before any is fetched) or
-    of `every_layer`. Raises HubError when the hub cannot give a file."""
+    for a hub model, `folder` (default `default_hub_folder`) with what
+    every use needs fetched: config, tokenizer, index. Raises HubError
+    when the hub cannot give a file."""
     if isinstance(source, Path):
         return source
-    from runtime.model.hub import HubModel
-    from runtime.model.manifest import MANIFEST_FILE
-    from runtime.model.progress import Progress
-
     folder = folder or default_hub_folder(source)
     folder.mkdir(parents=True, exist_ok=True)
-    with Progress(f"{PROG} {command}") as progress:
-        model = HubModel(source, folder, endpoint=HUB_ENDPOINT, progress=progress)
+    with _hub_model(source, folder, command) as model:
         model.fetch_metadata()
-        if layers is not None:
-            if not (folder / MANIFEST_FILE).is_file():
-                raise ModelSourceError(_no_manifest(source, folder))
-            model.fetch_span(*layers)
-        if every_layer:
-            model.fetch_all()
     return folder
 
 
-def _no_manifest(source: HubSource, folder: Path) -> str:
+def require_manifest(source: Path | HubSource, folder: Path) -> None:
+    """A hub model's shard is checked against a shardmesh manifest, which
+    the hub does not hold: ModelSourceError, saying how to get one, when
+    its folder has none (a folder's own is the doctor's to check)."""
+    from runtime.model.manifest import MANIFEST_FILE
+
+    if isinstance(source, Path) or (folder / MANIFEST_FILE).is_file():
+        return
     text = source.text()
-    return (
+    raise ModelSourceError(
         f"{text}: no {PROG} manifest in {folder}; build it with `{PROG} manifest build "
         f"{text}` (fetches every weight file), or let `{PROG} serve --model {text}` take "
         "the swarm's"
     )
+
+
+def fetch_weights(
+    source: Path | HubSource, command: str, folder: Path, layers: tuple[int, int] | None = None
+) -> None:
+    """Put a hub model's weight files for `layers` (None: every layer) in
+    its folder, after `fetch_model`; nothing for a folder. Raises HubError."""
+    if isinstance(source, Path):
+        return
+    with _hub_model(source, folder, command) as model:
+        if layers is None:
+            model.fetch_all()
+        else:
+            model.fetch_span(*layers)
+
+
+@contextmanager
+def _hub_model(source: HubSource, folder: Path, command: str) -> Iterator[HubModel]:
+    from runtime.model.hub import HubModel  # huggingface_hub and NumPy: only for a hub model
+    from runtime.model.progress import Progress
+
+    with Progress(f"{PROG} {command}") as progress:
+        yield HubModel(source, folder, endpoint=HUB_ENDPOINT, progress=progress)

@@ -13,7 +13,14 @@ import sys
 
 from runtime.cli import argtypes
 from runtime.cli.command import PROG, Commands, fail
-from runtime.cli.model_source import MODEL_METAVAR, ModelSourceError, fetch_model, model_source
+from runtime.cli.model_source import (
+    MODEL_METAVAR,
+    ModelSourceError,
+    fetch_model,
+    fetch_weights,
+    model_source,
+    require_manifest,
+)
 
 
 def register(commands: Commands) -> None:
@@ -55,12 +62,15 @@ def register(commands: Commands) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from runtime.model.backends.base import BackendError  # the backends: only for a check
-    from runtime.model.doctor import render_text, run_doctor
+    from runtime.model.doctor import preflight, render_text, run_doctor
     from runtime.model.progress import Progress
 
     start, end = args.layers
     try:
-        folder = fetch_model(args.model, "doctor", layers=args.layers)
+        folder = fetch_model(args.model, "doctor")
+        require_manifest(args.model, folder)
+        if preflight(folder, start, end, args.recipe, args.backend).admitted:
+            fetch_weights(args.model, "doctor", folder, args.layers)  # else the doctor says why
     except ModelSourceError as exc:
         return fail("doctor", f"--model: {exc}")
     except BackendError as exc:  # the hub could not give the model's files

@@ -11,7 +11,7 @@ import argparse
 from pathlib import Path
 
 from runtime.cli.command import PROG, Commands, fail
-from runtime.cli.model_source import MODEL_METAVAR, fetch_model, model_source
+from runtime.cli.model_source import MODEL_METAVAR, fetch_model, fetch_weights, model_source
 
 
 def register(commands: Commands) -> None:
@@ -54,7 +54,8 @@ def run_build(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if isinstance(args.dir, Path) and not args.dir.is_dir():
         return fail("manifest build", f"no directory at {args.dir}")
     try:
-        folder = fetch_model(args.dir, "manifest build", every_layer=True)
+        folder = fetch_model(args.dir, "manifest build")
+        fetch_weights(args.dir, "manifest build", folder)
         with Progress(f"{PROG} manifest build") as progress:
             manifest = build_manifest(folder, name=args.name, progress=progress)
     except (OSError, BackendError) as exc:

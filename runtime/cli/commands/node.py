@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from runtime.cli import argtypes
 from runtime.cli.command import Commands, fail
@@ -18,10 +19,16 @@ from runtime.cli.model_source import (
     MODEL_METAVAR,
     ModelSourceError,
     fetch_model,
+    fetch_weights,
     mistaken_hub_id,
     model_source,
+    require_manifest,
 )
 from runtime.cli.node_process import configure_node_process, node_options, run_node
+
+if TYPE_CHECKING:
+    from runtime.model.hub import HubSource
+    from runtime.node.admission import ServeOptions
 
 
 def register(commands: Commands) -> None:
@@ -65,20 +72,31 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         options = node_options(args)
     except ValueError as exc:
         parser.error(str(exc))
-    serve = options.serve
-    if serve is not None:
+    if options.serve is not None:
         if (mistaken := mistaken_hub_id(args.model)) is not None:
             parser.error(mistaken)
-        from runtime.model.backends.base import BackendError  # NumPy: only for a shard
-        from runtime.model.doctor import preflight
+        refused = check_shard(args.model, options.serve)
+        if refused is not None:
+            return refused
+    return run_node(options, "node")
 
-        try:
-            fetch_model(args.model, "node", layers=serve.layers)
-        except ModelSourceError as exc:
-            return fail("node", f"--model: {exc}", code=2)
-        except BackendError as exc:  # the hub could not give the model's files
-            return fail("node", str(exc))
+
+def check_shard(source: Path | HubSource, serve: ServeOptions) -> int | None:
+    """The pinned shard checked before anything starts, as the doctor's
+    preflight sees it (a hub model's metadata fetched first, its span's
+    weight files once it passes); the exit code of a refusal, else None."""
+    from runtime.model.backends.base import BackendError  # NumPy: only for a shard
+    from runtime.model.doctor import preflight
+
+    try:
+        folder = fetch_model(source, "node")
+        require_manifest(source, folder)
         checked = preflight(serve.model_dir, *serve.layers, serve.recipe, serve.backend)
         if not checked.admitted:
             return fail("node", f"--model: {checked.message}", code=2)
-    return run_node(options, "node")
+        fetch_weights(source, "node", folder, serve.layers)
+    except ModelSourceError as exc:
+        return fail("node", f"--model: {exc}", code=2)
+    except BackendError as exc:  # the hub could not give the model's files
+        return fail("node", str(exc))
+    return None

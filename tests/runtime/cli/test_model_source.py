@@ -13,9 +13,11 @@ from runtime.cli.model_source import (
     ModelSourceError,
     default_hub_folder,
     fetch_model,
+    fetch_weights,
     mistaken_hub_id,
     model_folder,
     model_source,
+    require_manifest,
 )
 from runtime.model.hub import HUB_SCHEME, HubSource
 from runtime.model.weights import INDEX_FILE
@@ -66,25 +68,30 @@ def test_a_hub_model_has_a_folder_per_revision_in_the_user_cache(
 
 
 def test_a_folder_is_used_as_it_is(tmp_path: Path) -> None:
-    assert fetch_model(tmp_path / "nowhere", "node", layers=(0, 2)) == tmp_path / "nowhere"
+    nowhere = tmp_path / "nowhere"
+    assert fetch_model(nowhere, "node") == nowhere
+    require_manifest(nowhere, nowhere)  # the doctor's to check
+    fetch_weights(nowhere, "node", nowhere, (0, 2))
+    assert not nowhere.exists()
 
 
 def test_a_shard_of_a_hub_model_needs_its_manifest_before_any_weights(
     hub: FakeHub, hub_built: Path, tmp_path: Path
 ) -> None:
     source = model_source(HUB_MODEL)
+    folder = fetch_model(source, "node")
+    assert folder == hub_folder(tmp_path)
+    assert hub.fetched() == HUB_METADATA | {INDEX_FILE}
     with pytest.raises(ModelSourceError) as refused:
-        fetch_model(source, "node", layers=(0, 2))
-    folder = hub_folder(tmp_path)
+        require_manifest(source, folder)
     assert str(refused.value) == (
         f"hf:volunteers/tiny@main: no shardmesh manifest in {folder}; build it with "
         "`shardmesh manifest build hf:volunteers/tiny@main` (fetches every weight file), or "
         "let `shardmesh serve --model hf:volunteers/tiny@main` take the swarm's"
     )
-    assert hub.fetched() == HUB_METADATA | {INDEX_FILE}
-
     install_manifest_of(hub_built, folder)
-    assert fetch_model(source, "node", layers=(0, 2)) == folder
+    require_manifest(source, folder)
+    fetch_weights(source, "node", folder, (0, 2))
     assert hub.fetched() == HUB_METADATA | {INDEX_FILE, shard_file(1)}
 
 
@@ -93,8 +100,6 @@ def test_every_layer_and_another_folder(hub: FakeHub, tmp_path: Path) -> None:
     mine = tmp_path / "mine"
     assert fetch_model(source, "serve", folder=mine) == mine  # the metadata only
     assert hub.fetched() == HUB_METADATA | {INDEX_FILE}
-    assert fetch_model(source, "manifest build", every_layer=True) == hub_folder(tmp_path)
+    fetch_weights(source, "manifest build", mine)
     assert hub.fetched() == HUB_METADATA | {INDEX_FILE} | {shard_file(k) for k in (1, 2)}
-    assert sorted(p.name for p in hub_folder(tmp_path).glob("model-*")) == [
-        shard_file(k) for k in (1, 2)
-    ]
+    assert sorted(p.name for p in mine.glob("model-*")) == [shard_file(k) for k in (1, 2)]

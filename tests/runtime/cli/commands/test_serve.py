@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
+from runtime.cli.commands import serve as serve_command
 from runtime.cli.main import build_parser, main, parse_arguments
 from runtime.cli.node_process import node_options
+from runtime.model.hub import HubSource
 from runtime.model.manifest import (
     GOLDEN_FILE,
     MANIFEST_FILE,
@@ -22,6 +24,10 @@ from runtime.model.manifest import (
 )
 from runtime.model.peer_manifest import manifest_mismatch
 from runtime.model.tiny import make_tiny_model
+from runtime.model.weights import INDEX_FILE
+from runtime.node.options import NodeOptions
+from tests.fake_hub import COMMIT, FakeHub
+from tests.runtime.cli.conftest import HUB_METADATA, HUB_MODEL, HUB_REPO, hub_folder
 from tests.runtime.cli.test_main import assert_usage_error
 
 
@@ -150,3 +156,51 @@ def test_serve_reads_the_node_flags_from_its_config_file(
         f"shardmesh serve: error: {config}: unknown key 'layers' "
         "(keys are the flags of `shardmesh serve --help` without --)\n"
     )
+
+
+# --- --model: a folder or hf:REPO, as for every command ------------------------
+
+
+@pytest.fixture
+def started(monkeypatch: pytest.MonkeyPatch) -> list[NodeOptions]:
+    """The options of every node `main` would start (none is started)."""
+    options: list[NodeOptions] = []
+
+    def run_node(given: NodeOptions, command: str) -> int:
+        options.append(given)
+        return 0
+
+    monkeypatch.setattr(serve_command, "run_node", run_node)
+    monkeypatch.setenv("GOMP_SPINCOUNT", "20000")  # what the command sets, undone after
+    return options
+
+
+def test_model_names_a_folder_as_model_dir_does(
+    built: Path, tmp_path: Path, started: list[NodeOptions], capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = ["--state-dir", str(tmp_path / "state"), "--backend", "torch"]
+    assert main(["serve", str(built), *state]) == 0
+    assert main(["serve", "--model", str(built), *state]) == 0
+    by_dir, by_model = (options.provision for options in started)
+    assert by_dir == by_model and by_dir is not None
+    assert (by_dir.model_dir, by_dir.hub) == (built.resolve(), None)
+    assert_usage_error(
+        ["serve", str(built), "--model", str(built), *state],
+        "name the model folder once: MODEL_DIR or --model DIR",
+        capsys,
+        usage="shardmesh serve",
+    )
+
+
+def test_a_hub_model_fetches_only_its_metadata_before_the_node_starts(
+    hub: FakeHub, tmp_path: Path, started: list[NodeOptions]
+) -> None:
+    state = ["--state-dir", str(tmp_path / "state"), "--backend", "torch"]
+    assert main(["serve", "--model", HUB_MODEL, *state]) == 0
+    mine = tmp_path / "mine"
+    assert main(["serve", str(mine), "--model", f"{HUB_MODEL}@{COMMIT}", *state]) == 0
+    cached, chosen = (options.provision for options in started)
+    assert cached is not None and chosen is not None
+    assert (cached.model_dir, cached.hub) == (hub_folder(tmp_path).resolve(), HubSource(HUB_REPO))
+    assert (chosen.model_dir, chosen.hub) == (mine.resolve(), HubSource(HUB_REPO, COMMIT))
+    assert hub.fetched() == HUB_METADATA | {INDEX_FILE}
