@@ -407,6 +407,15 @@ class _Attempt:
         )
         raise _StepFailed(frozenset({stall.node}), reason, stall)
 
+    def time_step(self, timing: ChainTiming, reply: _Reply, prefill: int, *, first: bool) -> None:
+        """File a token's compute reports in `timing`: the chain's first
+        step (`first`: a prefill of `prefill` tokens, timed from its send),
+        else a decode step."""
+        if first:
+            timing.add_prefill(reply.compute_us, prefill, trio.current_time() - self.sent_at)
+        else:
+            timing.add(reply.compute_us)
+
     def close(self) -> None:
         """Close every session (synchronous: sends never block or raise)."""
         plane = self.pipeline.plane
@@ -549,47 +558,36 @@ class Pipeline:
         prompt that fills the context window, or no limit at all.
         """
         _check_chain(chain)
-        if not prompt_ids:
-            raise ValueError("the prompt needs at least one token")
-        prompt = [int(t) for t in prompt_ids]
-        limit = _token_limit(len(prompt), params.max_tokens, context_window)
-        seed %= SEED_MODULUS  # clients may send negative seeds; sample() reduces alike
+        prompt, limit = _prompt_and_limit(prompt_ids, params.max_tokens, context_window)
         transcript = transcript or Transcript()
-        transcript.model, transcript.prompt = model, tuple(prompt)
-        transcript.sampling, transcript.seed = params, seed
+        transcript.begin(model, tuple(prompt), params, seed % SEED_MODULUS)
         tokens = transcript.tokens
-        tokens.clear()
         reroutes = 0
         timing = timing or ChainTiming()
         while len(tokens) < limit:
             budget = len(prompt) + limit
-            attempt = _Attempt(self, chain, model, budget, params, seed, transcript, deadlines)
+            attempt = _Attempt(
+                self, chain, model, budget, params, transcript.seed, transcript, deadlines
+            )
             timing.restart(chain)
             try:
                 await attempt.open()
-                prefill_tokens = len(prompt) + len(tokens)
+                start = len(tokens)
                 pending = attempt.send_step(prompt, tokens)
-                first_of_chain = True
                 while True:
                     reply = await attempt.receive_token(*pending)
-                    if first_of_chain:
-                        wall_s = trio.current_time() - attempt.sent_at
-                        timing.add_prefill(reply.compute_us, prefill_tokens, wall_s)
-                    else:
-                        timing.add(reply.compute_us)
-                    first_of_chain = False
+                    attempt.time_step(
+                        timing, reply, len(prompt) + start, first=len(tokens) == start
+                    )
                     assert reply.token is not None
-                    token = reply.token
-                    tokens.append(token)
+                    tokens.append(reply.token)
                     if len(tokens) < limit:
-                        # The next step goes out before this token goes to
-                        # the caller, so the chain computes while the caller
-                        # detokenizes and streams. If the caller stops here
-                        # (an end-of-sequence token, a stop sequence), that
-                        # step is wasted work, and its late token a
-                        # stale_reply.
+                        # Sent before this token goes to the caller, so the
+                        # chain computes while the caller detokenizes; if the
+                        # caller stops here (end of sequence, a stop sequence)
+                        # the step is wasted, and its late token a stale_reply.
                         pending = attempt.send_step(prompt, tokens)
-                    yield token
+                    yield reply.token
                     if len(tokens) == limit:
                         return
             except _StepFailed as exc:
@@ -597,13 +595,19 @@ class Pipeline:
             finally:
                 attempt.close()
             reroutes += 1
-            if reroute is None or reroutes > max_reroutes:
-                raise PipelineError(failure)
-            new_chain = await reroute(failure)
-            if new_chain is None:
-                raise PipelineError(failure)
-            _check_chain(new_chain)
-            chain = new_chain
+            chain = await _next_chain(failure, reroute if reroutes <= max_reroutes else None)
+
+
+async def _next_chain(failure: Failure, reroute: Reroute | None) -> Sequence[ChainHop]:
+    """The chain to continue on after `failure`: `reroute`'s; PipelineError
+    when there is none (no `reroute`, the budget spent, or it gave up)."""
+    if reroute is None:
+        raise PipelineError(failure)
+    new_chain = await reroute(failure)
+    if new_chain is None:
+        raise PipelineError(failure)
+    _check_chain(new_chain)
+    return new_chain
 
 
 COMMIT_WAIT_S: Final = 2.0
@@ -732,6 +736,16 @@ def _floats(value: object) -> tuple[float, ...]:
     if not isinstance(value, list) or not all(type(v) in (int, float) for v in value):
         raise BadMessage(R_BAD_FIELD, "margins must be a list of numbers")
     return tuple(float(v) for v in value)
+
+
+def _prompt_and_limit(
+    prompt_ids: Sequence[int], max_tokens: int | None, context_window: int | None
+) -> tuple[list[int], int]:
+    """The prompt as ints, and how many tokens to generate (`_token_limit`)."""
+    if not prompt_ids:
+        raise ValueError("the prompt needs at least one token")
+    prompt = [int(t) for t in prompt_ids]
+    return prompt, _token_limit(len(prompt), max_tokens, context_window)
 
 
 def _token_limit(prompt: int, max_tokens: int | None, context_window: int | None) -> int:

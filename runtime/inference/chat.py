@@ -49,7 +49,14 @@ from mesh.identity import node_id_text
 from mesh.member_table import MemberState
 from mesh.observed_speed import ObservedSpeeds
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
-from runtime.inference.chain import ChainHop, ChainTiming, Failure, Pipeline, PipelineError
+from runtime.inference.chain import (
+    ChainHop,
+    ChainTiming,
+    Failure,
+    Pipeline,
+    PipelineError,
+    Reroute,
+)
 from runtime.inference.deadlines import expected_pace
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from runtime.inference.swarm import SwarmReader
@@ -659,19 +666,11 @@ class ChatService:
         prompt: list[int],
         generation: Generation,
     ) -> AsyncGenerator[str, None]:
-        state = {"route": route}
+        """The completion's text as it is generated, delta by delta, the
+        chain rerouted around failures; `generation` keeps the figures.
+        Text is held back while it ends in an unfinished UTF-8 sequence or
+        may be the start of a stop sequence."""
         slowed: dict[bytes, float] = {}  # hops this generation saw slower than expected
-
-        async def on_failure(failure: Failure) -> list[ChainHop] | None:
-            new_route = await self._reroute(variant.model, state["route"], failure, slowed)
-            if new_route is None:
-                return None
-            state["route"] = new_route
-            self.counters["reroutes"] += 1
-            generation.reroutes += 1
-            generation.route = [node_id_text(n) for n in new_route.node_ids]
-            return self._chain(new_route, slowed)
-
         seed = request.params.seed
         if seed is None:
             seed = int.from_bytes(os.urandom(8), "big")
@@ -686,21 +685,14 @@ class ChatService:
             request.params,
             seed=seed,
             context_window=tokenizer.context_window,
-            reroute=on_failure,
+            reroute=self._failover(variant.model, route, generation, slowed),
             timing=generation.hops,
             transcript=transcript,
         )
         try:
             async with aclosing(stream) as tokens:
                 async for token in tokens:
-                    generation.completion_tokens += 1
-                    now = trio.current_time()
-                    if generation.last_token_at is None:
-                        generation.first_token_at = now
-                        self.ttft.observe(now - generation.accepted_at)
-                    else:
-                        self.inter_token.observe(now - generation.last_token_at)
-                    generation.last_token_at = now
+                    self._time_token(generation)
                     if token in tokenizer.eos_ids:
                         generation.finish_reason = "stop"
                         break
@@ -716,16 +708,58 @@ class ChatService:
                         generation.finish_reason = "stop"
                         break
         except PipelineError as exc:
-            self.counters["failed"] += 1
-            generation.finish_reason = "error"
-            log.warning("generation %s failed: %s", generation.id, exc)
-            raise ChatError(
-                503, f"the swarm lost this generation: {exc}", code=GENERATION_FAILED
-            ) from exc
+            raise self._lost(generation, exc) from exc
+        self._finished(generation, transcript)
+        if scanner.stopped:
+            return
+        tail = _held_back(scanner, tokenizer.decode(ids)[len(emitted) :], generation)
+        if tail:
+            yield tail
+
+    def _failover(
+        self, model: str, route: Route, generation: Generation, slowed: dict[bytes, float]
+    ) -> Reroute:
+        """The pipeline's `reroute` for one generation: a route around what
+        failed (`_reroute`), counted, as a chain; None gives up."""
+        state = {"route": route}
+
+        async def on_failure(failure: Failure) -> list[ChainHop] | None:
+            new_route = await self._reroute(model, state["route"], failure, slowed)
+            if new_route is None:
+                return None
+            state["route"] = new_route
+            self.counters["reroutes"] += 1
+            generation.reroutes += 1
+            generation.route = [node_id_text(n) for n in new_route.node_ids]
+            return self._chain(new_route, slowed)
+
+        return on_failure
+
+    def _time_token(self, generation: Generation) -> None:
+        """A token arrived: count it, time it (to first token, or since the last)."""
+        generation.completion_tokens += 1
+        now = trio.current_time()
+        if generation.last_token_at is None:
+            generation.first_token_at = now
+            self.ttft.observe(now - generation.accepted_at)
+        else:
+            self.inter_token.observe(now - generation.last_token_at)
+        generation.last_token_at = now
+
+    def _lost(self, generation: Generation, exc: PipelineError) -> ChatError:
+        """The 503 for a generation no chain could finish, counted and logged."""
+        self.counters["failed"] += 1
+        generation.finish_reason = "error"
+        log.warning("generation %s failed: %s", generation.id, exc)
+        return ChatError(503, f"the swarm lost this generation: {exc}", code=GENERATION_FAILED)
+
+    def _finished(self, generation: Generation, transcript: Transcript) -> None:
+        """A generation ended well: offer it to the spot checks, and learn
+        from its timing (routes price hops by what they took, and deadlines
+        follow it); it ran to its length unless something stopped it."""
         self.counters["completed"] += 1
         if self.checks is not None:
             self.checks.consider(transcript)
-        # Routes price hops by what they took, and deadlines follow it.
         chain = generation.hops
         nodes = [bytes.fromhex(node) for node in chain.nodes]
         prefilled, wall_s = chain.prefill_tokens, chain.prefill_wall_s
@@ -741,17 +775,6 @@ class ChatService:
             )
         if generation.finish_reason is None:
             generation.finish_reason = "length"
-        if scanner.stopped:
-            return
-        # Text held back for an unfinished UTF-8 sequence that never finished
-        # (the decoder's replacement character is the answer then), and
-        # text held back for a possible stop sequence that never came.
-        result = scanner.feed(tokenizer.decode(ids)[len(emitted) :])
-        if result.stopped:
-            generation.finish_reason = "stop"
-        tail = result.text + ("" if result.stopped else scanner.flush())
-        if tail:
-            yield tail
 
     async def _reroute(
         self, model: str, route: Route, failure: Failure, slowed: dict[bytes, float]
@@ -838,3 +861,15 @@ def _model_json(name: str, status: str, variant: ModelCoverage | None) -> dict[s
         "covered": [list(s) for s in variant.covered] if variant else [],
         "gaps": [list(s) for s in variant.gaps] if variant else None,
     }
+
+
+def _held_back(scanner: StopScanner, rest: str, generation: Generation) -> str:
+    """What is still held back once generation ended: text held for an
+    unfinished UTF-8 sequence that never finished (the decoder's
+    replacement character is the answer then), and text held for a
+    possible stop sequence that never came (`rest` is the text not yet
+    fed); a stop sequence found in it ends the completion there."""
+    result = scanner.feed(rest)
+    if result.stopped:
+        generation.finish_reason = "stop"
+    return result.text + ("" if result.stopped else scanner.flush())

@@ -84,6 +84,14 @@ class Transcript:
     refused: int = 0
     """Commitments not kept: a second one for the same hop and step."""
 
+    def begin(
+        self, model: str, prompt: tuple[int, ...], sampling: SamplingParams, seed: int
+    ) -> None:
+        """A generation starts: its request, and no tokens yet."""
+        self.model, self.prompt = model, prompt
+        self.sampling, self.seed = sampling, seed
+        self.tokens.clear()
+
     def restart(
         self, nodes: Sequence[bytes], layers: Sequence[tuple[int, int]], seeds: Sequence[int]
     ) -> None:

@@ -238,6 +238,17 @@ class _Checking:
     recipes: list[str]
 
 
+@dataclass(frozen=True, slots=True)
+class _Confirmed:
+    """Who a second replay showed lied, and its signed commitment:
+    ``by_replay`` when it was the first replay's own hop (its output, which
+    it signed to this entry), else the checked generation's hop."""
+
+    accused: bytes
+    commitment: Commitment
+    by_replay: bool
+
+
 def _variant(coverage: CoverageMap, model: str, nodes: Sequence[bytes]) -> ModelCoverage | None:
     """The coverage variant the checked chain ran in (recipe classes do not
     mix), or None when its nodes are no longer all served."""
@@ -354,18 +365,36 @@ class SpotChecker:
             return
         self.counters[f"divergence.{found.kind}"] += 1
         index = found.hop_index
-        accused = nodes[index]
         log.warning(
             "spot check: %s at hop %d (%s), step %d: %s",
             found.kind,
             index,
-            node_id_text(accused)[:12],
+            node_id_text(nodes[index])[:12],
             found.step,
             found.detail,
         )
         if found.kind in ("transit", "missing") or found.commitment is None:
-            self._distrust(accused, *([nodes[index - 1]] if found.kind == "transit" else []))
+            self._distrust(nodes[index], *([nodes[index - 1]] if found.kind == "transit" else []))
             return  # nothing a recomputation can judge: avoided here only
+        confirmed = await self._confirm(transcript, variant, own, found, checking, replayed)
+        if confirmed is not None:
+            await self._report_once(transcript, found, confirmed)
+
+    async def _confirm(
+        self,
+        transcript: Transcript,
+        variant: ModelCoverage | None,
+        own: Sequence[frozenset[bytes]],
+        found: Divergence,
+        checking: _Checking,
+        replayed: Replay,
+    ) -> _Confirmed | None:
+        """A second replay, avoiding the first replay's nodes too: who lied,
+        if it agrees with one of the two (the original hop, or the first
+        replay's own hop); None (the hop distrusted here, counted) when it
+        cannot say, or what it confirms is no signed evidence."""
+        index = found.hop_index
+        accused = transcript.chain_nodes[index]
         second = None
         if checking.independent[index]:
             avoid = [span | {hop.node} for span, hop in zip(own, checking.chain, strict=True)]
@@ -373,35 +402,41 @@ class SpotChecker:
         if second is None or not second[1].independent[index]:
             self.counters["unconfirmed"] += 1
             self._distrust(accused)
-            return
+            return None
         again = second[0]
-        commitment = found.commitment
         if again is None:  # the first replay's hop is the odd one out: it lied to us
             self.counters["replay_disagreed"] += 1
-            accused = checking.chain[index].node
-            commitment = replayed.commitments[index]
+            liar = checking.chain[index].node
             if found.kind != "output":  # its signed rows may agree: only its word differed
-                self._distrust(accused)
-                return
-        elif (again.kind, again.hop_index) != (found.kind, index):
+                self._distrust(liar)
+                return None
+            return _Confirmed(liar, replayed.commitments[index], by_replay=True)
+        if (again.kind, again.hop_index) != (found.kind, index):
             self.counters["unconfirmed"] += 1
             self._distrust(accused)
-            return
+            return None
+        assert found.commitment is not None  # `check` acts only on a committed divergence
+        return _Confirmed(accused, found.commitment, by_replay=False)
+
+    async def _report_once(
+        self, transcript: Transcript, found: Divergence, confirmed: _Confirmed
+    ) -> None:
+        """Avoid the liar, and send the leader the evidence, once per
+        episode: not one offence per request it lied in before the verdict."""
+        accused, commitment = confirmed.accused, confirmed.commitment
         now = trio.current_time()
         if self._reported.get(accused, now) > now:
-            # Reported already (a request checked before the verdict landed):
-            # one report per episode, not one offence per request it lied in.
             self.counters["already_reported"] += 1
             return
         self._distrust(accused)
-        links = () if again is None else transcript.links(index, found.step)
+        links = () if confirmed.by_replay else transcript.links(found.hop_index, found.step)
         if not commitment.verified_through(links):
             self.counters["unsigned"] += 1
             return
         evidence = Evidence(
             reporter=self._swarm.node_id,
-            kind="output" if again is None else found.kind,
-            hop_index=index,
+            kind="output" if confirmed.by_replay else found.kind,
+            hop_index=found.hop_index,
             model=transcript.model,
             prompt=transcript.prompt,
             tokens=tuple(transcript.tokens),
