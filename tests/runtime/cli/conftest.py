@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -40,8 +41,15 @@ def hub(hub_built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Ite
     repo = shutil.copytree(
         hub_built, tmp_path / "repo", ignore=shutil.ignore_patterns("shardmesh-*")
     )
+    with serving(Path(repo), tmp_path, monkeypatch) as fake:
+        yield fake
+
+
+@contextmanager
+def serving(repo: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeHub]:
+    """A fake hub serving `repo` as `HUB_REPO`, the CLI pointed at it."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    with FakeHub({HUB_REPO: Path(repo)}) as fake:
+    with FakeHub({HUB_REPO: repo}) as fake:
         monkeypatch.setattr(model_source, "HUB_ENDPOINT", fake.url)
         yield fake
 
