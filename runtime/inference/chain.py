@@ -1,45 +1,16 @@
 """The entry side of the engine: drive a chain of hops, survive a dead one.
 
-:meth:`Pipeline.generate` opens one session on every hop of a chain, sends
-the prompt into the first hop as one ``forward`` (the prefill), then one
-``forward`` per generated token; each hop pushes its activations straight to
-the next and the last hop samples and sends the token back here. The
-message schema is in :mod:`runtime.inference.protocol`.
+`Pipeline.generate` opens one session on every hop of a chain, sends the
+prompt into the first hop as one `forward` (the prefill), then one `forward`
+per generated token; the last hop sends each token back here. A step that
+fails (an `error`, a `busy` at open, or no token by its deadline) closes the
+chain and asks the caller's `reroute` for a new one, on which the prompt and
+every token so far are replayed as one prefill, so the stream continues
+exactly where it stopped. `replay` recomputes a finished generation for a
+spot check. The message schema is in `runtime.inference.protocol`.
 
-Failover
-========
-A step *fails* when a hop answers ``error`` (or ``busy`` at open), or when
-no token arrives by the step's deadline. Deadlines follow from what each
-hop of the chain is expected to take (:class:`ChainHop.pace`, the rule in
-:mod:`runtime.inference.deadlines`), so a hop measured slow is given the
-time it needs and a fast chain notices a dead hop within seconds. The
-entry closes the failed chain's sessions and hands the caller a
-:class:`Failure` with *all* of the chain's node ids and the ones it holds
-responsible (``suspects``): the hop that reported the error or was busy,
-the hops that never answered ``open``, or, after a deadline passed, the hop
-that held the step up (``stall``): from when each hop's commitment for the
-step arrived, the one that held it the most times its expected time, which
-is either late (it reported) or silent (dead, or still computing). The
-caller's ``reroute`` decides with what it knows besides (membership marks a
-dead process suspect within a probe interval or two) and returns a new
-chain, or ``None`` to give up. On the new chain the entry opens fresh
-sessions and *replays* the prompt plus every token generated so far as one
-prefill, so the new hops rebuild their caches; the replay's ``step`` is the
-index of the next token, so the stream continues exactly where it stopped:
-no token is repeated or skipped, and because the last hop samples with a
-generator seeded by (seed, step), the continuation is the one an
-uninterrupted run would have produced.
-
-Closing
-=======
-Sessions are closed when generation ends, fails over, or the consumer stops
-iterating (``break``, an exception, cancellation, a client disconnect).
-Closing is a few :meth:`mesh.transport.Plane.send` calls, which never block
-and never raise, so it runs synchronously in ``finally`` and needs no
-shielded cancel scope. Consumers should still wrap the generator in
-``contextlib.aclosing`` so that ``finally`` runs at once rather than when the
-generator is garbage-collected. A close that is lost is covered by the hops'
-idle reaper.
+Failover, whom a failure blames, and why closing needs no shield:
+docs/design/inference-protocol.md#the-entry-chains-failover-and-closing.
 """
 
 from __future__ import annotations

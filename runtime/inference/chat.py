@@ -1,31 +1,15 @@
 """Chat completions at the entry node: parse, tokenize, route, generate, detokenize.
 
 Any node answers `POST /v1/chat/completions` for any model the swarm serves:
+it parses the request strictly (a bad field is a 400 naming it), finds the
+best-served variant of the model (404 `model_not_found`, or a 503
+`model_loading` with the coverage), tokenizes with the model's own tokenizer
+(fetched from a serving node and checked against the manifest digest when
+this node lacks it), routes and generates through `runtime.inference.chain`
+(rerouting around a hop that fails), and detokenizes incrementally, never
+showing half a character or part of a stop sequence.
 
-1. **Parse** the OpenAI request strictly (`parse_chat_request`): a bad field
-   is a 400 that names it, before anything expensive happens.
-2. **Find the model**: the coverage map (built from gossiped, signed node
-   records) says which variant of the name is best served. A name no node
-   knows is a 404 `model_not_found`; a known model without a complete,
-   admitted chain is a 503 `model_loading` with `Retry-After` and the
-   coverage (what is covered, the gaps, who is loading).
-3. **Tokenize** with the model's own tokenizer and chat template. The entry
-   needs the tokenizer files, not the weights: from its own copy of the
-   model if it has one, else fetched from a serving node's
-   `/v1/network/artifacts/{digest}/{file}` and checked against the manifest
-   digest the swarm routes by (`ArtifactStore`), so a lying peer cannot
-   hand out a different tokenizer.
-4. **Route and generate** through `runtime.inference.chain`: the cheapest chain
-   (`mesh.routes.find_route`) over admitted nodes not in back-off, each hop
-   given the time its measured speed says it needs (`runtime.inference.deadlines`:
-   what this entry observed it take, else what its doctor measured). When
-   a hop fails mid-stream (an error, or a step past its deadline, put down
-   to the hop that held it up), `reroute` backs it off with any chain node
-   membership no longer sees alive and re-routes the broken span; the
-   pipeline replays the tokens so far, and the stream goes on.
-5. **Detokenize incrementally**, holding back an incomplete UTF-8 sequence
-   and any text that might start a stop sequence (`StopScanner`), so a
-   client never sees half a character or part of a stop string.
+Each step in full: docs/design/inference-protocol.md#chat-at-the-entry.
 """
 
 from __future__ import annotations

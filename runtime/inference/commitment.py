@@ -1,48 +1,16 @@
 """Per-hop commitments: what a hop signs about each step it computes.
 
-The doctor proves once, on a public probe, that a node computes its shard
-correctly; nothing in that stops the node from lying afterwards. So every
-hop, on every step, tells the entry what it computed — not the activations
-(megabytes) but a *sketch*: a seeded random projection of each position's
-input and output onto ``SKETCH_DIMS`` numbers — and signs it with its node
-key together with the session, the step and what it served (model, layers).
-The entry keeps the commitments of a request; a spot check
-(:mod:`runtime.node.spot_check`) later recomputes the request on other nodes
-and compares position by position. Because the commitment is signed, a hop
-whose sketch disagrees with an honest recomputation of the same input has
-signed evidence against itself that any third party (the Raft leader) can
-check by recomputing once more.
+Every hop, on every step, tells the entry what it computed: not the
+activations but a sketch (a seeded random projection of each position's
+input and output onto `SKETCH_DIMS` numbers), signed with its node key
+together with the session, the step and what it served. A hop whose sketch
+disagrees with an honest recomputation has signed evidence against itself
+that a third party can check. A session's commitments form a hash chain, so
+one signature (the first, every `SIGN_EVERY`-th, and the `seal`) covers
+every commitment before it (`Commitment.verified_through`).
 
-Why a random projection: a few numbers per position cost nothing to
-compute, send or keep, and noise added to a hidden state moves a random
-projection of it by about as much as it moves the state (a fixed set of
-coordinates could miss it). The entry draws each hop's projection seed per
-session and sends it only to that hop over the encrypted plane, so a hop does
-not know the projection its neighbours sketch with.
-
-What each hop sketches:
-
-* ``inputs``: the rows it received (hidden states), sketched; the first hop
-  receives token ids, which are committed exactly by a digest instead.
-* ``outputs``: the rows it produced (hidden states); the last hop produces
-  logits and samples only the last row, so it sketches that row and commits
-  the ``token`` it emitted.
-
-What is committed (canonical CBOR)::
-
-    [COMMIT_DOMAIN, entry, session, model, [a, b], sketch_seed,
-     step, pos, count, inputs_digest, sha256(inputs || outputs), token,
-     previous]
-
-``entry`` binds the commitment to the node that opened the session, so a
-commitment cannot be presented as made for anyone else. ``previous`` is the
-digest of the session's commitment before it (empty for the first), so a
-session's commitments form a hash chain and one signature covers every
-commitment before it: a hop signs its session's first commitment (the
-prefill), every ``SIGN_EVERY``-th after it, and the last one when the entry
-closes the session (a ``seal``). A commitment without a signature of its own
-is proven by the links after it up to a signed one
-(:meth:`Commitment.verified_through`).
+Why a random projection, what is sketched, the signed bytes:
+docs/design/verified-compute.md#commitments.
 """
 
 from __future__ import annotations

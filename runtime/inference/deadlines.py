@@ -1,33 +1,15 @@
 """How long the entry waits for a step of a chain, and which hop held up one that ran out.
 
-A chain is as fast as its hops, and volunteers' hops differ by orders of
-magnitude: a GPU span prefills thousands of tokens a second, an MLX hop on
-a laptop's CPU twenty (issue 15). A fixed timeout is either too short for
-the slow hop, which then fails every long prompt although it told the swarm
-its speed, or so long that a dead fast hop stalls a stream for minutes. So
-the deadline of a step follows from what each hop is expected to take:
+Volunteers' hops differ in speed by orders of magnitude, so a step's
+deadline follows from what each hop of the chain is expected to take
+(`HopPace`, from what this entry observed, else what the hop's capability
+report states): `floor_s + factor * sum(expected)`, capped
+(`Deadlines.step_s`). When a step runs out anyway, `find_stall` names the
+hop that held it up the most times its expectation, from when each hop's
+commitment for the step arrived. Sans-IO: nothing here reads a clock.
 
-* every hop of a chain carries a :class:`HopPace`: seconds per prompt token
-  of a prefill and seconds per decode step. The chat service builds it from
-  what this entry observed the node take (`mesh.observed_speed`) and, for a
-  node not observed yet, from the speed its doctor measured and its
-  capability report states (:func:`expected_pace`);
-* a step whose hops are expected to take ``e_1 .. e_k`` seconds (a prefill
-  of T tokens: ``T * prefill_s_per_token + decode_step_s`` each, the last
-  term being what a step costs whatever its length; a decode step:
-  ``decode_step_s``) gets ``floor_s + factor * sum(e_i)``, at most
-  ``ceiling_s`` (:meth:`Deadlines.step_s`).
-
-When a step runs out of time anyway, :func:`find_stall` says which hop held
-it up, from when each hop's signed commitment for the step reached the
-entry (every hop but the last sends one right after its activations; the
-last hop's comes with the token): hop i held the step from the report
-before it to its own, and the first hop that has not reported holds it
-still. The hop that held it longest for what it was expected to take is
-the one to route around, whether it is slow (it reported, late) or silent
-(it has not reported: still computing, or dead).
-
-Sans-IO: the caller passes every time; nothing here reads a clock.
+Why a fixed timeout fails, and the rule in full:
+docs/design/inference-protocol.md#deadlines-and-stalls.
 """
 
 from __future__ import annotations

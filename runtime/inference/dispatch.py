@@ -1,22 +1,13 @@
 """A node's inference engine: the one reader of its data plane.
 
-A node is at once a hop (it may serve a shard to other entries) and an entry
-(it answers chat requests and drives chains of hops). Both speak on the same
-data plane, and a plane has one receiver, so :class:`Engine` owns the receive
-loop: it decodes each message (:func:`mesh.wire.decode_tensor`), counts and
-drops what does not parse, and dispatches by ``op`` — hop ops (``open``,
-``forward``, ``close``) to the node's :class:`runtime.inference.hop_server.HopServer`, replies
-(``opened``, ``busy``, ``token``, ``error``, ``commit``) to its
-:class:`runtime.inference.chain.Pipeline`. The loop never waits on compute (the hop
-server queues steps for per-session tasks), so one slow forward never delays
-another session's messages. The message schema is in :mod:`runtime.inference.protocol`.
+A node is at once a hop (it serves a shard to other entries) and an entry
+(it drives chains for its own chats), and a plane has one receiver, so
+`Engine` owns the receive loop: it decodes each message, counts and drops
+what does not parse, and dispatches hop ops to the `HopServer` and replies
+to the `Pipeline`. The loop never waits on compute, so one slow forward
+never delays another session's messages.
 
-Typical wiring::
-
-    engine = Engine(data_plane, drops=drops, hop_server=HopServer(...) or None)
-    await nursery.start(engine.run)
-    async with aclosing(engine.pipeline.generate(...)) as tokens:
-        async for token in tokens: ...
+Typical wiring: docs/design/inference-protocol.md#the-engine-one-reader-of-the-data-plane.
 """
 
 from __future__ import annotations

@@ -1,33 +1,14 @@
 """The hop side of the data plane: serve one shard to the entries that open sessions on it.
 
 A hop holds one shard (layers [a, b)) of a model. An entry opens a session
-on it (``open``), then sends one ``forward`` per step; the hop runs its
-shard over the inputs, with the session's KV cache, and pushes the result
-on: activations to the next hop, or, on the last hop, the sampled token back
-to the entry. The messages, their fields and the drop reasons are in
-:mod:`runtime.inference.protocol`; this module is what a hop does with them
-(:class:`HopServer`) and what it counts (:class:`HopStats`).
+on it (`open`), then sends one `forward` per step; the hop runs its shard
+over the inputs with the session's KV cache and pushes the result on:
+activations to the next hop, or, on the last hop, the sampled token back to
+the entry. This module is what a hop does with the messages of
+`runtime.inference.protocol` (`HopServer`) and what it counts (`HopStats`).
 
-Why the hop behaves as it does
-==============================
-* The receive loop (see :mod:`runtime.inference.dispatch`) never waits on compute: it
-  validates a forward and hands it to the session's own task through a small
-  queue, so one session's steps run strictly in order while the loop keeps
-  serving other sessions. A prefill runs in a worker thread
-  (``trio.to_thread.run_sync``) so the node keeps serving meanwhile; a
-  one-token decode step runs on the loop itself (``INLINE_MAX_TOKENS``).
-  Either way one forward at a time per shard (a device is one resource; two
-  forwards at once mostly contend).
-* Bad input (wrong dtype or shape, unknown session, position that does not
-  continue the cache, over budget) is counted per reason in the node's drops
-  and answered with ``error`` whenever the session, and so the entry's
-  address, is known. Nothing a peer sends can crash the server.
-* An ``error`` ends the session: the entry abandons the whole chain on any
-  failed step (it reroutes and replays), so keeping the cache would only hold
-  memory until the idle reaper.
-* A forward for an unknown session cannot be answered (it carries no reply
-  address, to keep per-step headers small); the entry notices through its
-  step timeout instead.
+Why the hop behaves as it does (threads, bad input, errors):
+docs/design/inference-protocol.md#the-hop-server.
 """
 
 from __future__ import annotations

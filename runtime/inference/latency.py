@@ -1,24 +1,14 @@
 """Latency histograms: what the entry and the hops record per request, token and step.
 
 `Histogram` is sans-IO: the caller measures with its own clock and hands in
-a duration; `observe` is a bisect into fixed buckets, an increment and an
-addition (no lock, no allocation), cheap enough for every decode step and
-every token. It is read as Prometheus reads a histogram (`runtime.api.metrics`):
-cumulative counts per upper bound `le` (a value equal to a bound falls in
-that bound's bucket), the sum of the values and their count.
+a duration; `observe` is a bisect into fixed buckets and two additions,
+cheap enough for every decode step and token. It is read as Prometheus
+reads a histogram (`runtime.api.metrics`). The buckets are fixed (1, 2.5
+and 5 per decade, up to a minute) so every node's series can be summed
+across a swarm.
 
-One writer per histogram: the chat service's (on the trio thread), or the
-hop server's (one forward at a time, `HopServer._compute`, even when a
-prefill runs in a worker thread). A reader may run between a writer's two
-updates; `to_json` derives the count from the bucket counts, so the count
-always equals the last cumulative bucket (only the sum can lag by one value).
-
-The buckets are fixed, so every node's series line up and can be summed
-across a swarm: 1, 2.5 and 5 per decade (each bucket 2-2.5x the last), from
-well below what the fastest case takes to a minute. A step's deadline
-follows its hops' measured speed (`runtime.inference.deadlines`), so a
-long prompt through a slow hop may wait longer: that lands in the +Inf
-bucket, which the count still holds.
+One writer per histogram, readers in between, and the buckets:
+docs/design/inference-protocol.md#latency-histograms.
 """
 
 from __future__ import annotations

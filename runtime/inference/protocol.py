@@ -1,86 +1,15 @@
 """The data-plane protocol: the messages an entry and its hops exchange.
 
-A chat request is carried through a *chain* of hops, each running one shard
-(layers [a, b)) of the model. The entry node opens a *session* on every hop,
-pushes the prompt into the first hop, and each hop pushes its activations
-straight to the next; the last hop samples a token and sends it back to the
-entry. Only the token comes back to the entry, so a decode step costs one
-message per hop plus one reply, never a round trip through the entry per hop.
+A chat request is carried through a chain of hops, each running one shard
+of the model; the entry opens a session on every hop, pushes the prompt into
+the first, each hop pushes its activations to the next, and the last hop
+sends the sampled token back. This module is the vocabulary both sides
+share: the ops, the header fields and their readers, the drop reasons and
+the limits. The hop side is `runtime.inference.hop_server`, the entry side
+`runtime.inference.chain`; `runtime.inference.dispatch` routes between them.
 
-This module is the vocabulary both sides share: the ops, the header fields
-and their readers, the drop reasons, the limits. The hop side is
-:mod:`runtime.inference.hop_server`, the entry side :mod:`runtime.inference.chain`,
-and :mod:`runtime.inference.dispatch` routes each received message to one of them.
-
-Messages
-========
-Every message is one tensor frame pair from :func:`mesh.wire.encode_tensor`:
-a strict CBOR header (dtype, shape, and the map below) and the raw element
-bytes. Ops without a payload carry a 0-length uint8 tensor. Session ids are 32
-lowercase hex characters (16 random bytes, made by the entry, one per hop).
-
-=========  ===========  =========================================================
-op         direction    header fields (besides "op") and payload
-=========  ===========  =========================================================
-open       entry → hop  session, model (text), layers [a, b], reply (the entry's
-                        data address), budget (positions the session may use),
-                        prev (node id, hex, of the peer whose forwards this
-                        session takes: the entry for the first hop, else the
-                        hop before), next (next hop's data address, or null
-                        on the last hop), next_node (its node id, hex, or
-                        null), next_session (its session id, or null),
-                        sampling (null, or {temperature, top_p, top_k} on the
-                        last hop), seed, sketch_seed (this hop's commitment
-                        projection, see runtime.inference.commitment), check
-                        (null, or on a spot check's last hop {from, tokens}:
-                        judge the claimed tokens from position ``from`` on)
-opened     hop → entry  session
-busy       hop → entry  session, reason (session limit reached; try another node)
-forward    → hop        session, step, pos, compute_us (optional, see below):
-                        token ids int64 [T] into the first hop, hidden states
-                        float32 [T, H] into the others
-token      hop → entry  session (the last hop's), token, compute_us, the
-                        commitment's fields (step, pos, count, in_rows,
-                        in_digest, prev, sig; sig empty when unsigned) and
-                        its sketches as payload (float32 [in_rows + out
-                        rows, SKETCH_DIMS]); on a spot check also picks and
-                        margins (per judged position)
-commit     hop → entry  session, the commitment's fields and payload, as on
-                        ``token``: every other hop's signed account of a step,
-                        sent after its activations went on
-seal       hop → entry  session, step, sig: the signature of the session's
-                        last commitment, sent when the entry closes the
-                        session (commitments form a hash chain; see
-                        runtime.inference.commitment)
-error      hop → entry  session, step (or null), reason
-close      entry → hop  session (idempotent; no reply)
-=========  ===========  =========================================================
-
-``step`` is the index of the token being produced (0 for the first generated
-token), so the last hop can sample with a generator seeded by (seed, step):
-a replay after failover draws exactly the tokens an uninterrupted run would.
-``pos`` is the absolute position of the first of the T inputs.
-``compute_us`` lists, in chain order, how long each hop so far took to
-compute this step (microseconds, by its own clock); each hop appends its own
-before pushing on, so the entry learns where a step's time went (compute at
-each hop, or the hops between them) at the cost of a few header bytes.
-
-Sessions are bound to peers. The planes tell each message's sender (its
-key proved by the CURVE handshake), so a session id is not the only
-secret: a hop takes ``forward`` for a session only from its ``prev`` and
-``close`` only from the peer that opened it, and sends replies only to that
-peer; an entry takes each session's replies only from the hop it opened
-the session on (so ``token`` only from the last hop). Anything else is
-dropped and counted (``not_session_peer``) and does not disturb the
-session. One peer may hold at most a share of a hop's sessions
-(``MAX_SESSION_SHARE``), so it cannot take them all, and a message bigger
-than any session of the node could need (a whole budget of inputs into a
-hop; a reply's header into an entry) is refused before it is decoded
-(``engine.oversized``).
-
-Header fields are checked by the rules of :mod:`mesh.fields`, like every
-other field a node reads; a field that breaks its rule is a
-:class:`BadMessage` with reason ``bad_field``.
+The message table, step and position, and how sessions are bound to peers:
+docs/design/inference-protocol.md#the-data-plane-protocol.
 """
 
 from __future__ import annotations

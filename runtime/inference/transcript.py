@@ -1,27 +1,14 @@
 """What an entry keeps of a generation to spot-check it, and how a check judges it.
 
-A :class:`Transcript` holds one generation's chain, the projection seed the
-entry gave each hop, the tokens, and every hop's signed commitment
-(:mod:`runtime.inference.commitment`), keyed by (hop index, step). A spot
-check (:mod:`runtime.node.spot_check`) recomputes the whole history as one
-prefill on a chain with the same layer spans and other nodes, each replay
-hop sketching with the seed of the hop it checks; :func:`find_divergence`
-then walks the original steps in order, hops in chain order, and stops at
-the first position where a commitment disagrees with the recomputation:
+A `Transcript` holds one generation's chain, the projection seed the entry
+gave each hop, the tokens and every hop's signed commitment, keyed by (hop
+index, step). A spot check replays the history on other nodes, and
+`find_divergence` walks the original steps in order, hops in chain order,
+and stops at the first position where a commitment disagrees with the
+recomputation (`output`, `token`, `input`, `transit` or `missing`): only
+the first divergence is evidence. Pure functions and data: no I/O.
 
-* a hop's input agreed and its output did not: that hop computed wrongly
-  (``output``), or, on the last hop, emitted a token the recomputed logits
-  do not give (``token``);
-* the first hop committed to token ids the entry never sent (``input``);
-* a hop's input disagreed although the hop before it committed to the
-  right output (``transit``): one of the two lied about the same bytes, and
-  recomputation cannot tell which; the entry avoids both, and no evidence
-  goes to the leader;
-* a commitment never came (``missing``): nothing signed to judge.
-
-Everything after the first divergence depends on it (the next hops' caches
-hold what it produced), so only the first one is evidence. Pure functions
-and data: no I/O.
+What each kind of divergence means: docs/design/verified-compute.md#transcripts-and-divergence.
 """
 
 from __future__ import annotations

@@ -1,19 +1,14 @@
 """Who may connect: the swarm's mode, its admitted members, and invitations.
 
-A swarm is founded `open` (any key may complete a handshake and be a
-member) or `private` (only keys the ledger admitted, and the founder). The
-founder commits the mode once (`consensus.commands.Found`); every node then
-keeps its planes' handshake policy (`mesh.zap`) in step with the ledger, so
-a private swarm refuses a stranger's key before it can say anything.
+A swarm is founded `open` (any key may be a member) or `private` (only keys
+the ledger admitted, and the founder); every node keeps its planes'
+handshake policy (`mesh.zap`) in step with the ledger, so a private swarm
+refuses a stranger's key before it can say anything. Invitations
+(`consensus.invitations`) are issued here by a voter, and a newcomer's
+signed redemption is checked here before the leader commits its admission.
 
-Until a node has the founding in its ledger it admits every key: a joiner
-must let the leader in to receive the ledger at all, and nothing a stranger
-could say to it then lets the stranger into the swarm (every member refuses
-the stranger's key).
-
-Invitations (`consensus.invitations`) are issued here by a voter, and a
-newcomer's signed redemption is checked here before the leader commits its
-admission (`runtime.api.network`, `POST /v1/network/join`).
+Why a node admits every key until it has the founding:
+docs/design/node.md#access-open-and-private-swarms.
 """
 
 from __future__ import annotations

@@ -1,27 +1,15 @@
 """Node capability admission: the doctor gates serving, and keeps gating it.
 
-A shard, whoever asked for it (the operator's `--model DIR --layers A:B
---recipe R`, or a managed or bootstrap assignment from the placement
-ledger), serves nothing until `runtime.model.doctor` has run the real
+A shard, whoever asked for it (the operator's pin, or a managed or bootstrap
+assignment), serves nothing until `runtime.model.doctor` has run the real
 forward of its exact shard and recipe against the manifest's golden
-activations (ADR-0026: no tier skips admission). Then, and only then:
+activations (ADR-0026); only then is that very shard handed to a `HopServer`
+and the node's record given an admitted capability report. A cheap re-check
+refreshes the report while it serves; a failed one drops the node from the
+coverage at once. `ShardSlot` is the node's one shard, whoever starts it.
 
-1. the shard the doctor loaded and checked is handed to a `HopServer` (the
-   very object that passed, not a second load that could differ);
-2. the node's signed record gains the assignment (with its tier) and an
-   admitted capability report with `validated_at` and `expires_at`, which
-   the coverage map requires before anyone routes here.
-
-While it serves, a cheap re-check (the probe forward alone, on the held
-shard, between sessions' forwards) refreshes the report every `refresh_s`,
-well before it expires. A re-check that fails publishes a failed report: the
-coverage map drops the node at once rather than at expiry. A report that
-expires without a refresh (a stalled node) drops it too, by the coverage
-map's own clock, until a refresh arrives.
-
-A failed doctor publishes a failed report when it got as far as knowing the
-model (the status API says why the node is not serving) and the node keeps
-running as a member, an entry and a Raft participant.
+The steps, the re-checks and what a failed doctor publishes:
+docs/design/node.md#admission-the-doctor-gates-serving.
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """A stop that drains: what a node does between SIGTERM and leaving the swarm.
 
-Killing a hop mid-stream makes every entry that uses it wait out a step
-timeout and replay elsewhere (or fail, when nobody else holds the span). A
-node asked to stop can do better, because it knows it is going:
+A node asked to stop refuses new sessions and withdraws its capability from
+its record; if the swarm can serve its span without it (`others_hold`) it
+hands its open sessions over (each entry fails over at once), else it keeps
+serving them until they end, for at most `DRAIN_GRACE_S`. Then it leaves the
+swarm (`stop_on_signal`); a second signal cuts the drain short
+(`stop_at_once_on`).
 
-1. it refuses new sessions (`HopServer.leaving`: entries get `busy` and
-   route elsewhere) and withdraws its capability from its record, so new
-   routes stop naming it within a gossip spread;
-2. if the swarm can serve its span without it (every layer of the span
-   held by another live, admitted node), it hands its open sessions over:
-   each entry gets an `error` naming this node as leaving and replays on
-   another chain at once, which its client never sees (failover);
-3. otherwise it keeps serving its open sessions until they end, for at most
-   `DRAIN_GRACE_S`, because leaving now would break them.
-
-Then the node leaves the swarm and exits 0. A second signal cancels the
-drain (`stop_at_once_on`): the node leaves at once.
+Why, step by step: docs/design/node.md#the-drain-stopping-without-breaking-streams.
 """
 
 from __future__ import annotations

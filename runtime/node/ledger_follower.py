@@ -1,40 +1,15 @@
 """How a member outside the Raft configuration keeps its copy of the ledger.
 
-Only trusted nodes replicate the placement ledger by Raft: the voters and
-at most a few eligible learners (`consensus.voters`). A leader replicating
-to every member would send 10,000 appends per heartbeat in a swarm of
-10,000 volunteers, and a configuration naming them all would outgrow any
-frame. Every other member follows the ledger instead:
+Only trusted nodes replicate the placement ledger by Raft (`consensus.voters`);
+every other member follows the leader's `mesh.records.LedgerNotice`, gossiped
+in its signed record: a member whose copy is older than the newest notice of
+a voter it trusts pulls the ledger from that voter (at once when the notice
+names it, else at most every `LAZY_PULL_S`), and installs it only if the
+voter's signed claim and the snapshot's digest check out. It trusts its
+seeds first, then the voters each accepted claim names.
 
-1. the leader publishes a `mesh.records.LedgerNotice` (term, applied index,
-   digest, and the nodes whose assignment or quarantine the latest commits
-   changed) in its own record, which it signs like any record and gossip
-   spreads to every member within the gossip target;
-2. a member whose copy is older than the newest notice from a voter it
-   trusts pulls the ledger (`GET /v1/network/ledger`) from that voter: the
-   snapshot, with a claim (term, index, digest, voters) the voter signs. It
-   pulls at once when the notice names it (a placement reached it), and
-   otherwise at most every `LAZY_PULL_S`: every commit (demand reports make
-   one every few seconds) pulled by every member of a large swarm would be
-   a flood of full ledgers;
-3. it installs the copy only if the signer is a voter it trusts, the claim
-   verifies, the snapshot's digest is the claimed one, and the claim is not
-   older than what it holds. The claim's voters become whom it trusts next.
-
-Whom to trust first: a member that has pulled nothing yet trusts its seeds
-(the `--join` ids, chosen by its operator, as it trusts them for its first
-gossip), and pulls from one of them. From then on each accepted claim names
-the voters to believe, and voters change one at a time, so the chain holds
-as long as a member does not sleep through a whole turnover of its voters;
-one that does falls back to its seeds. A member also pulls every
-`REFRESH_S` without a notice, which re-learns the voters (a new voter may
-lead before the old leader's last notice reached it: only the notices of
-trusted voters count, so a stranger's notice cannot make members pull).
-
-A stranger can neither make a member pull from it (only trusted voters'
-notices count) nor make it install anything (the signature, the digest and
-the index are checked). Pulls are rate-limited, so a flapping notice costs
-at most one pull per `MIN_PULL_INTERVAL_S`.
+Why not replicate to everyone, whom to trust, and what a stranger can do:
+docs/design/node.md#the-ledger-follower.
 """
 
 from __future__ import annotations

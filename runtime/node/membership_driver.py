@@ -1,19 +1,13 @@
 """The trio driver around the sans-IO membership core, and the control plane's one reader.
 
 The membership core (`mesh.membership.Membership`) decides everything and
-does no I/O; this driver feeds it, like `runtime.node.raft_driver` feeds the
-Raft core:
+does no I/O; this driver's receive loop decodes each control-plane message
+strictly (a bad one is counted and dropped), hands membership messages to the
+core and signed Raft payloads to Raft, and its timer loop ticks the core at
+its deadlines. Raft rides the same plane (`send_consensus`). All protocol
+time is `trio.current_time()`.
 
-* the receive loop decodes each control-plane message strictly (a bad one
-  is counted by its reason and dropped, never raised), hands membership
-  messages to the core and Raft payloads to Raft (after checking that their
-  sender signed them), then flushes what the core wants done;
-* the timer loop sleeps until the core's next deadline (or until a message
-  moved it), ticks, and flushes.
-
-Raft rides the same plane: `send_consensus` signs a Raft payload and sends it
-to the address membership knows for the peer. All protocol time is
-`trio.current_time()`, a monotonic clock.
+The two loops in full: docs/design/node.md#the-membership-driver.
 """
 
 from __future__ import annotations

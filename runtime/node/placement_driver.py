@@ -2,31 +2,13 @@
 
 `consensus.placement` decides (a pure function of the ledger, membership and
 the models' sizes); this module feeds it and carries out what it decides.
-Every node runs all three loops; only the leader proposes:
+Every node runs all three loops, and only the leader proposes: demand
+(chat counts requests; they reach the leader as `RecordDemand`), placement
+(the policy input built from the ledger replica and membership; the leader
+proposes pins, failed admissions, assignments and releases), and serving
+(a managed assignment is loaded from the store and admitted by the doctor).
 
-* **demand** (`count_demand`, `_report_demand`): the chat entry counts every
-  request per model. Counts are sent to the leader as `RecordDemand` commands
-  (proposed directly when we lead, else posted to the leader's
-  `/v1/network/demand`, signed with this node's identity: the leader takes
-  demand only from members, `runtime.node.signed_http`) every
-  `DEMAND_FLUSH_S`, and at once for a model that could not be served, so
-  placement starts within a round trip.
-* **placement** (`_place`): every `PLACEMENT_INTERVAL_S` the node builds the
-  policy input from its ledger replica and its membership view. Every node
-  keeps `explain()` (why a model waits) for its 503 bodies and status; the
-  leader also proposes, in order: the ledger records of operator-pinned
-  shards it sees in signed node records (ADR-0026's tiers live in the
-  ledger), `MarkAdmissionFailed` for managed assignments whose node reports
-  a failed doctor, then `decide()`'s assignments and releases.
-* **serving** (`_follow_assignment`): when the ledger gives this node a
-  managed assignment, it loads the span from its model store and runs the
-  doctor (`runtime.node.admission`) before advertising it; when the assignment
-  is released or replaced, it stops serving it. A stored model whose weights
-  are not all on disk (`shardmesh serve --model hf:REPO`) first fetches the
-  files of the span (its `WeightSource`).
-
-Sizes come from manifests: the node's own store, or fetched from a member
-that advertises the model (`/v1/network/models/{name}/manifest`).
+Each loop in full, and where sizes come from: docs/design/node.md#the-placement-driver.
 """
 
 from __future__ import annotations

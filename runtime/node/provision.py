@@ -1,32 +1,12 @@
 """`shardmesh serve`: a model folder made servable, and this node offered for it.
 
-A volunteer names a model folder (or a hub repository, `runtime.model.hub`)
-and nothing else; the node does what an operator would otherwise do by
-hand, then lets the swarm's own machinery take over:
+A volunteer names a model folder (or a hub repository) and nothing else; the
+node does what an operator would otherwise do by hand: the manifest (the
+folder's, a member's that describes these files, or built here), the store,
+the capacity offered, the span (by `--auto-join`, the gap the swarm lacks),
+and one line saying what is served. `Provisioner` runs these steps.
 
-1. **The manifest.** One already in the folder is used if it still
-   describes the files. Otherwise a joining node asks the members it
-   learns of through its seeds for the manifests of the models they store,
-   and takes the one that describes this folder's files
-   (`runtime.model.peer_manifest`), whose digest is the one the members
-   serving it sign in their capability reports, and whose goldens hash as
-   it says (`runtime.model.manifest.install_manifest`): the model joins
-   under the swarm's identity and the golden pass is saved. A manifest that
-   fails a check is refused with the reason in the log; with none usable
-   (or no seed: this node founds the swarm) the manifest is built here.
-   A hub model is fetched whole only to build one.
-2. **The store.** The folder goes into the node's model store (with its
-   hub source, which fetches a span's files when the span is assigned),
-   and the node's record advertises it.
-3. **Capacity.** The node offers its memory (`--max-memory` caps it); a
-   model of which not one layer fits stops the node with why.
-4. **The span.** The node runs with `--auto-join`: the bootstrap
-   suggestion (`consensus.placement.best_gap` on its ledger replica) picks
-   the layers the swarm lacks, the whole model for a founder, and the
-   leader commits it; the placement driver loads the span and the doctor
-   admits it (`runtime.node.admission`).
-5. **One line** says what the node serves and where its API is, or that
-   the swarm already serves every layer and this node stays spare.
+Each step in full: docs/design/node.md#provisioning-shardmesh-serve.
 """
 
 from __future__ import annotations

@@ -1,29 +1,14 @@
 """The trio driver around the sans-IO Raft core: clock, disk and control plane.
 
-`consensus.raft.RaftNode` decides everything and touches nothing. This
-driver is its production counterpart of `simulations.raft_cluster`: one task
-(`run`) owns the core and is the only code that calls it, so no lock is
-needed and the core is never touched between a `ready()` and its
-`advance()`. That task loops:
+`consensus.raft.RaftNode` decides everything and touches nothing. One task
+(`run`) owns the core and is the only code that calls it: it feeds in what
+arrived (a burst of proposals becomes one fsync), ticks, and carries out
+every Ready in the order the core's contract demands: persist (sqlite, in a
+worker thread), then send, then apply to the ledger, then advance. A
+proposal is acknowledged only once applied, after it is durable on a
+quorum. The driver knows time, not sockets or signatures.
 
-1. wait for the next message or proposal, or for the next tick;
-2. feed everything that has arrived meanwhile into the core (a burst of
-   proposals becomes one Ready: one fsync for all of them, group commit);
-3. tick, if a tick is due (and, on the leader, now and then let the voter
-   policy propose one configuration change);
-4. carry out every Ready in the order the core's contract demands:
-   persist (sqlite, synchronous=FULL, in a worker thread so the node keeps
-   serving while the disk syncs), *then* send, then apply to the ledger,
-   then advance.
-
-A proposal is acknowledged only when its entry is applied, which is after
-it is durable on a quorum: an acknowledged entry survives any crash that
-leaves a quorum's disks.
-
-The driver does not know sockets or signatures: the node hands it verified
-payloads (`deliver`) and gives it a `send` function. It does know time:
-`trio.current_time()` for ticks and voter stability, the wall clock only for
-the `at` that commands carry (they are compared across machines).
+The loop step by step, and which clock is used for what: docs/design/node.md#the-raft-driver.
 """
 
 from __future__ import annotations

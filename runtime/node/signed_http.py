@@ -1,20 +1,13 @@
 """HTTP requests one node sends another, signed with the sender's identity.
 
-A node's operator token is its own: no other node can check it. So when a
-node passes a call on to the Raft leader (an operator's admin call it
-checked itself, or a chat entry's demand report), it signs the request with
-its Ed25519 identity (`mesh.identity`), and the receiver checks who signed it
-and whether that node may make this call (a voter, a member; the API's
-routes decide). What is signed:
+A node's operator token is its own, so a node passing a call on to the Raft
+leader (an admin call it checked itself, or a demand report) signs the
+request with its Ed25519 identity, and the receiver checks who signed it and
+whether that node may make this call. A signature is accepted only within
+`MAX_SKEW_S` of the receiver's clock, and with a `ReplayGuard` only once. No
+I/O: the clock comes in as `now`.
 
-    shardmesh-http-v1 \\n METHOD \\n PATH \\n sha256(body) hex \\n TIMESTAMP
-
-sent as three headers (`SIGNED_BY`: the node id, `SIGNED_AT`: Unix seconds,
-`SIGNATURE`: hex). A receiver accepts a signature only within
-`MAX_SKEW_S` of its own clock, so a captured request stops working a minute
-later, and with a `ReplayGuard` only once before that. No I/O: the clock
-comes in as `now`, so the API and the placement driver (which reports
-demand) share one definition and tests can state any time they like.
+The signed bytes and the headers: docs/design/node.md#signed-node-to-node-http.
 """
 
 from __future__ import annotations

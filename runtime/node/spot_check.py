@@ -1,34 +1,16 @@
 """Spot checks: entries replay some finished requests on other nodes, and the leader judges.
 
-The doctor admits a node once; after that, what keeps it honest is that any
-request it serves may be checked. Every hop signs a commitment to each step
-(:mod:`runtime.inference.commitment`); the entry keeps a generation's
-commitments in its :class:`runtime.inference.transcript.Transcript`.
+`SpotChecker` (the entry): with the probability the swarm's policy sets, a
+finished request is replayed as one prefill on a chain of other nodes
+serving the same spans; the first disagreeing commitment names a suspect,
+which the entry avoids for `DISTRUST_S`, and, once a second replay confirms
+it and the commitment is signed, reports to the leader as `Evidence`.
+`Adjudicator` (the leader): judges evidence by one more recomputation
+avoiding both parties and commits a `Verdict`, which quarantines the guilty
+or counts a false report against the reporter.
 
-**Entry** (:class:`SpotChecker`). When a chat request has finished, the
-entry checks it with the probability the swarm's policy sets
-(``verify_fraction``, committed in the ledger): it replays the prompt and
-the generated tokens as one prefill through a chain with the same layer
-spans and, for each span, another node serving it (itself included, when
-it holds one), each replay hop sketching with the seed of the hop it checks.
-The first position where a commitment disagrees names a suspect
-(:func:`runtime.inference.transcript.find_divergence`). The entry avoids the
-suspect at once, for ``DISTRUST_S``, and when the suspect signed the
-disagreeing commitment and the check was independent, sends the
-:class:`Evidence` to the leader (``POST /v1/network/evidence``). A span no
-other node serves is replayed on its own node when other spans can be
-checked (a divergence there is acted on locally only: it is not
-independent); a request none of whose spans another node serves goes
-unchecked (counted as ``unchecked``).
-
-**Leader** (:class:`Adjudicator`). Evidence is judged by one more
-recomputation, on a chain that avoids both the accused and the reporter,
-of the accused's span with the accused's own projection seed. If the
-accused's input agrees and its output or token does not, it is guilty;
-otherwise the report was false. Either way the leader commits a ``Verdict``:
-the ledger quarantines the guilty (longer for each offence) and counts a
-false report against the reporter (``consensus.ledger``), and a
-quarantined node drops out of coverage, routes and placement everywhere.
+The rules in full (independence, confirmation, unchecked spans):
+docs/design/verified-compute.md#spot-checks-and-verdicts.
 """
 
 from __future__ import annotations

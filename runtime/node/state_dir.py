@@ -1,24 +1,13 @@
 """What a node keeps on disk between runs, and the lock that guards it.
 
-The state directory holds the identity key (see `mesh.identity`), the last
-incarnation the node used, and - while the node runs - a `node.json` that
-says where it listens. Three rules:
+The state directory holds the identity key (`mesh.identity`), the last
+incarnation and record seq, the operator token (`operator.token`, which every
+call changing the swarm presents) and, while the node runs, `node.json`
+saying where it listens. One process per state dir (an exclusive `flock`),
+incarnations and record seqs only go up (stored before they are sent), and
+`node.json` is written atomically once ready and removed at exit.
 
-* One process per state dir. Two processes with the same key would be one
-  node id at two addresses, refuting each other forever; an exclusive
-  `flock` turns that mistake into a clear start-up error.
-* Incarnations and record seqs only go up. A restarted node starts at the
-  stored incarnation + 1, and every later bump (a refutation, a new record)
-  is stored before the node sends it, so a crash at any moment never makes
-  it reuse a number its peers have already seen: an old incarnation would
-  stay "dead" in their eyes, an old record seq would be dropped as a replay.
-* `node.json` is written atomically once the node is ready, and removed at
-  start-up and clean exit, so a reader never sees a half-written file or a
-  stale one from a previous run (it also carries the pid to make sure).
-
-It also holds `operator.token`, the secret that every call changing the
-swarm must present (`Authorization: Bearer TOKEN`): made once, at the first
-start, readable by its owner only, and kept across runs.
+Why each rule: docs/design/node.md#the-state-directory.
 """
 
 from __future__ import annotations
