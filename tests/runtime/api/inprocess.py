@@ -130,6 +130,8 @@ class ApiNode:
     apis: dict[bytes, str] = field(default_factory=dict)
     """`member_api`: where each other node's API is."""
     coverage: dict[str, Any] = field(default_factory=dict)
+    chat: Any = None
+    """What `runtime.api.app.create_app` serves chat from, where a test needs it."""
 
     @property
     def node_id(self) -> bytes:

@@ -12,10 +12,11 @@ import httpx
 import pytest
 import trio
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
 from runtime.api.http import BadRequest
-from runtime.api.metrics import prometheus_text
+from runtime.api.metrics import CONTENT_TYPE, MetricsRoutes, prometheus_text
 from runtime.api.openai import request_outcome
 from runtime.cli.localswarm import LocalSwarm
 from runtime.inference.chat import OUTCOMES, ChatError, parse_chat_request
@@ -193,6 +194,34 @@ async def answer(client: httpx.AsyncClient, max_tokens: int, stream: bool) -> tu
     chunks = [json.loads(event) for event in events[:-1]]
     finish = [c["choices"][0]["finish_reason"] for c in chunks if c["choices"]]
     return chunks[-1]["usage"]["completion_tokens"], next(f for f in finish if f)
+
+
+class StatusOf:
+    """A node as `MetricsRoutes` reads it: its status document, read afresh."""
+
+    def __init__(self, document: dict[str, Any]) -> None:
+        self.document = document
+        self.reads = 0
+
+    def status(self) -> dict[str, Any]:
+        self.reads += 1
+        return self.document
+
+
+async def test_get_metrics_serves_the_status_read_afresh() -> None:
+    node = StatusOf(status())
+    app = Starlette(routes=MetricsRoutes(node).routes())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+        first = await client.get("/metrics")
+        assert first.status_code == 200
+        assert first.headers["content-type"] == CONTENT_TYPE
+        assert first.text == prometheus_text(status())
+        node.document = status(sessions=7)
+        second = await client.get("/metrics")
+    assert node.reads == 2
+    families = {f.name: f for f in text_string_to_metric_families(second.text)}
+    assert families["shardmesh_sessions"].samples[0].value == 7
 
 
 @pytest.mark.slow

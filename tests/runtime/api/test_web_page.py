@@ -35,9 +35,10 @@ from typing import Any
 import httpx
 import pytest
 import trio
+from starlette.applications import Starlette
 
 from consensus.placement import WAIT_MESSAGES
-from runtime.api.page import WEB, WEB_FILES
+from runtime.api.page import WEB, WEB_FILES, WEB_HEADERS, PageRoutes
 from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from runtime.model.tiny import make_tiny_model
 from tests import REPO
@@ -77,6 +78,21 @@ def test_the_page_is_its_own_files_and_sets_strings_only_as_text() -> None:
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
         assert sink not in script, f"page.js uses {sink}: peers' strings are only ever text"
     assert "setAttribute(" not in script and "new Function" not in script
+
+
+async def test_each_file_is_served_with_its_type_and_the_strict_headers() -> None:
+    app = Starlette(routes=PageRoutes().routes())
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+        for path, (name, media_type) in WEB_FILES.items():
+            served = await client.get(path)
+            assert served.status_code == 200, path
+            assert served.headers["content-type"] == media_type
+            assert served.content == (WEB / name).read_bytes()
+            for header, value in WEB_HEADERS.items():
+                assert served.headers[header] == value, (path, header)
+            assert "default-src 'none'" in served.headers["content-security-policy"]
+        assert (await client.get("/web/index.html")).status_code == 404  # only the paths named
 
 
 def test_the_page_words_every_reason_placement_gives_for_waiting() -> None:
