@@ -3,50 +3,13 @@ configuration the voter policy built, beside a 5-voter cluster alone and
 beside the old rule (every member a learner); and the spread of the
 leader's ledger notice through gossip, beside the gossip target.
 
-    python -m benchmarks.ledger_reach [--json] [--quick]
+    python -m benchmarks.ledger_reach [--json] [--quick] [--seed N]
 
-Raft (`simulations.ledger_reach`, real `RaftNode` cores, the `lan`
-consensus profile: 50 ms heartbeats): a swarm of 1,000 (and 10,000)
-members of which `ELIGIBLE` (a dozen) are eligible to vote. The founder
-bootstraps alone, founds the swarm and makes the others eligible (committed
-ledger commands); the leader's driver loop then runs `next_change` over
-every member until the configuration is 5 voters and 4 learners (the
-policy's caps). After `WARM_S` more, the same workload as everywhere
-below, one ledger command per 0.25 s (assignments alternating with demand
-flushes), runs for `WINDOW_COMMANDS` commands, and the leader's Raft
-messages (sent plus received) per second of leading are counted.
-- `leader_raft_msgs_ratio`: that rate over the rate of a 5-voter cluster
-  alone under the same workload (target <= 2.0). A learner gets what a
-  follower gets, so 4 learners beside 4 followers are exactly twice.
-- `old_rule_leader_raft_msgs_ratio_1000` / `_10000`: the same for the rule
-  this replaced: 5 voters and every other member a learner, bootstrapped
-  that way (building it one change per voter check would take minutes of
-  virtual time) and measured for a short window, `OLD_RULE_COMMANDS`
-  commands. The leader's inbound queue (the simulator's 10k messages/s of
-  CPU per node) saturates, so its received count is capped there and its
-  voters' acknowledgements are lost among the learners': `leaders`, `terms`
-  and `committed` in the detail say what that did to the cluster. The
-  10,000-member run takes minutes (every learner is a real core ticking
-  every 50 ms), so `--quick` skips it.
-
-Notice: after the window the leader commits one more assignment, of the
-last member (outside Raft). Its notice (term, applied index, ledger digest
-and the nodes whose assignment changed, the new one among them) goes into
-the leader's real `NodeRecord` (`encode_record_body`, about 2 KiB with the
-notice full), published as an update of the record every member already
-holds on 1,000 (and 10,000) real membership cores (`lan` profile), as
-`benchmarks.gossip` measures a spread.
-- `notice_spread_p999_s_1000` / `_10000`: seconds from publishing until
-  99.9% of nodes hold it; `notice_spread_within_target`: 1,000 within
-  2.0 s and 10,000 within 2.2 s (DESIGN.md, Targets). The ledger pull over
-  HTTP is one round trip after the notice and is not simulated.
-- `assignment_reach_p999_s_1000`: from proposing the assignment to 99.9%
-  of the swarm holding a notice that names it: its commit latency, the
-  leader's notice interval (`NOTICE_INTERVAL_S`, the worst case) and the
-  spread.
-
-The last line printed is one JSON object; `raft` and `spread` hold each
-run's detail.
+Real `RaftNode` cores and real membership cores in the simulator, 1,000 and
+10,000 members of which a dozen are eligible to vote. `--quick` shortens the
+window and skips the 10,000-member old-rule run (minutes). The last line
+printed is one JSON object; what each key means:
+docs/benchmarks.md#ledger_reach.
 """
 
 from __future__ import annotations
@@ -55,13 +18,15 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from consensus.codec import MAX_ENTRY_DATA_BYTES
 from consensus.config import ConsensusConfig
 from consensus.raft import encode_config
 from mesh.identity import node_id_text
-from runtime.node.daemon import NOTICE_INTERVAL_S
+from runtime.node.record_publisher import NOTICE_INTERVAL_S
 from simulations.ledger_reach import (
     LeaderTraffic,
     NoticeSpread,
@@ -88,7 +53,9 @@ WARM_S = 2.0
 """After the configuration settles: the last learner has caught up."""
 RATIO_TARGET = 2.0
 SPREAD_TARGET_S = {1000: 2.0, 10000: 2.2}
-"""DESIGN.md's gossip targets (memberlist's model)."""
+"""The gossip targets, from serf's analytic convergence model of memberlist
+(fanout 3, 200 ms rounds): 99.9% of 1,000 nodes in 2.0 s, of 10,000 in 2.2 s
+(`benchmarks.gossip` measures the same)."""
 
 
 def _traffic(run: LeaderTraffic, baseline: LeaderTraffic | None) -> dict[str, Any]:
@@ -126,6 +93,160 @@ def _spread(spread: NoticeSpread, target_s: float) -> dict[str, Any]:
     }
 
 
+@dataclass
+class _Results:
+    """What the runs measured, filled in as they go: each run's detail by
+    name, and its wall seconds."""
+
+    say: Callable[[str], None]
+    raft: dict[str, Any] = field(default_factory=dict)
+    spread: dict[str, Any] = field(default_factory=dict)
+    reach: dict[str, Any] = field(default_factory=dict)
+    walls: dict[str, float] = field(default_factory=dict)
+    config_entry_bytes: int = 0
+
+
+def _baseline_run(seed: int, commands: list[bytes], results: _Results) -> LeaderTraffic:
+    """The workload on a 5-voter cluster alone: what the ratios divide by."""
+    results.say(f"raft: {VOTERS} voters alone, {len(commands)} commands ...")
+    t0 = time.perf_counter()
+    base_cluster = voters_only_cluster(seed, voters=VOTERS)
+    await_leader(base_cluster)
+    baseline = leader_traffic(base_cluster, commands)
+    results.raft["baseline_5_voters"] = _traffic(baseline, None)
+    results.walls["baseline"] = time.perf_counter() - t0
+    results.say(f"  {json.dumps(results.raft['baseline_5_voters'])}")
+    return baseline
+
+
+def _policy_run(
+    members: int, seed: int, commands: list[bytes], baseline: LeaderTraffic, results: _Results
+) -> None:
+    """A swarm whose configuration the voter policy built: the leader's
+    traffic under the workload, then one assignment's notice spreading."""
+    results.say(f"raft: {members} members, {ELIGIBLE} eligible, policy-built configuration ...")
+    t0 = time.perf_counter()
+    swarm = PolicySwarm(members, ELIGIBLE, seed)
+    swarm.found()
+    voters, learners = swarm.settle()
+    settled_at = swarm.raft.now
+    swarm.raft.run_for(WARM_S)
+    run = leader_traffic(swarm.raft, commands)
+    detail = _traffic(run, baseline)
+    detail.update(
+        voters=len(voters),
+        learners=len(learners),
+        config_changes=[c.kind for _, c in swarm.decisions],
+        settled_at_s=round(settled_at, 3),
+        config_entry_bytes=len(encode_config(voters, learners)),
+    )
+    results.config_entry_bytes = max(results.config_entry_bytes, detail["config_entry_bytes"])
+    results.raft[f"policy_{members}"] = detail
+    results.say(f"  {json.dumps(detail)}")
+
+    previous = swarm.notice()
+    target = swarm.ids[-1]
+    proposal = swarm.assign(target)
+    commit_s = swarm.raft.committed[proposal.index].at - proposal.at
+    notice = swarm.notice()
+    named = node_id_text(target) in {node for node, _ in notice.changed}
+    results.walls[f"raft_{members}"] = time.perf_counter() - t0
+
+    results.say(f"notice spread: {members} nodes ...")
+    t0 = time.perf_counter()
+    spread = notice_spread(members, seed, notice, previous=previous, target=members - 1)
+    key = str(members)
+    results.spread[key] = _spread(spread, SPREAD_TARGET_S[members])
+    results.spread[key]["notice_names_assigned_node"] = named
+    results.walls[f"spread_{members}"] = time.perf_counter() - t0
+    results.say(f"  {json.dumps(results.spread[key])}")
+    results.reach[key] = {
+        "commit_ms": round(commit_s * 1000, 3),
+        "notice_interval_s": NOTICE_INTERVAL_S,
+        "spread_p999_s": results.spread[key]["p999_s"],
+        "reach_p999_s": round(commit_s + NOTICE_INTERVAL_S + spread.quantile(0.999), 4),
+    }
+
+
+def _old_rule_run(
+    members: int, seed: int, commands: list[bytes], baseline: LeaderTraffic, results: _Results
+) -> None:
+    """The rule the voter policy replaced: 5 voters, every other member a learner."""
+    results.say(f"raft, old rule: {members} members all learners ({members - VOTERS}) ...")
+    t0 = time.perf_counter()
+    cluster = old_rule_cluster(members, seed, voters=VOTERS)
+    await_leader(cluster)
+    elected_at = cluster.now
+    old_run = leader_traffic(cluster, commands[: OLD_RULE_COMMANDS[members]])
+    detail = _traffic(old_run, baseline)
+    detail.update(
+        learners=members - VOTERS,
+        elected_at_s=round(elected_at, 3),
+        terms=max(cluster.term(i) for i in range(VOTERS)),
+        config_entry_bytes=len(
+            encode_config(
+                frozenset(cluster.nodes[i].node_id for i in range(VOTERS)),
+                frozenset(cluster.nodes[i].node_id for i in range(VOTERS, members)),
+            )
+        ),
+    )
+    results.raft[f"old_rule_{members}"] = detail
+    results.walls[f"old_rule_{members}"] = time.perf_counter() - t0
+    results.say(f"  {json.dumps(detail)}")
+
+
+def _result_json(results: _Results, window: int, seed: int, started: float) -> dict[str, Any]:
+    """The benchmark's JSON object: the headline figures, then every run's detail."""
+    raft, spread = results.raft, results.spread
+    ratio = raft["policy_1000"]["ratio"]
+    within = all(s["within_target"] for s in spread.values())
+    old_10000 = raft.get("old_rule_10000")
+    return {
+        "benchmark": "ledger_reach",
+        "members": 1000,
+        "eligible": ELIGIBLE,
+        "voters": raft["policy_1000"]["voters"],
+        "learners": raft["policy_1000"]["learners"],
+        "leader_raft_msgs_per_s": raft["policy_1000"]["msgs_per_s"],
+        "baseline_leader_raft_msgs_per_s": raft["baseline_5_voters"]["msgs_per_s"],
+        "leader_raft_msgs_ratio": ratio,
+        "leader_raft_msgs_ratio_10000": raft["policy_10000"]["ratio"],
+        "old_rule_leader_raft_msgs_ratio_1000": raft["old_rule_1000"]["ratio"],
+        "old_rule_leader_raft_msgs_ratio_10000": None if old_10000 is None else old_10000["ratio"],
+        "notice_spread_p999_s_1000": spread["1000"]["p999_s"],
+        "notice_spread_p999_s_10000": spread["10000"]["p999_s"],
+        "notice_spread_target_s": {str(k): v for k, v in SPREAD_TARGET_S.items()},
+        "notice_spread_within_target": within,
+        "assignment_reach_p999_s_1000": results.reach["1000"]["reach_p999_s"],
+        "config_entry_bytes": results.config_entry_bytes,
+        "config_entry_cap_bytes": MAX_ENTRY_DATA_BYTES,
+        "targets_met": {
+            "leader_ratio_le_2": ratio <= RATIO_TARGET
+            and raft["policy_10000"]["ratio"] <= RATIO_TARGET,
+            "notice_spread_within_target": within,
+            "notice_names_assigned_node": all(
+                s["notice_names_assigned_node"] for s in spread.values()
+            ),
+        },
+        "raft": raft,
+        "spread": spread,
+        "reach": results.reach,
+        "workload": {
+            "interval_s": 0.25,
+            "commands": window,
+            "heartbeat_s": ConsensusConfig.lan().tick_s,
+        },
+        "note": "Raft: leader's messages sent+received per second of leading, real RaftNode "
+        "cores in virtual time; policy_*: the voter policy built the configuration from "
+        "every member's view (only eligible nodes run Raft). spread: real membership cores, "
+        "the leader's real NodeRecord with the notice, 99.9% of nodes holding it; the HTTP "
+        "pull after it is not simulated.",
+        "seed": seed,
+        "wall_s_by_run": {k: round(v, 1) for k, v in results.walls.items()},
+        "wall_s": round(time.perf_counter() - started, 1),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -144,136 +265,13 @@ def main(argv: list[str] | None = None) -> int:
     window = QUICK_WINDOW_COMMANDS if args.quick else WINDOW_COMMANDS
     ids = member_ids(seed, 1000)
     commands = workload(ids[ELIGIBLE:-1], window)
-    raft: dict[str, Any] = {}
-    spread: dict[str, Any] = {}
-    walls: dict[str, float] = {}
-
-    say(f"raft: {VOTERS} voters alone, {window} commands ...")
-    t0 = time.perf_counter()
-    base_cluster = voters_only_cluster(seed, voters=VOTERS)
-    await_leader(base_cluster)
-    baseline = leader_traffic(base_cluster, commands)
-    raft["baseline_5_voters"] = _traffic(baseline, None)
-    walls["baseline"] = time.perf_counter() - t0
-    say(f"  {json.dumps(raft['baseline_5_voters'])}")
-
-    config_entry_bytes = 0
-    reach: dict[str, Any] = {}
+    results = _Results(say)
+    baseline = _baseline_run(seed, commands, results)
     for members in (1000, 10000):
-        say(f"raft: {members} members, {ELIGIBLE} eligible, policy-built configuration ...")
-        t0 = time.perf_counter()
-        swarm = PolicySwarm(members, ELIGIBLE, seed)
-        swarm.found()
-        voters, learners = swarm.settle()
-        settled_at = swarm.raft.now
-        swarm.raft.run_for(WARM_S)
-        run = leader_traffic(swarm.raft, commands)
-        detail = _traffic(run, baseline)
-        detail.update(
-            voters=len(voters),
-            learners=len(learners),
-            config_changes=[c.kind for _, c in swarm.decisions],
-            settled_at_s=round(settled_at, 3),
-            config_entry_bytes=len(encode_config(voters, learners)),
-        )
-        config_entry_bytes = max(config_entry_bytes, detail["config_entry_bytes"])
-        raft[f"policy_{members}"] = detail
-        say(f"  {json.dumps(detail)}")
-
-        previous = swarm.notice()
-        target = swarm.ids[-1]
-        proposal = swarm.assign(target)
-        commit_s = swarm.raft.committed[proposal.index].at - proposal.at
-        notice = swarm.notice()
-        named = node_id_text(target) in {node for node, _ in notice.changed}
-        walls[f"raft_{members}"] = time.perf_counter() - t0
-
-        say(f"notice spread: {members} nodes ...")
-        t0 = time.perf_counter()
-        result = notice_spread(members, seed, notice, previous=previous, target=members - 1)
-        spread[str(members)] = _spread(result, SPREAD_TARGET_S[members])
-        spread[str(members)]["notice_names_assigned_node"] = named
-        walls[f"spread_{members}"] = time.perf_counter() - t0
-        say(f"  {json.dumps(spread[str(members)])}")
-        reach[str(members)] = {
-            "commit_ms": round(commit_s * 1000, 3),
-            "notice_interval_s": NOTICE_INTERVAL_S,
-            "spread_p999_s": spread[str(members)]["p999_s"],
-            "reach_p999_s": round(commit_s + NOTICE_INTERVAL_S + result.quantile(0.999), 4),
-        }
-
-    old_sizes = (1000,) if args.quick else (1000, 10000)
-    for members in old_sizes:
-        say(f"raft, old rule: {members} members all learners ({members - VOTERS}) ...")
-        t0 = time.perf_counter()
-        cluster = old_rule_cluster(members, seed, voters=VOTERS)
-        await_leader(cluster)
-        elected_at = cluster.now
-        old_run = leader_traffic(cluster, commands[: OLD_RULE_COMMANDS[members]])
-        detail = _traffic(old_run, baseline)
-        detail.update(
-            learners=members - VOTERS,
-            elected_at_s=round(elected_at, 3),
-            terms=max(cluster.term(i) for i in range(VOTERS)),
-            config_entry_bytes=len(
-                encode_config(
-                    frozenset(cluster.nodes[i].node_id for i in range(VOTERS)),
-                    frozenset(cluster.nodes[i].node_id for i in range(VOTERS, members)),
-                )
-            ),
-        )
-        raft[f"old_rule_{members}"] = detail
-        walls[f"old_rule_{members}"] = time.perf_counter() - t0
-        say(f"  {json.dumps(detail)}")
-
-    ratio = raft["policy_1000"]["ratio"]
-    within = all(s["within_target"] for s in spread.values())
-    old_10000 = raft.get("old_rule_10000")
-    result_json: dict[str, Any] = {
-        "benchmark": "ledger_reach",
-        "members": 1000,
-        "eligible": ELIGIBLE,
-        "voters": raft["policy_1000"]["voters"],
-        "learners": raft["policy_1000"]["learners"],
-        "leader_raft_msgs_per_s": raft["policy_1000"]["msgs_per_s"],
-        "baseline_leader_raft_msgs_per_s": raft["baseline_5_voters"]["msgs_per_s"],
-        "leader_raft_msgs_ratio": ratio,
-        "leader_raft_msgs_ratio_10000": raft["policy_10000"]["ratio"],
-        "old_rule_leader_raft_msgs_ratio_1000": raft["old_rule_1000"]["ratio"],
-        "old_rule_leader_raft_msgs_ratio_10000": None if old_10000 is None else old_10000["ratio"],
-        "notice_spread_p999_s_1000": spread["1000"]["p999_s"],
-        "notice_spread_p999_s_10000": spread["10000"]["p999_s"],
-        "notice_spread_target_s": {str(k): v for k, v in SPREAD_TARGET_S.items()},
-        "notice_spread_within_target": within,
-        "assignment_reach_p999_s_1000": reach["1000"]["reach_p999_s"],
-        "config_entry_bytes": config_entry_bytes,
-        "config_entry_cap_bytes": MAX_ENTRY_DATA_BYTES,
-        "targets_met": {
-            "leader_ratio_le_2": ratio <= RATIO_TARGET
-            and raft["policy_10000"]["ratio"] <= RATIO_TARGET,
-            "notice_spread_within_target": within,
-            "notice_names_assigned_node": all(
-                s["notice_names_assigned_node"] for s in spread.values()
-            ),
-        },
-        "raft": raft,
-        "spread": spread,
-        "reach": reach,
-        "workload": {
-            "interval_s": 0.25,
-            "commands": window,
-            "heartbeat_s": ConsensusConfig.lan().tick_s,
-        },
-        "note": "Raft: leader's messages sent+received per second of leading, real RaftNode "
-        "cores in virtual time; policy_*: the voter policy built the configuration from "
-        "every member's view (only eligible nodes run Raft). spread: real membership cores, "
-        "the leader's real NodeRecord with the notice, 99.9% of nodes holding it; the HTTP "
-        "pull after it is not simulated.",
-        "seed": seed,
-        "wall_s_by_run": {k: round(v, 1) for k, v in walls.items()},
-        "wall_s": round(time.perf_counter() - started, 1),
-    }
-    print(json.dumps(result_json))
+        _policy_run(members, seed, commands, baseline, results)
+    for members in (1000,) if args.quick else (1000, 10000):
+        _old_rule_run(members, seed, commands, baseline, results)
+    print(json.dumps(_result_json(results, window, seed, started)))
     return 0
 
 
