@@ -132,6 +132,7 @@ class ApiNode:
     coverage: dict[str, Any] = field(default_factory=dict)
     chat: Any = None
     """What `runtime.api.app.create_app` serves chat from, where a test needs it."""
+    _signed_at: float = 0.0
 
     @property
     def node_id(self) -> bytes:
@@ -147,9 +148,13 @@ class ApiNode:
         return self.store.by_digest(digest)
 
     def signed(self, path: str, body: bytes, key: Identity | None = None) -> dict[str, str]:
-        """Headers of a POST of `body` to `path` signed by `key` (this node's own by default)."""
+        """Headers of a POST of `body` to `path` signed by `key` (this node's
+        own by default). Each is signed a millisecond after the last at
+        least: the same request signed twice in one millisecond would be the
+        same signature, which a gate accepts once."""
         signer = key if key is not None else self.identity
-        return {**JSON, **sign_request(signer, "POST", path, body, time.time())}
+        self._signed_at = max(time.time(), self._signed_at + 0.001)
+        return {**JSON, **sign_request(signer, "POST", path, body, self._signed_at)}
 
 
 def make_node(
