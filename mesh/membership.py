@@ -722,7 +722,7 @@ class Membership:
     def _may_accuse(self, accusation: Suspect | Dead, subject: MemberEntry) -> bool:
         """Whether `accusation` of `subject` (a member we hold) may be taken,
         before its signature is checked; a refusal is counted by its reason.
-        See the module docstring, "Trust", for the rules and why.
+        The rules and why: docs/design/membership.md#trust.
 
         A graceful leave (a death signed by its own subject) passes: it is
         the subject's own word, at whatever incarnation it names."""

@@ -44,8 +44,8 @@ the node observed least recently is forgotten and priced by its claim again
 
 class ObservedSpeeds:
     """Per node: the smoothed seconds one decode step through its span took,
-    and one prompt token of a prefill, as this entry observed them (see the
-    module docstring for the rules)."""
+    and one prompt token of a prefill, as this entry observed them (the
+    rules: docs/design/routes.md#observed-speeds)."""
 
     def __init__(self, capacity: int = MAX_OBSERVED_NODES) -> None:
         if capacity < 1:

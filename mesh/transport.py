@@ -809,7 +809,7 @@ def _make_sockets(
         outbound.setsockopt(zmq.METADATA, f"{NODE_ID_PROPERTY}:{keys.node_id.hex()}".encode())
         outbound.setsockopt(zmq.IPV6, 1)  # reach tcp://[v6]:port peers as well as v4
         outbound.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        outbound.setsockopt(zmq.IMMEDIATE, 0)  # see the module docstring
+        outbound.setsockopt(zmq.IMMEDIATE, 0)  # why: docs/design/transport.md
         outbound.setsockopt(zmq.SNDHWM, config.hwm)
         outbound.setsockopt(zmq.RCVHWM, OUTBOUND_RCVHWM)
         outbound.setsockopt(zmq.MAXMSGSIZE, OUTBOUND_MAX_FRAME_BYTES)

@@ -194,7 +194,8 @@ def run_doctor(
 ) -> DoctorReport:
     """Check that this machine computes layers [start, end) of the model in
     `model_dir` correctly in `recipe` on `backend` (default: the platform's
-    default backend). Never raises for a refusal; see the module docstring.
+    default backend). Never raises for a refusal (the checks and reason
+    codes: docs/design/doctor.md).
     `progress` hears of each check as it starts."""
     run = _Run(Path(model_dir), start, end, recipe, backend or default_backend())
     run.progress = progress

@@ -61,7 +61,8 @@ _KERNEL_DTYPE = torch.bfloat16
 # weights with 8 MiB blocks, 25-35 MB with 1 MiB ones. Per block the work
 # is ~20 tensor ops, a fraction of a second per 100M weights in all.
 _LOAD_BLOCK_BYTES = 1 << 20
-# Bits of a quantized recipe's token embedding (see the module docstring).
+# Bits of a quantized recipe's token embedding (why 8 under q4 too:
+# docs/design/recipes.md#q8-and-q4-on-torch).
 _EMBEDDING_BITS = 8
 # The smallest positive normal bfloat16: the scale of a constant group,
 # whose weights are then all exactly its bias.
@@ -213,8 +214,9 @@ class DequantizingLinear(PlainAffine):
 
 class Int4KernelLinear(nn.Module):
     """A linear layer on the affine grid, computed by torch's CPU int4
-    kernel (see the module docstring): `bits` / 4 planes of digits in the
-    kernel's packing, with a bfloat16 scale and zero per plane and group.
+    kernel (docs/design/recipes.md#q8-and-q4-on-torch): `bits` / 4 planes
+    of digits in the kernel's packing, with a bfloat16 scale and zero per
+    plane and group.
     A projection's bias stays in float (`output_bias`) and is added to the
     kernel's output in the activations' dtype."""
 
