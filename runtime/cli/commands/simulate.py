@@ -77,7 +77,7 @@ def _sweep_flags(simulate: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.schema:
-        from simulations.schema import render_schema
+        from simulations.schema import render_schema  # the simulator: only when it runs
 
         print(render_schema(), end="")
         return 0
@@ -120,7 +120,7 @@ def simulate_one(args: argparse.Namespace) -> int:
 
 def simulate_sweep(args: argparse.Namespace) -> int:
     """A grid of seeds x settings: one CSV row per run."""
-    from simulations.schema import ScenarioError
+    from simulations.schema import ScenarioError  # the simulator: only when it runs
     from simulations.sweep import Setting, parse_seeds, run_sweep, write_csv
 
     try:
