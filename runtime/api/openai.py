@@ -41,15 +41,10 @@ from runtime.inference.chat import (
 )
 
 
-def openai_routes(chat: ChatService, quota: ChatQuota | None = None) -> list[Route]:
-    """The routes, served from `chat`; `quota` bounds each client's chats
-    in flight (default: `ChatQuota()`, the documented limits)."""
-    return OpenAIRoutes(chat, quota if quota is not None else ChatQuota()).routes()
-
-
 class OpenAIRoutes:
     """`POST /v1/chat/completions` and `GET /v1/models`, served from `chat`,
-    each client's chats in flight bounded by `quota`."""
+    each client's chats in flight bounded by `quota` (`ChatQuota()`: the
+    documented limits)."""
 
     def __init__(self, chat: ChatService, quota: ChatQuota) -> None:
         self.chat = chat
