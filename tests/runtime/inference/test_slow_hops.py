@@ -147,7 +147,7 @@ async def test_a_step_past_its_deadline_moves_to_another_replica_at_once(
         slowed: dict[bytes, float] = {}
         state = {"route": route}
 
-        async def on_failure(failure: Failure) -> list[ChainHop] | None:  # as ChatService._deltas
+        async def on_failure(failure: Failure) -> list[ChainHop] | None:  # as ChatService._failover
             failures.append(failure)
             new_route = await chat._reroute(MODEL, state["route"], failure, slowed)
             if new_route is None:
