@@ -192,7 +192,7 @@ class Node:
                     await stop_on_signal(
                         signals,
                         nursery,
-                        self.engine.hop_server,
+                        lambda: self.engine.hop_server,
                         withdraw=self.records.withdraw,
                         replaceable=lambda: span_replaceable(
                             self.slot.admission, self.swarm.coverage, self.node_id

@@ -103,7 +103,7 @@ async def drain(
 async def stop_on_signal(
     signals: AsyncIterator[int],
     nursery: trio.Nursery,
-    hop: HopServer | None,
+    hop: Callable[[], HopServer | None],
     *,
     withdraw: Callable[[], None],
     replaceable: Callable[[], bool],
@@ -118,7 +118,7 @@ async def stop_on_signal(
         break
     with trio.CancelScope() as draining:
         nursery.start_soon(stop_at_once_on, signals, draining)
-        await drain(hop, withdraw=withdraw, replaceable=replaceable)
+        await drain(hop(), withdraw=withdraw, replaceable=replaceable)
     log.info("leaving the swarm")
     await leave()
 

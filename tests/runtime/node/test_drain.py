@@ -127,6 +127,7 @@ async def test_the_only_holder_serves_its_sessions_to_their_end(autojump_clock: 
 async def test_a_second_signal_cuts_the_drain_short(autojump_clock: object) -> None:
     send, receive = trio.open_memory_channel[int](4)
     hop = HopStub(1)
+    served: list[HopStub | None] = [None]  # the shard is admitted after the node is up
     left: list[float] = []
 
     async def leave() -> None:
@@ -141,13 +142,14 @@ async def test_a_second_signal_cuts_the_drain_short(autojump_clock: object) -> N
             lambda: stop_on_signal(
                 signals(),
                 nursery,
-                cast(Any, hop),
+                lambda: cast(Any, served[0]),
                 withdraw=lambda: None,
                 replaceable=lambda: False,
                 leave=leave,
             )
         )
         await trio.sleep(5.0)
+        served[0] = hop
         assert not hop.leaving, "nothing happens before the first signal"
         start = trio.current_time()
         send.send_nowait(signal.SIGTERM)
