@@ -126,6 +126,7 @@ def test_layer_kinds_that_drift_from_transformers_are_refused(
     ours = read_config(mistral)
     theirs = load_config(mistral, "MistralForCausalLM")
     window = architectures.sliding_window(ours)
+    assert window is not None
     check_layer_kinds(theirs, architectures.layer_kinds(ours), window)
     with pytest.raises(BackendError, match=r"\(window \[" + str(window) + r"\]\)"):
         check_layer_kinds(theirs, architectures.layer_kinds(ours), window + 1)
@@ -134,7 +135,8 @@ def test_layer_kinds_that_drift_from_transformers_are_refused(
 def test_a_layer_is_built_on_meta_writing_its_own_cache_slot(qwen3_dir: Path) -> None:
     config = load_config(qwen3_dir, QWEN3)
     layer = build_decoder_layer(config, QWEN3, layer_idx=5, cache_idx=1)
-    assert layer.self_attn.layer_idx == 1
+    attention: Any = layer.self_attn
+    assert attention.layer_idx == 1
     assert {p.device.type for p in layer.parameters()} == {"meta"}
     assert {p.device.type for p in build_norm(config, QWEN3).parameters()} == {"meta"}
     rotary = build_rotary(config, QWEN3, torch.device("cpu"))
