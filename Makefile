@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench clean chromium sim-core
+.PHONY: demo test check lint bench clean chromium sim-core
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,9 +18,18 @@ demo: $(STAMP)
 
 # The gates, cheapest first: lint, format, types (pyproject's [tool.mypy] `files`
 # says what), then the suite (tests/test_layering.py checks the import direction).
+# The suite runs on every core (pytest-xdist); tests that start node processes
+# share one worker, one after another (tests/conftest.py says why).
+PARALLEL := -n auto --dist loadgroup
 test: lint chromium
 	$(BIN)/mypy
-	$(BIN)/pytest
+	$(BIN)/pytest $(PARALLEL)
+
+# The inner loop: lint, types, and every test that starts no node process and is
+# not in the slow tier (unit, in-process and simulator tests). CI runs `make test`.
+check: lint
+	$(BIN)/mypy
+	$(BIN)/pytest $(PARALLEL) -m "not slow and not swarm" --durations=5
 
 # tests/runtime/api/test_web_page.py drives Debian's chromium (never Playwright's own
 # browsers): install it where it is missing and apt-get exists (CI runs as

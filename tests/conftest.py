@@ -19,6 +19,31 @@ from runtime.cli.localswarm import LocalSwarm
 pytest_plugins = ["tests.runtime_fixtures"]
 
 
+SWARMS_GROUP = "swarms"
+"""The xdist group of every test that starts node processes (`make test` runs
+`pytest -n auto --dist loadgroup`): they run one after another on one worker,
+as their timeouts assume (a loaded machine, not several swarms at once),
+while the other workers take the in-process tests."""
+
+
+STARTS_NODES_WITHOUT_FIXTURE = frozenset({"test_demo.py"})
+"""Modules whose tests start swarms of their own (`shardmesh demo`)."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests that start node processes `swarm` (`make check` leaves
+    them to `make test`), and group each test for `--dist loadgroup`: swarm
+    tests together, every other test with the rest of its module, so a
+    module's fixtures are built once, on one worker."""
+    for item in items:
+        starts_nodes = (
+            "swarm" in getattr(item, "fixturenames", ()) or "processes" in item.path.parts
+        )
+        if starts_nodes:
+            item.add_marker(pytest.mark.swarm)
+        item.add_marker(pytest.mark.xdist_group(SWARMS_GROUP if starts_nodes else str(item.path)))
+
+
 @pytest.hookimpl(wrapper=True, tryfirst=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
     report = yield

@@ -12,12 +12,15 @@ converts afresh. More: docs/design/models.md#the-pretrained-test-model.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -67,14 +70,28 @@ def smollm2_135m(cache: Path | None = None, progress: Progress | None = None) ->
     converted on first use (minutes on 2 cores), from the cache after."""
     cache = cache_dir() if cache is None else cache
     cache.mkdir(parents=True, exist_ok=True)
-    gguf = _fetch_gguf(cache, progress)
-    folder = cache / f"{SMOLLM2_NAME}-{_code_key()}"
-    if not folder.exists():
-        for stale in cache.glob(f"{SMOLLM2_NAME}-*"):
-            if stale.is_dir():
-                shutil.rmtree(stale)
-        import_gguf(gguf, folder, name=SMOLLM2_NAME, progress=progress)
+    with _cache_lock(cache):
+        gguf = _fetch_gguf(cache, progress)
+        folder = cache / f"{SMOLLM2_NAME}-{_code_key()}"
+        if not folder.exists():
+            for stale in cache.glob(f"{SMOLLM2_NAME}-*"):
+                if stale.is_dir():
+                    shutil.rmtree(stale)
+            import_gguf(gguf, folder, name=SMOLLM2_NAME, progress=progress)
     return Pretrained(folder, gguf)
+
+
+@contextmanager
+def _cache_lock(cache: Path) -> Iterator[None]:
+    """One process at a time fetches and converts into `cache`: parallel test
+    workers or two benchmarks started together would otherwise convert into
+    the same staging folder at once. The others wait, then find it done."""
+    with (cache / ".lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 def _fetch_gguf(cache: Path, progress: Progress | None) -> Path:

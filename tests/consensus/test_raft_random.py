@@ -275,6 +275,7 @@ def _seeds() -> list[int]:
     return list(range(SEEDS))
 
 
+@pytest.mark.slow  # minutes of CPU: `make test` runs it, `make check` leaves it
 def test_random_fault_schedules_keep_raft_safe() -> None:
     failures = []
     for seed in _seeds():

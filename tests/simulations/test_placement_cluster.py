@@ -171,6 +171,7 @@ def test_incomplete_chain_time_grows_while_no_worker_serves_y_and_stops_once_rep
             assert served == next(ok for start, end, ok in spans if start <= at < end), at
 
 
+@pytest.mark.slow  # minutes of CPU: `make test` runs it, `make check` leaves it
 @settings(max_examples=12, deadline=None)
 @given(
     seed=st.integers(0, 2**16),

@@ -285,6 +285,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.slow  # minutes of CPU: `make test` runs it, `make check` leaves it
 def test_cli_tiny_model_manifest_and_doctor(tmp_path: Path, flipped: Path) -> None:
     out = tmp_path / "cli-model"
     made = _cli("tiny-model", str(out), "--layers", "2", "--seed", "3", "--name", "cli-tiny")

@@ -198,6 +198,7 @@ def test_q8_chain_mixes_torch_and_mlx(qwen3_dir: Path) -> None:
     assert relative_error(logits, golden.logits) <= RECIPES["q8"].tolerance
 
 
+@pytest.mark.slow  # minutes of CPU: `make test` runs it, `make check` leaves it
 @pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="peak memory is read from Linux /proc"
 )
