@@ -19,8 +19,9 @@ demo: $(STAMP)
 # The gates, cheapest first: lint, format, types (pyproject's [tool.mypy] `files`
 # says what), then the suite (tests/test_layering.py checks the import direction).
 # The suite runs on every core (pytest-xdist); tests that start node processes
-# share one worker, one after another (tests/conftest.py says why).
-PARALLEL := -n auto --dist loadgroup
+# share one worker, one after another, and the longest groups are handed out
+# first, in the order tests/conftest.py gives them (so xdist's reorder is off).
+PARALLEL := -n auto --dist loadgroup --no-loadscope-reorder
 test: lint chromium
 	$(BIN)/mypy
 	$(BIN)/pytest $(PARALLEL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -20,28 +21,91 @@ pytest_plugins = ["tests.runtime_fixtures"]
 
 
 SWARMS_GROUP = "swarms"
-"""The xdist group of every test that starts node processes (`make test` runs
-`pytest -n auto --dist loadgroup`): they run one after another on one worker,
-as their timeouts assume (a loaded machine, not several swarms at once),
-while the other workers take the in-process tests."""
+"""The xdist group of every module that starts node processes (`make test`
+runs `pytest -n auto --dist loadgroup`): they run one after another on one
+worker, as their timeouts assume (a loaded machine, not several swarms at
+once), while the other workers take the in-process tests."""
+
+SWARM_MODULES = frozenset(
+    {
+        "tests/runtime/api/test_app.py",
+        "tests/runtime/api/test_auth.py",
+        "tests/runtime/api/test_metrics.py",
+        "tests/runtime/api/test_quota.py",
+        "tests/runtime/api/test_web_page.py",
+        "tests/runtime/cli/commands/test_node.py",
+        "tests/runtime/cli/commands/test_policy.py",
+        "tests/runtime/cli/commands/test_status.py",
+        "tests/runtime/cli/test_demo.py",
+    }
+)
+"""Modules outside tests/processes/ with tests that start swarms. The
+scheduler sees only test ids, so they are named here; collection stops on a
+test that takes the `swarm` fixture from a module not named."""
+
+ONE_GROUP_PER_TEST = frozenset({"tests/simulations/test_swarm_1000.py"})
+"""Modules of a few long tests and no shared fixture: each test is a group of
+its own, so two workers can take them at once."""
+
+LONGEST_FIRST = (
+    "tests/simulations/test_swarm_1000.py::test_twenty_seeds",
+    SWARMS_GROUP,
+    "tests/simulations/test_swarm_1000.py::test_a_50_50_partition",
+    "tests/simulations/test_compiled.py",
+    "tests/consensus/test_raft_random.py",
+    "tests/simulations/test_placement_cluster.py",
+    "tests/runtime/model/test_pretrained.py",
+)
+"""Groups handed out first, minutes each (measured with `--durations`), so
+that no worker starts one of them while the others are finishing. A prefix
+of the group's name; the Makefile turns xdist's own reordering off."""
 
 
-STARTS_NODES_WITHOUT_FIXTURE = frozenset({"test_demo.py"})
-"""Modules whose tests start swarms of their own (`shardmesh demo`)."""
+def xdist_group(nodeid: str) -> str:
+    """The group a test id runs in: the swarms, the test alone, or its module
+    (so a module's fixtures are built once, on one worker)."""
+    module = nodeid.split("::")[0]
+    if module.startswith("tests/processes/") or module in SWARM_MODULES:
+        return SWARMS_GROUP
+    return nodeid if module in ONE_GROUP_PER_TEST else module
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def _rank(nodeid: str) -> int:
+    group = xdist_group(nodeid)
+    return next(
+        (rank for rank, prefix in enumerate(LONGEST_FIRST) if group.startswith(prefix)),
+        len(LONGEST_FIRST),
+    )
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` by `xdist_group` (xdist's own groups ride on test
+    ids that pytest 9.2 no longer lets a plugin change)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the tests that start node processes `swarm` (`make check` leaves
-    them to `make test`), and group each test for `--dist loadgroup`: swarm
-    tests together, every other test with the rest of its module, so a
-    module's fixtures are built once, on one worker."""
+    them to `make test`); under xdist, the longest groups first."""
     for item in items:
-        starts_nodes = (
-            "swarm" in getattr(item, "fixturenames", ()) or "processes" in item.path.parts
-        )
-        if starts_nodes:
+        in_swarms = xdist_group(item.nodeid) == SWARMS_GROUP
+        if "swarm" in getattr(item, "fixturenames", ()) and not in_swarms:
+            raise pytest.UsageError(
+                f"{item.nodeid} starts a swarm: name its module in conftest.SWARM_MODULES"
+            )
+        if in_swarms:
             item.add_marker(pytest.mark.swarm)
-        item.add_marker(pytest.mark.xdist_group(SWARMS_GROUP if starts_nodes else str(item.path)))
+    if getattr(config.option, "loadgroup", False) or config.getvalue("dist") == "loadgroup":
+        items.sort(key=lambda item: _rank(item.nodeid))  # stable: in-group order kept
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
