@@ -78,6 +78,7 @@ def _rank(nodeid: str) -> int:
     )
 
 
+@pytest.hookimpl(optionalhook=True)  # `-p no:xdist` runs without the hook's plugin
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """`--dist loadgroup` by `xdist_group` (xdist's own groups ride on test
     ids that pytest 9.2 no longer lets a plugin change)."""
