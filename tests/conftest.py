@@ -105,7 +105,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         if in_swarms:
             item.add_marker(pytest.mark.swarm)
-    if getattr(config.option, "loadgroup", False) or config.getvalue("dist") == "loadgroup":
+    if getattr(config.option, "loadgroup", False) or config.getoption("dist", None) == "loadgroup":
         items.sort(key=lambda item: _rank(item.nodeid))  # stable: in-group order kept
 
 
