@@ -143,10 +143,11 @@ def curve_public_key(node_id: bytes) -> bytes | None:
     when `node_id` cannot be one (wrong length, or not a curve point's y).
 
     Montgomery u = (1 + y) / (1 - y) mod p, where y is the Edwards point's
-    y coordinate (the id's low 255 bits). Two ids (a point and its negation)
-    share one u; only the holder of the secret scalar can complete a
-    handshake under it, so the id a peer claims is checked by mapping it
-    here and comparing with the key the handshake proved. Cached: a node
+    y coordinate (the id's low 255 bits). Two ids (a point and its negation,
+    `curve_twin`) share one u; only the holder of the secret scalar can
+    complete a handshake under it, so the id a peer claims is checked by
+    mapping it here and comparing with the key the handshake proved (and
+    that key bound to one of the two ids: `curve_twin`). Cached: a node
     maps the same few hundred peer ids over and over.
     """
     if len(node_id) != NODE_ID_BYTES:
@@ -156,6 +157,19 @@ def curve_public_key(node_id: bytes) -> bytes | None:
         return None
     u = (1 + y) * pow(1 - y, _P - 2, _P) % _P
     return u.to_bytes(32, "little")
+
+
+def curve_twin(node_id: bytes) -> bytes:
+    """The other id with `node_id`'s CurveZMQ key: the same y, the other
+    sign bit (`curve_public_key` maps both to one u).
+
+    The map cannot be made one-to-one: the handshake proves only u, and
+    whoever holds the secret scalar s of a point also holds -s, so it can
+    sign as either id. No check tells the "real" one from its twin (half of
+    all honest ids have the sign bit set), so the doors bind a key to the
+    first id that proves it instead (`mesh.zap.HandshakeGate.claim`), and
+    the ledger admits one id per key (`consensus.ledger`)."""
+    return node_id[:-1] + bytes([node_id[-1] ^ 0x80]) if node_id else node_id
 
 
 def verify(node_id: bytes, data: bytes, signature: bytes) -> bool:

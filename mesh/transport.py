@@ -341,6 +341,7 @@ class Plane:
         self._handler: Callable[[bytes, list[bytes]], None] | None = None
         self._own_addresses = {address}
         self._zap = zap
+        self._gate: HandshakeGate | None = None
         self._verified: collections.OrderedDict[tuple[bytes, bytes], bytes] = (
             collections.OrderedDict()
         )
@@ -449,6 +450,7 @@ class Plane:
         if self._zap is not None:
             handler, domain = self._zap
             handler.set_gate(domain, gate)
+            self._gate = gate
 
     @property
     def peer_count(self) -> int:
@@ -546,7 +548,8 @@ class Plane:
     def _authenticated_peer(self, frame: zmq.Frame) -> bytes | None:
         """The id of the node that sent `frame`: the id it named in its
         handshake, once that id's key is the key the handshake proved (the
-        ZAP handler's User-Id). Unencrypted planes (benchmarks only) take
+        ZAP handler's User-Id) and no other id proved that key first (the
+        newcomer gate's `claim`). Unencrypted planes (benchmarks only) take
         the named id on trust."""
         try:
             named = frame.get(NODE_ID_PROPERTY)
@@ -569,6 +572,8 @@ class Plane:
             key = curve_public_key(node)
             if key is None or key.hex() != proved:
                 return None
+            if self._gate is not None and not self._gate.claim(key, node):
+                return None  # its twin proved this key first: one key, one id
         self._verified[cache_key] = node
         if len(self._verified) > MAX_VERIFIED_PEERS:
             self._verified.popitem(last=False)

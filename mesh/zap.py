@@ -47,17 +47,21 @@ R_REFUSED: Final = "handshake_refused"
 """What a refusal by a domain's key policy is counted as."""
 
 MAX_KNOWN_KEYS: Final = 65_536
-"""Keys a gate remembers as already admitted (least recently seen go
-first): a swarm's members, who reconnect after an idle disconnect or a
-restart of ours, must not be charged again each time. 65,536 keys are a
-few MB, and a flood of new keys can only add them at the bounded rate."""
+"""Keys a gate remembers as already admitted, each with the id that proved
+it (least recently seen go first): a swarm's members, who reconnect after
+an idle disconnect or a restart of ours, must not be charged again each
+time. 65,536 keys are a few MB, and a flood of new keys can only add them
+at the bounded rate (so a key's binding to its id is forgotten only after
+that many other keys got in)."""
 
 
 class HandshakeGate:
     """The Sybil bound on one node's handshakes: a `NewcomerLimit` keyed by
-    source address, for keys not known yet. Thread-safe: `admit` runs on
-    the ZAP thread, `vouch` on the node's trio thread, both under one lock.
-    One gate serves both of a node's planes, so a newcomer is charged once."""
+    source address, for keys not known yet, and the one id each key may
+    speak as (`claim`). Thread-safe: `admit` runs on the ZAP thread, `vouch`
+    and `claim` on the node's trio thread, all under one lock. One gate
+    serves both of a node's planes, so a newcomer is charged once and keeps
+    one id on both."""
 
     def __init__(
         self, limit: NewcomerLimit, *, clock: Callable[[], float] = time.monotonic
@@ -65,7 +69,9 @@ class HandshakeGate:
         self._limit = limit
         self._clock = clock
         self._lock = threading.Lock()
-        self._known: OrderedDict[bytes, None] = OrderedDict()
+        # Admitted keys, least recently seen first, each with the id that
+        # first proved it on a plane (None until one did).
+        self._known: OrderedDict[bytes, bytes | None] = OrderedDict()
 
     def vouch(self, key: bytes) -> None:
         """`key` (a raw CURVE public key) belongs to a member that membership
@@ -74,6 +80,20 @@ class HandshakeGate:
         must not wait for per-subnet budgets."""
         with self._lock:
             self._remember(key)
+
+    def claim(self, key: bytes, node: bytes) -> bool:
+        """May `node`, whose handshake proved `key`, speak as itself? The
+        first id to prove a key keeps it: its sign-bit twin
+        (`mesh.identity.curve_twin`), which the same secret can also sign
+        as, is refused, so one key is one id on this node, charged once.
+        Only a proved handshake binds (a vouch from gossip does not), so no
+        one can bind an honest node's key to a made-up twin."""
+        with self._lock:
+            owner = self._known.get(key)
+            if owner is not None and owner != node:
+                return False
+            self._remember(key, node)
+            return True
 
     def admit(self, key: bytes, address: str) -> str | None:
         """Let `key`, connecting from `address` (a bare IP), through: None,
@@ -87,8 +107,8 @@ class HandshakeGate:
                 self._remember(key)
             return refused
 
-    def _remember(self, key: bytes) -> None:
-        self._known[key] = None
+    def _remember(self, key: bytes, node: bytes | None = None) -> None:
+        self._known[key] = node or self._known.get(key)
         self._known.move_to_end(key)
         while len(self._known) > MAX_KNOWN_KEYS:
             self._known.popitem(last=False)

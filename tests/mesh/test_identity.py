@@ -11,6 +11,8 @@ from mesh.identity import (
     KEY_FILE,
     Identity,
     IdentityError,
+    curve_public_key,
+    curve_twin,
     node_id_from_text,
     node_id_text,
     verify,
@@ -59,3 +61,11 @@ def test_node_id_text_round_trips_and_rejects_garbage() -> None:
         node_id_from_text("zz")
     with pytest.raises(ValueError, match="32 bytes"):
         node_id_from_text("ab" * 31)
+
+
+def test_an_id_and_its_sign_bit_twin_share_one_curve_key() -> None:
+    node = Identity.generate().node_id
+    twin = curve_twin(node)
+    assert twin != node and curve_twin(twin) == node
+    assert twin[:31] == node[:31] and (twin[31] ^ node[31]) == 0x80
+    assert curve_public_key(twin) == curve_public_key(node) is not None

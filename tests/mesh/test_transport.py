@@ -16,7 +16,7 @@ import pytest
 import trio
 import zmq
 
-from mesh.identity import Identity, PlaneKeys
+from mesh.identity import Identity, PlaneKeys, curve_twin
 from mesh.newcomers import R_ADDRESS, R_PREFIX, NewcomerLimit
 from mesh.transport import (
     CONTROL_MAX_MESSAGE_BYTES,
@@ -588,3 +588,29 @@ async def test_the_key_policy_refuses_first_and_a_refused_key_is_not_charged() -
             guest.send(b"invited")
             assert await _received(b) == b"invited"
     assert drops[f"control.{R_ADDRESS}"] == 0
+
+
+async def test_one_key_is_one_id_its_sign_bit_twin_is_refused_on_every_plane() -> None:
+    """The secret behind an id also signs as its sign-bit twin, and the
+    handshake proves the same key for both. The first id to prove the key
+    keeps it; the twin is heard on neither plane sharing the gate, so it is
+    never a second member for the price of one newcomer."""
+    drops: collections.Counter[str] = collections.Counter()
+    gate = HandshakeGate(NewcomerLimit(1, 1), clock=FakeClock())
+    holder = new_keys()
+    twin = curve_twin(holder.node_id)
+    assert twin != holder.node_id
+    async with planes(2, drops, config=PlaneConfig(unreachable_after_s=0.5)) as (b, c):
+        for plane in (b, c):
+            plane.limit_newcomers(gate)
+        with raw_socket(zmq.DEALER, b, keys=holder) as itself:
+            itself.send(b"as itself")
+            assert await _received(b) == b"as itself"
+        for count, plane in enumerate((b, c), start=1):
+            with raw_socket(zmq.DEALER, plane, keys=holder, claim=twin) as as_twin:
+                as_twin.send(b"as its twin")
+                await _counted(drops, "unauthenticated", count)
+        with raw_socket(zmq.DEALER, c, keys=holder) as itself:
+            itself.send(b"as itself, on the other plane")
+            assert await _received(c) == b"as itself, on the other plane"
+    assert (b.received_messages, c.received_messages) == (1, 1)

@@ -49,6 +49,16 @@ def test_a_vouched_key_is_let_in_and_a_refused_key_gets_in_once_the_budget_refil
     assert gate.admit(key(2), "10.0.0.1") is None
 
 
+def test_a_key_speaks_as_the_first_id_that_proved_it() -> None:
+    gate = HandshakeGate(NewcomerLimit(1, 1), clock=FakeClock())
+    node, twin = b"\x01" * 32, b"\x01" * 31 + b"\x81"
+    gate.vouch(key(1))  # a vouch (gossip) binds no id
+    assert gate.claim(key(1), twin) and gate.claim(key(1), twin)
+    assert not gate.claim(key(1), node), "its twin proved the key first"
+    assert gate.admit(key(2), "10.0.0.1") is None
+    assert gate.claim(key(2), node), "another key is another id"
+
+
 def test_a_gate_remembers_a_bounded_number_of_keys() -> None:
     gate = HandshakeGate(NewcomerLimit(1, 1), clock=FakeClock())
     for n in range(MAX_KNOWN_KEYS + 1):
