@@ -44,6 +44,7 @@ __all__ = [
     "EVIDENCE_BYTES",
     "MAX_COMMAND_BYTES",
     "MAX_INT",
+    "MAX_INVITATION_USES",
     "MAX_TEXT",
     "SWARM_MODES",
     "Admit",
@@ -75,6 +76,10 @@ MAX_INT: Final = MAX_UINT
 """Epochs, counts, layers and indexes fit sqlite's and CBOR's signed 64 bits."""
 EVIDENCE_BYTES: Final = 32
 """A verdict names its evidence by a sha256 digest of the evidence document."""
+MAX_INVITATION_USES: Final = 1000
+"""The most nodes one invitation may admit: a batch of machines set up
+together. A token is a bearer secret, and a leaked one admits this many
+strangers before anyone notices; a larger batch takes several tokens."""
 
 
 class LedgerError(Exception):
@@ -234,12 +239,17 @@ class Found:
 
 @dataclass(frozen=True, slots=True)
 class Admit:
-    """Admit `node` to a private swarm, by the invitation with this digest."""
+    """Admit `node` to a private swarm, by the invitation with this digest,
+    which admits at most `uses` nodes (a voter's: one). `uses` None is an
+    entry logged before invitations counted their uses (it has four fields
+    on the wire): the ledger applies it as it did then, uncounted, so a log
+    replayed and a snapshot restored give every replica the same members."""
 
     node: bytes
     voter: bool
     invitation: bytes
     at: float
+    uses: int | None = None
 
     @as_ledger_error
     def __post_init__(self) -> None:
@@ -247,6 +257,10 @@ class Admit:
         boolean(self.voter, "voter")
         fixed_bytes(self.invitation, "invitation", size=32)
         object.__setattr__(self, "at", number(self.at, "at"))
+        if self.uses is not None:
+            uint(self.uses, "uses", low=1, high=MAX_INVITATION_USES)
+            if self.voter and self.uses != 1:
+                refuse(f"a voter's invitation admits one node, not {self.uses}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -315,6 +329,11 @@ COMMAND_TYPE_IDS: Final[Mapping[type, int]] = MappingProxyType(
 """Each command's type id, its first array item. Append-only: never renumber
 or reuse an id (the Raft logs on disk hold them); 0 is reserved."""
 _TYPES_BY_ID: Final = {v: k for k, v in COMMAND_TYPE_IDS.items()}
+_ADDED_FIELDS: Final[Mapping[type, int]] = MappingProxyType({Admit: 1})
+"""How many of a command's last fields were added after its first entries
+were logged. Each defaults to None; a command whose added fields are None
+encodes without them (its old bytes, unchanged), and an entry without them
+decodes with them None. Fields are only ever appended."""
 
 ASSIGNMENT_COMMANDS: Final = (Assign, Release, MarkAdmissionFailed)
 """Commands that change a node's assignment."""
@@ -328,6 +347,10 @@ def encode_command(command: Command) -> bytes:
     for f in fields(command):
         value = getattr(command, f.name)
         values.append(_as_lists(value))
+    for _ in range(_ADDED_FIELDS.get(type(command), 0)):
+        if values[-1] is not None:
+            break
+        values.pop()  # an unset added field: the bytes it had before
     return cbor2.dumps(values, canonical=True)
 
 
@@ -360,10 +383,12 @@ def decode_command(data: bytes) -> Command:
     if cls is None:
         refuse(f"unknown command type {type_id!r}")
     names = [f.name for f in fields(cls)]
-    if len(value) != 1 + len(names):
-        refuse(f"{cls.__name__} takes {len(names)} fields, got {len(value) - 1}")
+    least = len(names) - _ADDED_FIELDS.get(cls, 0)
+    if not least <= len(value) - 1 <= len(names):
+        expected = f"{least} to {len(names)}" if least < len(names) else str(len(names))
+        refuse(f"{cls.__name__} takes {expected} fields, got {len(value) - 1}")
     try:
-        command = cls(**dict(zip(names, value[1:], strict=True)))
+        command = cls(**dict(zip(names, value[1:], strict=False)))
     except TypeError as exc:  # e.g. an unhashable where a value was expected
         refuse(f"{cls.__name__}: {exc}")
     if encode_command(command) != data:

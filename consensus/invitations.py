@@ -2,11 +2,13 @@
 
 A private swarm's nodes complete a handshake only with keys the ledger has
 admitted (`consensus.commands.Admit`). A token names the swarm, its signer
-(a voter), whether the newcomer may vote, an expiry, and where to redeem it
-and join; the newcomer redeems it by signing `redemption_bytes` with its own
-key, so a redemption admits exactly the key that asked. It is a secret like
-a password until it expires. The token is `smi1.` and the base64url of one
-strict CBOR array. The redemption flow and the token's fields are in
+(a voter), whether the newcomer may vote, an expiry, where to redeem it and
+join, and how many nodes it admits (one unless minted for more; a voter's
+always one: the ledger counts). The newcomer redeems it by signing
+`redemption_bytes` with its own key, so a redemption admits exactly the key
+that asked. It is a secret like a password until it is used up or expires.
+The token is `smi2.` and the base64url of one strict CBOR array (`smi1.`,
+without the count, is still read: it admits one). More in
 docs/design/ledger.md ("Invitations").
 """
 
@@ -18,11 +20,13 @@ import hashlib
 from dataclasses import dataclass, fields
 from typing import Final
 
+from consensus.commands import MAX_INVITATION_USES
 from mesh.fields import FieldError, array, boolean, fixed_bytes, text, uint
 from mesh.identity import NODE_ID_BYTES, SIGNATURE_BYTES, Signer, verify
 from mesh.wire import DecodeError, EncodeError, decode_strict_cbor, encode_strict_cbor
 
 __all__ = [
+    "FIRST_PREFIX",
     "NONCE_BYTES",
     "TOKEN_PREFIX",
     "Invitation",
@@ -32,7 +36,9 @@ __all__ = [
     "redemption_bytes",
 ]
 
-TOKEN_PREFIX: Final = "smi1."
+TOKEN_PREFIX: Final = "smi2."
+FIRST_PREFIX: Final = "smi1."
+"""The first format, before a token said how many nodes it admits."""
 NONCE_BYTES: Final = 16
 """Random bytes that make two invitations with the same fields distinct
 (and their digests, which admissions record)."""
@@ -41,7 +47,8 @@ MAX_TOKEN_BYTES: Final = 2048
 addresses; refused before any parsing above it."""
 MAX_TEXT_CHARS: Final = 300
 """An address or URL inside a token (see `mesh.wire.MAX_ADDR_CHARS`)."""
-_SIGNING_DOMAIN: Final = b"shardmesh-invitation-v1\x00"
+_SIGNING_DOMAIN: Final = b"shardmesh-invitation-v2\x00"
+_FIRST_SIGNING_DOMAIN: Final = b"shardmesh-invitation-v1\x00"
 _REDEMPTION_DOMAIN: Final = b"shardmesh-redemption-v1\x00"
 
 
@@ -63,23 +70,38 @@ class Invitation:
     """`ID@H:P`: the inviter's id and control address, to join through."""
     api: str
     """The inviter's API, where the token is redeemed."""
+    uses: int | None = 1
+    """How many nodes it admits (`admits`); None: a token of the first
+    format (`FIRST_PREFIX`), which had no such field."""
     signature: bytes = b""
 
+    @property
+    def admits(self) -> int:
+        """How many nodes it admits: a first-format token one, as
+        `shardmesh invite` said it would."""
+        return 1 if self.uses is None else self.uses
+
     def signing_bytes(self) -> bytes:
-        return _SIGNING_DOMAIN + _encode(self._fields())
+        domain = _FIRST_SIGNING_DOMAIN if self.uses is None else _SIGNING_DOMAIN
+        return domain + _encode(self._fields())
 
     def _fields(self) -> list[object]:
-        return [getattr(self, f.name) for f in fields(self) if f.name != "signature"]
+        skip = {"signature"} if self.uses is not None else {"signature", "uses"}
+        return [getattr(self, f.name) for f in fields(self) if f.name not in skip]
 
     def token(self) -> str:
         raw = _encode([*self._fields(), self.signature])
-        return TOKEN_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+        prefix = FIRST_PREFIX if self.uses is None else TOKEN_PREFIX
+        return prefix + base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
     def check(self, *, swarm: bytes, voters: frozenset[bytes], now: float) -> None:
         """Raise `InvitationError` unless this token admits to `swarm` now:
-        signed by its inviter, the inviter one of `voters`, not expired."""
+        signed by its inviter, the inviter one of `voters`, not expired, and
+        a voter's for one node. (Whether it is used up is the ledger's.)"""
         if not verify(self.inviter, self.signing_bytes(), self.signature):
             raise InvitationError("the invitation's signature is not its inviter's")
+        if self.voter and self.admits != 1:
+            raise InvitationError("a voter's invitation admits one node only")
         if self.swarm != swarm:
             raise InvitationError("the invitation is for another swarm")
         if self.inviter not in voters:
@@ -108,11 +130,12 @@ def issue_invitation(
     nonce: bytes,
     seed: str,
     api: str,
+    uses: int = 1,
 ) -> Invitation:
-    """A signed invitation (time and randomness come from the caller)."""
-    unsigned = Invitation(swarm, signer.node_id, voter, expires_at, nonce, seed, api)
+    """A signed invitation for `uses` nodes (time and randomness come from the caller)."""
+    unsigned = Invitation(swarm, signer.node_id, voter, expires_at, nonce, seed, api, uses)
     return Invitation(
-        swarm, signer.node_id, voter, expires_at, nonce, seed, api,
+        swarm, signer.node_id, voter, expires_at, nonce, seed, api, uses,
         signer.sign(unsigned.signing_bytes()),
     )  # fmt: skip
 
@@ -121,17 +144,18 @@ def decode_invitation(token: str) -> Invitation:
     """Parse a token strictly; `InvitationError` names what is wrong. The
     signature is checked by `Invitation.check`, against the swarm's voters."""
     token = token.strip()
-    if not token.startswith(TOKEN_PREFIX):
+    first = token.startswith(FIRST_PREFIX)
+    if not first and not token.startswith(TOKEN_PREFIX):
         raise InvitationError(f"not an invitation (it should start with {TOKEN_PREFIX!r})")
-    body = token[len(TOKEN_PREFIX) :]
+    body = token[len(FIRST_PREFIX if first else TOKEN_PREFIX) :]
     if len(body) > MAX_TOKEN_BYTES * 2:
         raise InvitationError("the invitation is too long")
     try:
         raw = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
         value = decode_strict_cbor(raw, max_bytes=MAX_TOKEN_BYTES)
-        swarm, inviter, voter, expires_at, nonce, seed, api, signature = array(
-            value, "invitation", size=8
-        )
+        items = array(value, "invitation", size=8 if first else 9)
+        swarm, inviter, voter, expires_at, nonce, seed, api = items[:7]
+        uses, signature = (None, items[7]) if first else items[7:]
         return Invitation(
             swarm=fixed_bytes(swarm, "swarm", size=NODE_ID_BYTES),
             inviter=fixed_bytes(inviter, "inviter", size=NODE_ID_BYTES),
@@ -140,6 +164,7 @@ def decode_invitation(token: str) -> Invitation:
             nonce=fixed_bytes(nonce, "nonce", size=NONCE_BYTES),
             seed=text(seed, "seed", max_chars=MAX_TEXT_CHARS, printable=True, ascii_only=True),
             api=text(api, "api", max_chars=MAX_TEXT_CHARS, printable=True, ascii_only=True),
+            uses=None if first else uint(uses, "uses", low=1, high=MAX_INVITATION_USES),
             signature=fixed_bytes(signature, "signature", size=SIGNATURE_BYTES),
         )
     except (binascii.Error, ValueError) as exc:

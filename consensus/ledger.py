@@ -44,6 +44,7 @@ from consensus.commands import (
 from consensus.quarantine import Quarantine, counted, counts_against
 from consensus.settings import PlacementSettings, settings_error, with_settings
 from mesh.fields import fixed_bytes, number, uint
+from mesh.identity import curve_twin
 
 PINNED_TIERS: Final = frozenset({"operator", "bootstrap"})
 """ADR-0026: these are never retargeted by the tracker."""
@@ -181,6 +182,8 @@ REASON_BAD_POLICY: Final = "bad_policy"
 REASON_ALREADY_FOUNDED: Final = "already_founded"
 REASON_NOT_PRIVATE: Final = "not_private"
 REASON_ALREADY_ADMITTED: Final = "already_admitted"
+REASON_SAME_KEY: Final = "same_key"
+REASON_INVITATION_USED: Final = "invitation_used"
 REASON_ALREADY_ELIGIBLE: Final = "already_eligible"
 REASON_QUARANTINED: Final = "quarantined"
 REASON_ALREADY_JUDGED: Final = "already_judged"
@@ -320,11 +323,38 @@ class PlacementLedger:
         self._founding = cmd
 
     def _admit(self, cmd: Admit) -> None:
-        if self._founding is None or self._founding.mode != "private":
-            raise _Reject(REASON_NOT_PRIVATE, "only a private swarm admits members")
-        if cmd.node in self._admitted_keys or cmd.node == self._founding.swarm:
-            raise _Reject(REASON_ALREADY_ADMITTED, "the node is a member already")
+        refusal = self.admission_refusal(cmd)
+        if refusal is not None:
+            raise _Reject(*refusal)
         self._admitted_keys[cmd.node] = AdmittedKey(cmd.voter, cmd.invitation, cmd.at)
+
+    def admission_refusal(self, cmd: Admit) -> tuple[str, str] | None:
+        """Why applying `cmd` now would be rejected, (reason code, detail),
+        or None: what `apply` enforces, asked before proposing too (the door
+        refuses early; the ledger decides). One id per CURVE key: an id
+        whose sign-bit twin is a member holds that member's key already."""
+        swarm = self._founding
+        if swarm is None or swarm.mode != "private":
+            return REASON_NOT_PRIVATE, "only a private swarm admits members"
+        members = {swarm.swarm, *self._admitted_keys}
+        if cmd.node in members:
+            return REASON_ALREADY_ADMITTED, "the node is a member already"
+        if curve_twin(cmd.node) in members:
+            return REASON_SAME_KEY, (
+                f"the node's key is member {curve_twin(cmd.node).hex()[:12]}'s "
+                "(the two ids differ only in their sign bit): one key, one member"
+            )
+        if cmd.uses is not None and self.redemptions(cmd.invitation) >= cmd.uses:
+            return REASON_INVITATION_USED, (
+                f"the invitation has admitted all the nodes it may ({cmd.uses}): ask for a new one"
+            )
+        return None
+
+    def redemptions(self, invitation: bytes) -> int:
+        """How many admitted keys the invitation with this digest let in
+        (read from the admitted keys themselves, so a snapshot needs no
+        counter of its own)."""
+        return sum(1 for a in self._admitted_keys.values() if a.invitation == invitation)
 
     def _make_eligible(self, cmd: Eligible) -> None:
         if cmd.node in self.eligible_voters():

@@ -15,6 +15,7 @@ from consensus.commands import (
     COMMAND_TYPE_IDS,
     ELIGIBILITY_COMMANDS,
     MAX_COMMAND_BYTES,
+    MAX_INVITATION_USES,
     MAX_TEXT,
     Admit,
     Assign,
@@ -83,7 +84,7 @@ PINNED = [
         "830582826e69646c655f72656c656173655f73f94400826a6d61785f636f7069657302f94500",
     ),
     (Found(N1, "private", 0.5), "8406" + "5820" + "01" * 32 + "6770726976617465f93800"),
-    (
+    (  # logged before invitations counted their uses: four fields, as then
         Admit(N2, True, b"\xab" * 32, 3.0),
         "8507" + "5820" + "02" * 32 + "f5" + "5820" + "ab" * 32 + "f94200",
     ),
@@ -95,11 +96,35 @@ PINNED = [
 ]
 
 
-@pytest.mark.parametrize(("command", "wire"), PINNED, ids=lambda v: type(v).__name__)
+# Added by this build: an admission that counts its invitation's uses (a
+# fifth field, appended; the four-field form above still decodes as it did).
+ADDED = [
+    (
+        Admit(N2, False, b"\xab" * 32, 3.0, 3),
+        "8607" + "5820" + "02" * 32 + "f4" + "5820" + "ab" * 32 + "f94200" + "03",
+    ),
+]
+
+
+@pytest.mark.parametrize(("command", "wire"), PINNED + ADDED, ids=lambda v: type(v).__name__)
 def test_every_command_keeps_its_bytes_and_round_trips(command: Command, wire: str) -> None:
     data = encode_command(command)
     assert data.hex() == wire
     assert decode_command(data) == command
+
+
+def test_an_admission_counts_its_invitations_uses_only_in_its_added_field() -> None:
+    legacy = decode_command(bytes.fromhex(PINNED[7][1]))
+    assert isinstance(legacy, Admit) and legacy.uses is None
+    counted = encode_command(Admit(N2, True, b"\xab" * 32, 3.0, 1))
+    assert counted[0] == 0x86 and decode_command(counted) == Admit(N2, True, b"\xab" * 32, 3.0, 1)
+    # An explicit null for the added field is not the canonical form.
+    null = cbor2.dumps([7, N2, True, b"\xab" * 32, 3.0, None], canonical=True)
+    with pytest.raises(LedgerError, match="canonical"):
+        decode_command(null)
+    too_many = cbor2.dumps([7, N2, True, b"\xab" * 32, 3.0, 1, 1], canonical=True)
+    with pytest.raises(LedgerError, match="takes 4 to 5 fields, got 6"):
+        decode_command(too_many)
 
 
 def test_every_command_type_is_pinned() -> None:
@@ -249,6 +274,9 @@ def test_invalid_verdicts_are_refused(kwargs: dict[str, object], match: str) -> 
         (lambda: Found(b"", "open", 0.0), "32 bytes"),
         (lambda: Admit(N1, 1, b"\x00" * 32, 0.0), "bool"),
         (lambda: Admit(N1, True, b"\x00" * 31, 0.0), "invitation must be 32 bytes"),
+        (lambda: Admit(N1, False, b"\x00" * 32, 0.0, 0), "uses must be"),
+        (lambda: Admit(N1, False, b"\x00" * 32, 0.0, MAX_INVITATION_USES + 1), "uses must be"),
+        (lambda: Admit(N1, True, b"\x00" * 32, 0.0, 2), "a voter's invitation admits one"),
         (lambda: Eligible(N1, float("nan")), "finite"),
     ],
 )

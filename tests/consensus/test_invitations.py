@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from consensus.commands import MAX_INVITATION_USES
 from consensus.invitations import (
+    FIRST_PREFIX,
     TOKEN_PREFIX,
     InvitationError,
     decode_invitation,
@@ -16,6 +20,7 @@ from consensus.invitations import (
     redemption_bytes,
 )
 from mesh.identity import Identity, verify
+from mesh.wire import encode_strict_cbor
 
 FOUNDER = Identity.from_seed(b"f" * 32)
 VOTER = Identity.from_seed(b"v" * 32)
@@ -24,7 +29,9 @@ NOW = 1_800_000_000
 VOTERS = frozenset({FOUNDER.node_id, VOTER.node_id})
 
 
-def invite(signer: Identity = VOTER, *, expires_at: int = NOW + 3600, voter: bool = False):
+def invite(
+    signer: Identity = VOTER, *, expires_at: int = NOW + 3600, voter: bool = False, uses: int = 1
+):
     return issue_invitation(
         signer,
         swarm=FOUNDER.node_id,
@@ -33,6 +40,7 @@ def invite(signer: Identity = VOTER, *, expires_at: int = NOW + 3600, voter: boo
         nonce=os.urandom(16),
         seed=f"{signer.node_id.hex()}@127.0.0.1:7000",
         api="http://127.0.0.1:8000",
+        uses=uses,
     )
 
 
@@ -62,10 +70,39 @@ def test_tokens_from_non_voters_other_swarms_or_forgers_are_refused() -> None:
         decode_invitation(forged.token()).check(swarm=FOUNDER.node_id, voters=VOTERS, now=NOW)
 
 
+def test_a_token_says_how_many_nodes_it_admits_and_no_one_can_raise_it() -> None:
+    assert decode_invitation(invite().token()).admits == 1
+    batch = decode_invitation(invite(uses=3).token())
+    assert (batch.uses, batch.admits) == (3, 3)
+    batch.check(swarm=FOUNDER.node_id, voters=VOTERS, now=NOW)
+    raised = decode_invitation(batch.token())
+    object.__setattr__(raised, "uses", MAX_INVITATION_USES)
+    with pytest.raises(InvitationError, match="signature"):
+        decode_invitation(raised.token()).check(swarm=FOUNDER.node_id, voters=VOTERS, now=NOW)
+    # A voter's is for one node, even when a voter signs it for more.
+    with pytest.raises(InvitationError, match="one node"):
+        invite(voter=True, uses=2).check(swarm=FOUNDER.node_id, voters=VOTERS, now=NOW)
+    for uses in (0, MAX_INVITATION_USES + 1):
+        with pytest.raises(InvitationError, match="uses"):
+            decode_invitation(invite(uses=uses).token())
+
+
+def test_a_token_of_the_first_format_still_admits_one_node_under_its_old_digest() -> None:
+    """`smi1.` tokens, issued before a token counted its uses, are read as
+    for one node (what the CLI said) and keep the digest the ledger knows."""
+    signed = [FOUNDER.node_id, VOTER.node_id, False, NOW + 60, b"n" * 16, "s@h:1", "http://h"]
+    signing = b"shardmesh-invitation-v1\x00" + encode_strict_cbor(signed, max_bytes=2048)
+    signature = VOTER.sign(signing)
+    raw = encode_strict_cbor([*signed, signature], max_bytes=2048)
+    token = FIRST_PREFIX + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    first = decode_invitation(token)
+    first.check(swarm=FOUNDER.node_id, voters=VOTERS, now=NOW)
+    assert (first.uses, first.admits, first.token()) == (None, 1, token)
+    assert first.digest() == hashlib.sha256(signing + signature).digest()
+
+
 @given(st.binary(max_size=600))
 def test_garbage_is_a_clear_error_never_a_crash(junk: bytes) -> None:
-    import base64
-
     for token in (junk.decode("latin-1"), TOKEN_PREFIX + base64.urlsafe_b64encode(junk).decode()):
         with pytest.raises(InvitationError):
             decode_invitation(token)

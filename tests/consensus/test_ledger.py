@@ -47,6 +47,7 @@ from consensus.ledger import (
 )
 from consensus.quarantine import FALSE_REPORT_LIMIT, QUARANTINE_BASE_S, QUARANTINE_MAX_S, Quarantine
 from consensus.settings import PlacementSettings
+from mesh.identity import curve_twin
 
 N1, N2, N3 = (bytes([i]) * 32 for i in (1, 2, 3))
 
@@ -574,6 +575,65 @@ def test_a_private_swarm_member_invited_as_a_voter_is_eligible() -> None:
     assert ledger.eligible_voters() == {FOUNDER, voter}
     made = ledger.apply(4, encode_command(Eligible(voter, 4.0)))
     assert made.reason == "already_eligible"
+
+
+def _admitting(
+    ledger: PlacementLedger, nodes: list[bytes], voter: bool, uses: int | None
+) -> list[ApplyResult]:
+    """Apply one admission per node, all by one invitation; the results."""
+    first = ledger.applied_index + 1
+    return [
+        ledger.apply(first + i, encode_command(Admit(node, voter, INVITATION, 2.0, uses)))
+        for i, node in enumerate(nodes)
+    ]
+
+
+def test_a_member_invitation_admits_one_node_and_a_second_is_refused() -> None:
+    ledger = _private_ledger()
+    first, second = _admitting(ledger, [b"\x02" * 32, b"\x03" * 32], False, 1)
+    assert first.accepted and not second.accepted
+    assert second.reason == "invitation_used" and "ask for a new one" in second.detail
+    assert list(ledger.admitted_keys()) == [b"\x02" * 32]
+    assert ledger.redemptions(INVITATION) == 1
+    # Every replica agrees: a restored copy counts the use and refuses too.
+    restored = PlacementLedger.restore(ledger.snapshot())
+    (again,) = _admitting(restored, [b"\x04" * 32], False, 1)
+    assert again.reason == "invitation_used"
+
+
+def test_a_voter_invitation_used_by_three_keys_makes_one_voter() -> None:
+    ledger = _private_ledger()
+    results = _admitting(ledger, [bytes([n]) * 32 for n in (2, 3, 4)], True, 1)
+    assert [r.accepted for r in results] == [True, False, False]
+    assert ledger.eligible_voters() == {FOUNDER, b"\x02" * 32}
+
+
+def test_an_invitation_minted_for_three_admits_exactly_three() -> None:
+    ledger = _private_ledger()
+    results = _admitting(ledger, [bytes([n]) * 32 for n in range(2, 7)], False, 3)
+    assert [r.accepted for r in results] == [True, True, True, False, False]
+    assert len(ledger.admitted_keys()) == 3 and ledger.redemptions(INVITATION) == 3
+
+
+def test_an_admission_logged_before_uses_were_counted_is_applied_as_then() -> None:
+    """Uncounted, as every replica applied it when it was logged: a log
+    replayed and a snapshot restored must give the same members."""
+    ledger = _private_ledger()
+    results = _admitting(ledger, [bytes([n]) * 32 for n in range(2, 5)], False, None)
+    assert all(r.accepted for r in results) and ledger.redemptions(INVITATION) == 3
+    (counted,) = _admitting(ledger, [b"\x09" * 32], False, 3)
+    assert counted.reason == "invitation_used"
+
+
+def test_an_id_whose_sign_bit_twin_is_a_member_is_refused() -> None:
+    """Both ids map to one CURVE key, which the same secret proves: one key, one member."""
+    ledger = _private_ledger()
+    member = b"\x02" * 32
+    assert _admitting(ledger, [member], False, 2)[0].accepted
+    twins = _admitting(ledger, [curve_twin(member), curve_twin(FOUNDER)], False, None)
+    assert [r.reason for r in twins] == ["same_key", "same_key"]
+    assert "sign bit" in twins[0].detail
+    assert list(ledger.admitted_keys()) == [member]
 
 
 # -- verdicts and quarantine ---------------------------------------------------
