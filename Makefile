@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test check lint bench clean chromium sim-core
+.PHONY: demo test check lint bench clean chromium lab-deps sim-core
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,7 +22,7 @@ demo: $(STAMP)
 # share one worker, one after another, and the longest groups are handed out
 # first, in the order tests/conftest.py gives them (so xdist's reorder is off).
 PARALLEL := -n auto --dist loadgroup --no-loadscope-reorder
-test: lint chromium
+test: lint chromium lab-deps
 	$(BIN)/mypy
 	$(BIN)/pytest $(PARALLEL)
 
@@ -42,6 +42,21 @@ chromium:
 		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 			apt-get install -y -qq --no-install-recommends chromium >/dev/null; } \
 		|| echo "could not install chromium: tests/runtime/api/test_web_page.py will fail"; \
+	fi
+
+# The WAN testbed (runtime/lab/, docs/lab.md) builds network namespaces with ip and
+# tc (iproute2) and NAT routers with nft: install what is missing where apt-get
+# exists (CI runs as root). Where they cannot be installed, the lab tests skip
+# and say why.
+lab-deps:
+	@missing=""; \
+	command -v ip >/dev/null 2>&1 || missing="$$missing iproute2"; \
+	command -v nft >/dev/null 2>&1 || missing="$$missing nftables"; \
+	if [ -n "$$missing" ] && command -v apt-get >/dev/null 2>&1; then \
+		echo "installing$$missing for the WAN testbed (apt-get)"; \
+		{ apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+			apt-get install -y -qq --no-install-recommends $$missing >/dev/null; } \
+		|| echo "could not install$$missing: the lab tests (tests/runtime/lab/) will skip"; \
 	fi
 
 lint: $(STAMP)
