@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from consensus.commands import MAX_TEXT, Admit, Eligible, RecordDemand, SetPolicy
+from consensus.commands import MAX_TEXT, Eligible, RecordDemand, SetPolicy
 from consensus.settings import PlacementSettings, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_from_text, node_id_text
 from mesh.records import RECIPES
@@ -34,7 +34,7 @@ from runtime.api.http import BadRequest, error_response, json_object
 from runtime.api.leader import Leader, LeaderNode
 from runtime.model.manifest import GOLDEN_FILE, MANIFEST_FILE, ManifestError, artifact_files
 from runtime.model.store import ModelStore
-from runtime.node.access import AccessError, SwarmAccess
+from runtime.node.access import BUSY_RETRY_S, AccessError, RedemptionBusy, SwarmAccess
 from runtime.node.ledger_follower import LEDGER_PATH, LedgerClaim, LedgerFollower, signed_headers
 from runtime.node.placement_driver import AlreadyAssigned, NodeQuarantined, Placement
 from runtime.node.raft_driver import NotLeader, RefoundRefused
@@ -42,8 +42,6 @@ from runtime.node.spot_check import EVIDENCE_PATH, MAX_EVIDENCE_BYTES, Adjudicat
 
 log = logging.getLogger("shardmesh.api")
 
-DEFAULT_INVITATION_S: Final = 24 * 3600
-"""An invitation's default life: a day to hand it over and use it."""
 MAX_DEMAND_COUNT: Final = 1_000_000
 """One report's count; larger is a client bug, not demand."""
 
@@ -372,17 +370,21 @@ class InvitationRoutes:
         await self.gate.operator(request, "invitations are for this node's operator only")
         body = await json_object(request)
         voter = body.get("voter", False)
-        expires_s = body.get("expires_s", DEFAULT_INVITATION_S)
+        expires_s = body.get("expires_s")  # None: the role's default (SwarmAccess.invite)
+        uses = body.get("uses", 1)
         if type(voter) is not bool:
             raise BadRequest("voter must be true or false", "voter")
-        if type(expires_s) not in (int, float):
+        if expires_s is not None and type(expires_s) not in (int, float):
             raise BadRequest("expires_s must be a number of seconds", "expires_s")
+        if type(uses) is not int:
+            raise BadRequest("uses must be a whole number of nodes", "uses")
         node = self.node
         control = node.addresses["control"].removeprefix("tcp://")
         try:
             invitation = node.access.invite(
                 voter=voter,
                 expires_s=expires_s,
+                uses=uses,
                 seed=f"{node_id_text(node.raft.node_id)}@{control}",
                 api=node.addresses["api"],
             )
@@ -393,6 +395,7 @@ class InvitationRoutes:
                 "invitation": invitation.token(),
                 "swarm": node_id_text(invitation.swarm),
                 "voter": invitation.voter,
+                "uses": invitation.admits,
                 "expires_at": invitation.expires_at,
             }
         )
@@ -409,11 +412,14 @@ class InvitationRoutes:
             signed = bytes.fromhex(str(signature))
         except ValueError as exc:
             raise BadRequest(str(exc), "node_id") from None
+        source = request.client.host if request.client else ""
         try:
-            invitation = self.node.access.check_redemption(token, newcomer, at, signed)
+            admit = self.node.access.admission(token, newcomer, at, signed, source=source)
+        except RedemptionBusy as exc:
+            retry = {"Retry-After": str(BUSY_RETRY_S)}
+            return error_response(429, str(exc), code="busy", headers=retry)
         except AccessError as exc:
             return error_response(403, str(exc), code="invitation_refused")
-        admit = Admit(newcomer, invitation.voter, invitation.digest(), time.time())
         return await self.leader.commit(request, admit, None)
 
 

@@ -104,11 +104,14 @@ def _commit(
 
 
 def request_invitation(
-    api: str, *, voter: bool, expires_s: float, token: OperatorToken
+    api: str, *, voter: bool, expires_s: float | None, token: OperatorToken, uses: int = 1
 ) -> dict[str, Any]:
     """An invitation signed by the node at `api` (a voter of a private
-    swarm): {"invitation", "swarm", "voter", "expires_at"}."""
-    body = {"voter": voter, "expires_s": expires_s}
+    swarm) for `uses` nodes, redeemable for `expires_s` (None: the node's
+    default for the role): {"invitation", "swarm", "voter", "uses", "expires_at"}."""
+    body: dict[str, Any] = {"voter": voter, "uses": uses}
+    if expires_s is not None:
+        body["expires_s"] = expires_s
     response = _request("POST", api, body, INVITE_TIMEOUT_S, token.headers(), INVITE_PATH)
     if response.status_code == 401:
         raise PolicyError(token.refused())

@@ -23,10 +23,11 @@ from consensus.invitations import decode_invitation, redemption_bytes
 from mesh.identity import Identity, node_id_text
 from runtime.api.http import MAX_BODY_BYTES
 from runtime.api.leader import FORWARDED_HEADER
-from runtime.api.network import DEFAULT_INVITATION_S, MAX_DEMAND_COUNT, network_routes
+from runtime.api.network import MAX_DEMAND_COUNT, network_routes
 from runtime.model.manifest import GOLDEN_FILE, MANIFEST_FILE
 from runtime.model.sampling import SamplingParams
 from runtime.model.store import ModelStore
+from runtime.node.access import DEFAULT_VOTER_INVITATION_S
 from runtime.node.ledger_follower import LEDGER_PATH, verify_pull
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.spot_check import EVIDENCE_PATH, MAX_PENDING_VERDICTS, Evidence
@@ -418,9 +419,9 @@ async def test_an_invitation_is_issued_and_redeemed_by_its_newcomer(node: ApiNod
         invitation = issued.json()
         assert invitation["swarm"] == node_id_text(node.node_id) and invitation["voter"] is True
         assert (
-            before + DEFAULT_INVITATION_S - 1
+            before + DEFAULT_VOTER_INVITATION_S - 1
             <= invitation["expires_at"]
-            <= time.time() + DEFAULT_INVITATION_S
+            <= time.time() + DEFAULT_VOTER_INVITATION_S
         )
 
         token = invitation["invitation"]
