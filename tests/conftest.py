@@ -37,6 +37,7 @@ SWARM_MODULES = frozenset(
         "tests/runtime/cli/commands/test_policy.py",
         "tests/runtime/cli/commands/test_status.py",
         "tests/runtime/cli/test_demo.py",
+        "tests/runtime/cli/test_forkserver.py",
     }
 )
 """Modules outside tests/processes/ with tests that start swarms. The

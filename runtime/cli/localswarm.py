@@ -1,10 +1,12 @@
 """Run real `shardmesh node` processes on loopback: the demo's and the
 tests' harness.
 
-Each node is a subprocess started on port 0 everywhere (no port races: the
+Each node is a process started on port 0 everywhere (no port races: the
 OS picks, and the node writes what it got to `node.json` in its state dir),
 with its output captured to a log file so a failure can show what the node
-said. `LocalSwarm` is an async context manager whose exit kills every child
+said. Nodes are forked from a fork server that has the heavy libraries
+imported (`runtime.cli.forkserver`: seconds of CPU saved per start), or
+spawned where they must be. `LocalSwarm` is an async context manager whose exit kills every child
 it started, whatever happened - no test or demo run leaves processes behind.
 The harness knows each node's state dir, so it holds each node's operator
 token (`LocalNode.admin_headers`) and key (`LocalNode.signed_headers`).
@@ -26,6 +28,7 @@ import httpx
 import trio
 
 from mesh.identity import KEY_FILE, Identity
+from runtime.cli import forkserver
 from runtime.cli.policy_client import VOTERS_PATH
 from runtime.cli.status_view import STATUS_PATH
 from runtime.node.signed_http import sign_request
@@ -68,6 +71,7 @@ class LocalNode:
         cpus: frozenset[int] | None = None,
         env: Mapping[str, str] | None = None,
         command: Sequence[str] = ("node",),
+        forked: bool = True,
     ) -> None:
         self.name = name
         self.command = list(command)  # `node`, or `serve MODEL_DIR`: what the process runs
@@ -76,7 +80,8 @@ class LocalNode:
         self.env = dict(env or {})  # this node's own environment additions, kept too
         self.state_dir = state_dir
         self.log_path = log_path
-        self.process: trio.Process | None = None
+        self.forked = forked  # may come from the swarm's fork server (module doc)
+        self.process: trio.Process | forkserver.ForkedProcess | None = None
         self.info: dict[str, Any] = {}
         self.escalated: str | None = None  # the signal its last stop had to add (`stop`)
 
@@ -157,14 +162,17 @@ class LocalSwarm:
         python: str = sys.executable,
         extra_env: dict[str, str] | None = None,
         node_args: Sequence[str] = (),
+        fork: bool = True,
     ) -> None:
         """`node_args` are added to every node's command line (e.g. flags
-        like `--fault-injection` that a test needs on all of them)."""
+        like `--fault-injection` that a test needs on all of them); `fork`
+        says whether nodes may come from the fork server (module doc)."""
         self.root = root
         self.profile = profile
         self.python = python
         self.extra_env = extra_env or {}
         self.node_args = list(node_args)
+        self.fork = fork
         self.nodes: list[LocalNode] = []
         self._client: httpx.AsyncClient | None = None
         self._logs: list[Any] = []
@@ -200,11 +208,13 @@ class LocalSwarm:
         cpus: Iterable[int] | None = None,
         env: Mapping[str, str] | None = None,
         command: Sequence[str] = ("node",),
+        forked: bool = True,
     ) -> LocalNode:
         """A node slot with its own state dir (not started yet); `args` are
         extra flags for this node only, `env` extra environment variables,
         `command` the subcommand that runs it (`serve MODEL_DIR` takes the
-        same flags as `node`).
+        same flags as `node`); `forked=False` always spawns a fresh
+        interpreter (for a test of what a process imports).
         `cpus` pins its process (every thread: compute, ZeroMQ, the event
         loop) to those cores, so nodes sharing a machine stop sharing caches
         and cores (Linux only)."""
@@ -213,16 +223,19 @@ class LocalSwarm:
         name = name or f"node{len(self.nodes)}"
         pinned = None if cpus is None else frozenset(cpus)
         node = LocalNode(
-            name, self.root / name, self.root / f"{name}.log", args, pinned, env, command
+            name, self.root / name, self.root / f"{name}.log", args, pinned, env, command, forked
         )
         self.nodes.append(node)
         return node
 
+    @property
+    def interpreter(self) -> list[str]:
+        """How a spawned node's command line begins (a forked one skips it)."""
+        return [self.python, "-m", "runtime.cli"]
+
     def command(self, node: LocalNode, joins: Sequence[str]) -> list[str]:
         cmd = [
-            self.python,
-            "-m",
-            "runtime.cli",
+            *self.interpreter,
             *node.command,
             "--listen",
             "127.0.0.1:0",
@@ -242,22 +255,44 @@ class LocalSwarm:
         if node.running:
             raise SwarmError(f"{node.name} is already running")
         node.info = {}
-        handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in __aexit__
-        self._logs.append(handle)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **SHARED_MACHINE_ENV)
         env.update(self.extra_env)
         env.update(node.env)
-        node.process = await trio.lowlevel.open_process(
-            self.command(node, joins),
-            stdin=subprocess.DEVNULL,
-            stdout=handle,
-            stderr=subprocess.STDOUT,
-            env=env,
+        argv = self.command(node, joins)
+        node.process = await self._fork(node, argv, env)
+        if node.process is None:
+            node.process = await self._spawn(node, argv, env)
+
+    async def _fork(
+        self, node: LocalNode, argv: list[str], env: dict[str, str]
+    ) -> forkserver.ForkedProcess | None:
+        """The node forked from this process's fork server, or None where it
+        must be spawned: the swarm or node asked so, its flags set what a
+        library reads at import (`--threads`), or the server failed."""
+        if not (self.fork and node.forked) or "--threads" in argv:
+            return None
+        server = forkserver.server_for(self.python, env)
+        if not server.compatible(env):
+            return None
+        try:
+            return await trio.to_thread.run_sync(
+                server.spawn, argv[len(self.interpreter) :], env, node.log_path, node.cpus
+            )
+        except forkserver.ForkServerError as exc:
+            print(f"{node.name}: spawning instead ({exc})", file=sys.stderr)
+            return None
+
+    async def _spawn(self, node: LocalNode, argv: list[str], env: dict[str, str]) -> trio.Process:
+        handle = open(node.log_path, "ab")  # noqa: SIM115 - closed in __aexit__
+        self._logs.append(handle)
+        process = await trio.lowlevel.open_process(
+            argv, stdin=subprocess.DEVNULL, stdout=handle, stderr=subprocess.STDOUT, env=env
         )
         if node.cpus is not None:
             # Right after the spawn, while the interpreter is still starting:
             # every thread it creates later (torch's, libzmq's) inherits this.
-            os.sched_setaffinity(node.process.pid, node.cpus)
+            os.sched_setaffinity(process.pid, node.cpus)
+        return process
 
     async def wait_ready(self, node: LocalNode, timeout: float = 20.0) -> dict[str, Any]:
         """Wait until `node` wrote its ready file and its API answers."""

@@ -367,7 +367,7 @@ def maps_library(node: LocalNode, library: str) -> bool:
 async def test_a_light_entry_loads_the_tokenizer_library_once_the_swarm_has_a_model(
     swarm: LocalSwarm, model_dir: Path
 ) -> None:
-    light = swarm.new_node("light")
+    light = swarm.new_node("light", forked=False)  # its own imports are what is measured
     await swarm.start_ready(light, timeout=START_TIMEOUT_S)
     # With nothing in the swarm to chat with, it does not pay for the library.
     await trio.sleep(2 * PREPARE_POLL_S)
