@@ -12,6 +12,7 @@ docs/design/simulator.md and docs/simulation.md, "The compiled core".
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -113,6 +114,22 @@ def build(out: Path = DEFAULT_DIR, modules: Sequence[str] = HOT_MODULES) -> Path
     return out
 
 
+def ensure_built(out: Path = DEFAULT_DIR) -> Path:
+    """The build in `out`, compiled first where it is missing or stale. One
+    process at a time compiles (a lock file beside `out`): parallel test
+    workers or `make sim-core` beside a test wait, then use the same build."""
+    out = out.resolve()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with (out.parent / f".{out.name}.lock").open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            if stale(out) is not None:
+                build(out)
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+    return out
+
+
 def stale(out: Path) -> str | None:
     """Why the build in `out` cannot be used now, or None if it can."""
     try:
@@ -182,11 +199,11 @@ def use_from_environment() -> list[str]:
 
 
 def main() -> int:
-    """`make sim-core`: build the compiled core into build/sim-core/. (Not
-    `python -m`, which would import this module twice: the package imports
-    it first.)"""
+    """`make sim-core`: build the compiled core into build/sim-core/ where
+    it is missing or stale. (Not `python -m`, which would import this module
+    twice: the package imports it first.)"""
     try:
-        build()
+        print(f"compiled core ready in {ensure_built()}", file=sys.stderr)
     except CompiledCoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -9,7 +9,7 @@ child then runs `python -m runtime.cli ARGS` as a spawned one would: its own
 argv, environment, working directory, log file, exit code and signals.
 What is read once at import time (libgomp's and OpenBLAS's settings, the
 hash seed) is the server's: a node whose environment differs there
-(`IMPORT_TIME_ENV`) is spawned as before. docs/design/local-swarm.md says more.
+(`IMPORT_TIME_ENV`) is spawned as before. docs/design/cli.md says more.
 """
 
 from __future__ import annotations

@@ -120,12 +120,14 @@ def test_the_environment_variable_with_a_stale_build_stops_the_run(tmp_path: Pat
 
 @pytest.mark.slow
 @pytest.mark.skipif(shutil.which("cc") is None, reason="mypyc needs a C compiler (cc)")
-def test_the_compiled_core_runs_the_same_simulation_as_the_source(tmp_path: Path) -> None:
-    """Build every hot module (about a minute), then run one scenario on
-    each core in its own process: the compiled modules are really the ones
-    loaded, and the trace digest (every traced event and the scenario), the
-    loop's event count and the view agreement are identical."""
-    out = compiled.build(tmp_path / "core")
+def test_the_compiled_core_runs_the_same_simulation_as_the_source() -> None:
+    """Build every hot module (about a minute; once per checkout and change
+    of source, shared with tests/simulations/test_swarm_1000.py), then run
+    one scenario on each core in its own process: the compiled modules are
+    really the ones loaded, and the trace digest (every traced event and
+    the scenario), the loop's event count and the view agreement are
+    identical."""
+    out = compiled.ensure_built()
     assert compiled.stale(out) is None
     source, built = run(None), run(out)
     assert source.returncode == 0, source.stderr
@@ -136,3 +138,13 @@ def test_the_compiled_core_runs_the_same_simulation_as_the_source(tmp_path: Path
     assert fast["membership_file"].startswith(str(out)) and fast["membership_file"].endswith(".so")
     for key in ("trace_digest", "loop_events", "view_agreement"):
         assert fast[key] == plain[key], key
+
+
+def test_a_fresh_build_is_used_as_it_is(tmp_path: Path) -> None:
+    """What lets the 1,000-node tests and the test above share one build:
+    `ensure_built` compiles only what is missing or stale."""
+    out = manifest(tmp_path / "core")
+    before = (out / compiled.MANIFEST).read_text()
+    assert compiled.ensure_built(out) == out.resolve()
+    assert (out / compiled.MANIFEST).read_text() == before
+    assert sorted(path.name for path in out.iterdir()) == [compiled.MANIFEST]  # nothing built
