@@ -1,6 +1,7 @@
 """Imports point one way (ARCHITECTURE.md): mesh <- consensus <- runtime,
 simulations beside runtime, inside runtime model <- inference <- node <-
-api/cli, and benchmarks on top of all four, imported by none. Every module is
+api/cli, the lab apart (only cli and benchmarks import it), and benchmarks
+on top of all four, imported by none. Every module is
 parsed with `ast` (nothing is imported), so every import counts: module level,
 inside functions, under TYPE_CHECKING, relative.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 CHECKED = ("mesh", "consensus", "runtime", "simulations", "benchmarks")
-RUNTIME_FOLDERS = ("model", "inference", "node", "api", "cli")
+RUNTIME_FOLDERS = ("model", "inference", "node", "api", "cli", "lab")
 
 # What each unit may import from the checked packages (its own unit included).
 # "runtime" alone is runtime/__init__.py, open to every runtime folder.
@@ -28,9 +29,19 @@ ALLOWED: dict[str, frozenset[str]] = {
     "runtime.node": _UNDER_RUNTIME | {"runtime.model", "runtime.inference", "runtime.node"},
     "runtime.api": _UNDER_RUNTIME
     | {"runtime.model", "runtime.inference", "runtime.node", "runtime.api"},
-    # and `shardmesh simulate` runs the simulator: no other runtime folder imports it
+    # and `shardmesh simulate` runs the simulator: no other runtime folder imports it;
+    # `shardmesh lab` builds the WAN testbed
     "runtime.cli": _UNDER_RUNTIME
-    | {"runtime.model", "runtime.inference", "runtime.node", "runtime.cli", "simulations"},
+    | {
+        "runtime.model",
+        "runtime.inference",
+        "runtime.node",
+        "runtime.cli",
+        "runtime.lab",
+        "simulations",
+    },
+    # the WAN testbed stands apart: namespaces and packets, none of the swarm's code
+    "runtime.lab": frozenset({"runtime.lab"}),
     # benchmarks measure the real parts, any of them; nothing imports a benchmark
     "benchmarks": _UNDER_RUNTIME
     | {
@@ -39,6 +50,7 @@ ALLOWED: dict[str, frozenset[str]] = {
         "runtime.node",
         "runtime.api",
         "runtime.cli",
+        "runtime.lab",
         "simulations",
         "benchmarks",
     },
@@ -53,8 +65,9 @@ RULES = {
     "runtime.node": "runtime/node imports only runtime/model and runtime/inference "
     "(only node/daemon.py may import runtime.api.app)",
     "runtime.api": "runtime/api imports only runtime/model, inference and node (not cli)",
-    "runtime.cli": "runtime/cli imports only runtime/model, inference, node and simulations "
-    "(not api)",
+    "runtime.cli": "runtime/cli imports only runtime/model, inference, node, lab and "
+    "simulations (not api)",
+    "runtime.lab": "runtime/lab imports nothing of ours but itself",
     "benchmarks": "benchmarks import only mesh, consensus, runtime and simulations",
 }
 # Checked before each unit's own rule: benchmarks sit on top of everything.
@@ -144,8 +157,8 @@ def test_imports_point_one_way() -> None:
     assert not violations, "imports against the layering:\n" + "\n".join(map(str, violations))
 
 
-def test_runtime_is_five_folders() -> None:
-    """No module under runtime/ sits outside the five folders."""
+def test_runtime_is_its_folders() -> None:
+    """No module under runtime/ sits outside its folders."""
     stray = sorted(
         p.name
         for p in (ROOT / "runtime").iterdir()
@@ -180,6 +193,8 @@ def test_checker_reports_each_direction(tmp_path: Path) -> None:
             "runtime/node/status.py": "from runtime.api.app import create_app\n",
             "runtime/api/app.py": "from runtime.node.daemon import x\nfrom runtime import cli\n",
             "runtime/cli/main.py": "from runtime.node.hostport import p\nfrom ..api import app\n",
+            "runtime/cli/commands/lab.py": "from runtime.lab.netns import Lab\n",
+            "runtime/lab/netns.py": "from runtime.lab import topology\nfrom mesh import wire\n",
         },
     )
     found = {(v.path, v.line, v.target) for v in check_tree(tmp_path)}
@@ -192,6 +207,7 @@ def test_checker_reports_each_direction(tmp_path: Path) -> None:
         ("runtime/node/status.py", 1, "runtime.api.app.create_app"),
         ("runtime/api/app.py", 2, "runtime.cli"),
         ("runtime/cli/main.py", 2, "runtime.api.app"),
+        ("runtime/lab/netns.py", 2, "mesh.wire"),
     }, found
     message = str(next(v for v in check_tree(tmp_path) if v.path == "mesh/bad.py"))
     assert message.startswith("mesh/bad.py:4: imports runtime.node.daemon: mesh imports no")

@@ -2,8 +2,9 @@
 
 `run_check` measures a lab the way a test would: UDP round trips between
 every pair of sites that can reach each other (the median against the
-configured RTT, the fraction lost against the four links' loss), the rate
-of the first capped uplink against its cap, and the delayer's own lateness.
+configured RTT, none much below it, the fraction lost against the four
+links' loss), the rate of the first capped uplink against its cap, and the
+delayer's own lateness.
 Each figure sits beside its configured value and a tolerance; `ok` says
 whether all of them held. `DEFAULT_SPEC` is the lab it builds when given
 none: two public sites and one home behind a port-preserving NAT, 40 ms
@@ -28,9 +29,14 @@ DEFAULT_SPEC: Final[dict[str, Any]] = {
         {"name": "c", "nat": "port-preserving", "up": {"rate": 1_000_000}},
     ],
 }
-RTT_TOLERANCE_MS: Final = 2.0
-"""Median RTT within this of the configuration: measured +0.3 to +0.9 ms on
-2 busy cores (docs/lab.md), so 2 ms says something broke, not noise."""
+RTT_TOLERANCE_MS: Final = 3.0
+"""Median RTT within this of the configuration. Measured on 2 cores
+(docs/lab.md): +0.3 to +0.6 ms idle or beside CPU hogs, up to +1.3 ms
+beside a swarm test's loopback traffic, whose softirq load delays every
+veth, delayer or not; more than 3 ms says the lab is broken, not busy."""
+EARLY_TOLERANCE_MS: Final = 0.2
+"""No round trip beats the configuration by more than this (the delayer
+releases 50 µs early, twice per round trip): a smaller one is a bug."""
 RATE_TOLERANCE: Final = 0.15
 """Measured rate within 15% of a TBF cap less the path's loss (TBF counts
 Ethernet frames, 14 bytes more than the IPv4 packets the sink counts)."""
@@ -41,7 +47,7 @@ RATE_OFFER: Final = 2.0
 """The rate check offers twice the cap, so the cap is what limits it."""
 
 
-def run_check(lab: Lab, count: int = 200, interval_s: float = 0.005) -> dict[str, Any]:
+def run_check(lab: Lab, count: int = 100, interval_s: float = 0.01) -> dict[str, Any]:
     """Every pair's RTT and loss, one capped link's rate, the delayer's
     lateness; `ok` when each is within its tolerance."""
     topology = lab.topology
@@ -75,6 +81,7 @@ def _pair(lab: Lab, a: str, b: str, count: int, interval_s: float) -> dict[str, 
     survives = (1 - topology.path_loss(a, b)) * (1 - topology.path_loss(b, a))
     configured_loss = 1 - survives
     error = sample.median - configured_rtt if sample.rtt_ms else math.inf
+    early = configured_rtt - min(sample.rtt_ms, default=configured_rtt)
     loss_bound = LOSS_SIGMAS * math.sqrt(configured_loss * survives / count) + 1 / count
     return {
         "sites": [a, b],
@@ -82,7 +89,9 @@ def _pair(lab: Lab, a: str, b: str, count: int, interval_s: float) -> dict[str, 
         "measured": sample.summary(),
         "rtt_error_ms": round(error, 3),
         "configured_loss": round(configured_loss, 4),
-        "ok": abs(error) <= RTT_TOLERANCE_MS and abs(sample.loss - configured_loss) <= loss_bound,
+        "ok": abs(error) <= RTT_TOLERANCE_MS
+        and early <= EARLY_TOLERANCE_MS
+        and abs(sample.loss - configured_loss) <= loss_bound,
     }
 
 

@@ -305,6 +305,9 @@ class Lab:
         self._delayer.stdin.flush()
         return self._delayer_lines.next(READY_TIMEOUT_S, "the delayer's stats")
 
+    def delayer_running(self) -> bool:
+        return self._delayer is not None and self._delayer.poll() is None
+
     # --- running things in the sites -------------------------------------------
 
     def namespace(self, site: str) -> str:

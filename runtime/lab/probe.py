@@ -79,7 +79,8 @@ def ping(
     targets: Sequence[tuple[str, int]], port: int, count: int, interval_s: float, wait_s: float
 ) -> dict[str, Any]:
     """`count` probes to each target, one round every `interval_s`, from one
-    socket on `port` (0: any); replies wait `wait_s` after the last round."""
+    socket on `port` (0: any); replies wait up to `wait_s` after the last
+    round (no longer once every probe is answered)."""
     sock = _socket(port)
     names = [f"{host}:{p}" for host, p in targets]
     results = {name: Target() for name in names}
@@ -87,13 +88,16 @@ def ping(
     start = time.monotonic()
     rounds = 0
     deadline = start + count * interval_s + wait_s
-    while (now := time.monotonic()) < deadline:
+    while (now := time.monotonic()) < deadline and (rounds < count or sent_at):
         if rounds < count and now >= start + rounds * interval_s:
             for name, target in zip(names, targets, strict=True):
                 key = f"{rounds} {name}".encode()
                 sent_at[key] = time.monotonic()
-                sock.sendto(b"probe " + key, target)
                 results[name].sent += 1
+                try:
+                    sock.sendto(b"probe " + key, target)
+                except OSError:  # no route (yet): a probe lost like any other
+                    del sent_at[key]
             rounds += 1
             continue
         due = start + rounds * interval_s if rounds < count else deadline

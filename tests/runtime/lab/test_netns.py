@@ -18,15 +18,16 @@ from pathlib import Path
 
 import pytest
 
+from runtime.lab.check import EARLY_TOLERANCE_MS, RTT_TOLERANCE_MS
 from runtime.lab.netns import ECHO_PORT, Lab, LabError, leftovers, namespaces, unavailable
 from runtime.lab.topology import TopologyError, load_topology
 from tests import REPO
 from tests.runtime.lab.fixtures import MakeLab, skip_without_lab
 
-RTT_TOLERANCE_MS = 2.0
-"""Median RTT within 2 ms of 40 ms: measured +0.3 to +0.9 ms on 2 busy cores."""
-NEVER_EARLY_MS = 0.2
-"""No packet leaves before its time (less the delayer's 50 µs early release)."""
+NEVER_EARLY_MS = EARLY_TOLERANCE_MS
+FLOOR_MS = 1.0
+"""The fastest round trip is the configuration plus the path's own cost
+(measured +0.3 to +0.45 ms, idle or busy): the delay itself is right."""
 PUBLIC_40MS = {"link": {"delay_ms": 10}, "sites": [{"name": "a"}, {"name": "b"}]}
 
 
@@ -44,7 +45,7 @@ def test_rtt_between_public_sites_is_the_configured_rtt(make_lab: MakeLab) -> No
     print(f"RTT 40 ms configured: {sample.summary()}, error {error:+.3f} ms ({lab.priority})")
     assert sample.loss == 0.0
     assert abs(error) <= RTT_TOLERANCE_MS
-    assert min(sample.rtt_ms) >= 40.0 - NEVER_EARLY_MS
+    assert 40.0 - NEVER_EARLY_MS <= min(sample.rtt_ms) <= 40.0 + FLOOR_MS
     stats = lab.delayer_stats()
     assert stats["paths"]["a>b"] == {"sent": 100, "lost": 0} and stats["unroutable"] == 0
 
@@ -64,15 +65,15 @@ def test_each_direction_of_each_link_adds_its_delay(make_lab: MakeLab) -> None:
     to_b, to_c = (f"{lab.address(site)}:{ECHO_PORT}" for site in ("b", "c"))
     from_a = lab.ping("a", [to_b, to_c], count=10)["targets"]
     from_b = lab.ping("b", [to_c], count=10)["targets"]
-    measured = {
-        ("a", "b"): statistics.median(from_a[to_b]["rtt_ms"]),
-        ("a", "c"): statistics.median(from_a[to_c]["rtt_ms"]),
-        ("b", "c"): statistics.median(from_b[to_c]["rtt_ms"]),
+    fastest = {
+        ("a", "b"): min(from_a[to_b]["rtt_ms"]),
+        ("a", "c"): min(from_a[to_c]["rtt_ms"]),
+        ("b", "c"): min(from_b[to_c]["rtt_ms"]),
     }
     configured = {("a", "b"): 48.0, ("a", "c"): 32.0, ("b", "c"): 20.0}
     assert {pair: lab.topology.rtt_ms(*pair) for pair in configured} == configured
-    for pair, rtt in measured.items():
-        assert abs(rtt - configured[pair]) <= RTT_TOLERANCE_MS, (pair, rtt)
+    for pair, rtt in fastest.items():
+        assert -NEVER_EARLY_MS <= rtt - configured[pair] <= FLOOR_MS, (pair, rtt)
 
 
 def test_jitter_spreads_round_trips_as_configured(make_lab: MakeLab) -> None:
@@ -80,9 +81,12 @@ def test_jitter_spreads_round_trips_as_configured(make_lab: MakeLab) -> None:
         {"link": {"delay_ms": 10, "jitter_ms": 4}, "sites": [{"name": "a"}, {"name": "b"}]}
     )
     rtts = lab.rtt("a", "b", count=60, interval_s=0.015).rtt_ms
-    # four uniform draws of ±4 ms: standard deviation sqrt(4 * 4^2 / 3) = 4.6 ms
-    assert 3.0 < statistics.stdev(rtts) < 6.5
-    assert min(rtts) >= 24.0 - NEVER_EARLY_MS and max(rtts) <= 56.0 + RTT_TOLERANCE_MS
+    # four uniform draws of ±4 ms: about normal with a 4.6 ms standard deviation,
+    # an interquartile range of 6 ms (a quantile: a loaded host's outliers barely move it)
+    quartiles = statistics.quantiles(rtts, n=4)
+    print(f"jitter ±4 ms per link: quartiles {quartiles}")
+    assert 3.0 < quartiles[2] - quartiles[0] < 9.5
+    assert min(rtts) >= 24.0 - NEVER_EARLY_MS
 
 
 def test_loss_is_near_the_configured_fraction(make_lab: MakeLab) -> None:
@@ -219,8 +223,8 @@ def test_two_labs_at_once_and_one_closed(make_lab: MakeLab) -> None:
     first = make_lab(PUBLIC_40MS)
     with Lab(load_topology({"sites": [{"name": "a"}, {"name": "b"}]})) as second:
         assert first.plan.prefix != second.plan.prefix
-        assert second.rtt("a", "b", count=3).median < 5.0
-    assert first.rtt("a", "b", count=3).median >= 40.0 - NEVER_EARLY_MS
+        assert min(second.rtt("a", "b", count=5).rtt_ms) < FLOOR_MS
+    assert min(first.rtt("a", "b", count=5).rtt_ms) >= 40.0 - NEVER_EARLY_MS
 
 
 def test_bad_requests_fail_clearly(make_lab: MakeLab) -> None:
