@@ -41,13 +41,13 @@ COMMANDS = (
     chat,
     demo,
     simulate,
-    lab,
     tiny_model,
     manifest,
     policy,
     voters,
     invite,
     doctor,
+    lab,
 )
 """The command modules, in the order `shardmesh --help` lists them."""
 

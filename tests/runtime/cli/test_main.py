@@ -112,7 +112,7 @@ def test_the_commands_are_listed_in_the_order_help_shows_them() -> None:
     (commands,) = (a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
     assert list(commands.choices) == [
         "node", "serve", "status", "chat", "demo", "simulate", "tiny-model", "manifest",
-        "policy", "voters", "invite", "doctor",
+        "policy", "voters", "invite", "doctor", "lab",
     ]  # fmt: skip
 
 
