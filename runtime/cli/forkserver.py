@@ -40,8 +40,23 @@ PRELOAD = (
 libraries and the node's own modules (none of ours reads the environment
 at import time; each reads it when it runs)."""
 
-IMPORT_TIME_ENV = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "PYTHON", "MLX_", "TORCH")
-"""Prefixes of the variables a library reads once, when it loads: a child
+IMPORT_TIME_ENV = (
+    "OMP_",
+    "GOMP_",
+    "KMP_",
+    "MKL_",
+    "OPENBLAS_",
+    "PYTHON",
+    "MLX_",
+    "TORCH",
+    "PYTORCH_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TOKENIZERS_",
+)
+"""Prefixes of the variables a library reads once, when it loads (libgomp
+its threads, huggingface_hub its endpoint and offline mode...): a child
 inherits the server's values, so a node that asks for others is spawned."""
 
 READY_TIMEOUT_S = 120.0

@@ -107,6 +107,7 @@ def test_a_child_that_needs_other_import_time_settings_is_not_forked() -> None:
     assert server.compatible({**BASE_ENV, "SHARDMESH_ANYTHING": "x"})  # read at run time
     assert not server.compatible({**BASE_ENV, "OMP_NUM_THREADS": "4"})  # libgomp read it
     assert not server.compatible({**BASE_ENV, "PYTHONHASHSEED": "1"})
+    assert not server.compatible({**BASE_ENV, "HF_ENDPOINT": "http://127.0.0.1:1"})  # the hub's
 
 
 async def test_a_dead_server_refuses_and_the_swarm_spawns_instead(tmp_path: Path) -> None:
