@@ -158,32 +158,48 @@ def render(document: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+class _Stopped(Exception):
+    """SIGINT or SIGTERM arrived: remove the lab and exit 0."""
+
+
+def _stop_on_signals() -> None:
+    """From here, SIGINT or SIGTERM raises `_Stopped` once (a handler, not a
+    blocked mask: children inherit a mask, not a handler); any more are
+    ignored, so the teardown they asked for runs to its end."""
+
+    def stop(signum: int, frame: object) -> None:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        raise _Stopped
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stop)
+
+
 def run_up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    lab = _build("lab up", args.spec, args.prefix)
-    if isinstance(lab, int):
-        return lab
-    with lab:
-        document = describe(lab)
-        print(json.dumps(document) if args.json else render(document), flush=True)
-        return _hold(lab, args.hold_s)
+    _stop_on_signals()  # before the build: a half-built lab is removed too
+    try:
+        lab = _build("lab up", args.spec, args.prefix)
+        if isinstance(lab, int):
+            return lab
+        with lab:
+            document = describe(lab)
+            print(json.dumps(document) if args.json else render(document), flush=True)
+            return _hold(lab, args.hold_s)
+    except _Stopped:
+        print("shardmesh lab up: stopped; the lab is removed", file=sys.stderr)
+        return 0
 
 
 def _hold(lab: Lab, hold_s: float | None) -> int:
-    """Until SIGINT or SIGTERM (blocked, then waited for), `hold_s`, or the
-    delayer's end; the caller's `with` removes the lab."""
-    stops = {signal.SIGINT, signal.SIGTERM}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stops)
+    """Until a signal (`_Stopped`), `hold_s`, or the delayer's end; the
+    caller's `with` removes the lab."""
     deadline = None if hold_s is None else time.monotonic() + hold_s
-    try:
-        while deadline is None or time.monotonic() < deadline:
-            left = WATCH_S if deadline is None else min(WATCH_S, deadline - time.monotonic())
-            if signal.sigtimedwait(stops, max(0.0, left)) is not None:
-                break
-            if not lab.delayer_running():
-                return fail("lab up", "the delayer stopped: the lab no longer delays; removed it")
-    finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, stops)
-    print(f"lab {lab.plan.prefix}: removing", file=sys.stderr)
+    while deadline is None or time.monotonic() < deadline:
+        left = WATCH_S if deadline is None else deadline - time.monotonic()
+        time.sleep(max(0.0, min(WATCH_S, left)))
+        if not lab.delayer_running():
+            return fail("lab up", "the delayer stopped, so the lab no longer delays: removed it")
     return 0
 
 

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -33,9 +34,9 @@ def spec_file(tmp_path: Path, spec: object) -> str:
     return str(path)
 
 
-def up(spec: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
+def up(spec: str, *flags: str) -> tuple[subprocess.Popen[str], dict[str, object]]:
     proc = subprocess.Popen(
-        [*SHARDMESH, "lab", "up", spec, "--json"],
+        [*SHARDMESH, "lab", "up", spec, "--json", *flags],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -60,7 +61,8 @@ def test_check_prints_json_with_the_rtt_error(tmp_path: Path) -> None:
     assert leftovers(report["prefix"]) == []
 
 
-def test_up_builds_until_sigterm_then_removes_the_lab(tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_up_builds_until_a_signal_then_removes_the_lab(tmp_path: Path, stop: int) -> None:
     skip_without_lab()
     proc, document = up(spec_file(tmp_path, SMALL))
     try:
@@ -76,8 +78,15 @@ def test_up_builds_until_sigterm_then_removes_the_lab(tmp_path: Path) -> None:
         ).stdout
         assert f"inet {sites['a']['address']}/24" in addresses
     finally:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(stop)
         assert proc.wait(TIMEOUT_S) == 0
+    assert leftovers(str(document["prefix"])) == []
+
+
+def test_up_for_a_while_removes_the_lab_by_itself(tmp_path: Path) -> None:
+    skip_without_lab()
+    proc, document = up(spec_file(tmp_path, SMALL), "--for", "0.5")
+    assert proc.wait(TIMEOUT_S) == 0
     assert leftovers(str(document["prefix"])) == []
 
 
@@ -120,3 +129,17 @@ def test_example_prints_a_spec_that_loads() -> None:
     assert done.returncode == 0
     topology = load_topology(json.loads(done.stdout))
     assert [site.nat for site in topology.sites] == ["none", "none", "port-preserving"]
+
+
+def test_up_removes_the_lab_when_its_delayer_dies(tmp_path: Path) -> None:
+    skip_without_lab()
+    proc, document = up(spec_file(tmp_path, SMALL))
+    core = f"{document['prefix']}-core"
+    pids = subprocess.run(
+        ["ip", "netns", "pids", core], capture_output=True, text=True, timeout=10, check=True
+    ).stdout.split()
+    for pid in pids:  # the delayer is all that runs in the core
+        os.kill(int(pid), signal.SIGKILL)
+    assert proc.wait(TIMEOUT_S) == 1
+    assert proc.stderr is not None and "the delayer stopped" in proc.stderr.read()
+    assert leftovers(str(document["prefix"])) == []
