@@ -54,8 +54,13 @@ class LabError(RuntimeError):
 
 
 def _which(tool: str) -> str | None:
+    """Where `tool` is: on PATH, or in the sbin folders a user's PATH may lack."""
     path = os.environ.get("PATH", "") + os.pathsep + "/usr/sbin:/sbin:/usr/bin"
     return shutil.which(tool, path=path)
+
+
+def _tool(name: str) -> str:
+    return _which(name) or name
 
 
 def _run(argv: Sequence[str], stdin: str | None = None, check: bool = True) -> str:
@@ -63,7 +68,7 @@ def _run(argv: Sequence[str], stdin: str | None = None, check: bool = True) -> s
     the command and its stderr."""
     try:
         done = subprocess.run(
-            list(argv),
+            [_tool(argv[0]), *argv[1:]],
             input=stdin,
             capture_output=True,
             text=True,
@@ -92,7 +97,7 @@ def unavailable() -> str | None:
     trial = f"labchk{os.getpid() % 100_000}"
     try:
         _run(["ip", "netns", "add", trial])
-        _run(["ip", "netns", "exec", trial, "nft", "list", "ruleset"])
+        _run(["ip", "netns", "exec", trial, _tool("nft"), "list", "ruleset"])
     except LabError as exc:
         return f"cannot make a network namespace with nftables here: {exc}"
     finally:
@@ -221,6 +226,7 @@ class Lab:
         self.topology = topology
         self._prefix = prefix
         self._plan: Plan | None = None
+        self._made: list[str] = []
         self._spawned: list[subprocess.Popen[Any]] = []
         self._delayer: subprocess.Popen[bytes] | None = None
         self._delayer_lines: Lines | None = None
@@ -256,7 +262,14 @@ class Lab:
         if reason is not None:
             raise LabError(reason)
         plan = self._plan = make_plan(self.topology, self._prefix or fresh_prefix())
-        _run(["ip", "-batch", "-"], "".join(f"netns add {ns}\n" for ns in plan.namespaces))
+        before = set(namespaces())
+        taken = sorted(before & set(plan.namespaces))
+        if taken:
+            raise LabError(f"the namespaces {taken} exist already: another lab uses {plan.prefix}")
+        try:
+            _run(["ip", "-batch", "-"], "".join(f"netns add {ns}\n" for ns in plan.namespaces))
+        finally:  # what this lab made, and so may remove: never another's
+            self._made = [ns for ns in namespaces() if ns in plan.namespaces and ns not in before]
         for ns in plan.namespaces:
             forwards = ns == plan.core_ns or any(s.router_ns == ns for s in plan.sites)
             _run(["ip", "netns", "exec", ns, "sh", "-c", commands.sysctl_script(forwards)])
@@ -264,7 +277,7 @@ class Lab:
         for site, shape in zip(plan.sites, self.topology.sites, strict=True):
             if site.router_ns is not None:
                 self._ip(site.router_ns, commands.router_batch(site))
-                nft = ["ip", "netns", "exec", site.router_ns, "nft", "-f", "-"]
+                nft = ["ip", "netns", "exec", site.router_ns, _tool("nft"), "-f", "-"]
                 _run(nft, commands.nat_ruleset(shape.nat))
             self._ip(site.host_ns, commands.host_batch(site))
         for ns, lines in commands.tc_batches(plan).items():
@@ -278,7 +291,7 @@ class Lab:
         plan = self.plan
         argv = [sys.executable, "-m", "runtime.lab.delayer", "--tun", TUN_IF]
         proc = self._delayer = subprocess.Popen(
-            ["ip", "netns", "exec", plan.core_ns, *argv],
+            [_tool("ip"), "netns", "exec", plan.core_ns, *argv],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
@@ -324,7 +337,7 @@ class Lab:
 
     def command(self, site: str, argv: Sequence[str]) -> list[str]:
         """`argv` as it runs in `site`: `ip netns exec NS argv...`."""
-        return ["ip", "netns", "exec", self.namespace(site), *argv]
+        return [_tool("ip"), "netns", "exec", self.namespace(site), *argv]
 
     def spawn(self, site: str, argv: Sequence[str], **popen: Any) -> subprocess.Popen[Any]:
         """Start `argv` in `site` (its own process group; `close` stops it)."""
@@ -426,10 +439,11 @@ class Lab:
         if self._delayer is not None:
             _stop(self._delayer)  # stdin closed too: the delayer ends at end of file
             self._delayer = None
-        if self._plan is None:
+        if not self._made:
             return
-        remove_namespaces(self._plan.namespaces)
-        stuck = sorted(set(self._plan.namespaces) & set(namespaces()))
+        remove_namespaces(self._made)
+        stuck = sorted(set(self._made) & set(namespaces()))
+        self._made = stuck
         if stuck:
             raise LabError(f"could not remove the namespaces {stuck}")
 

@@ -227,6 +227,14 @@ def test_two_labs_at_once_and_one_closed(make_lab: MakeLab) -> None:
     assert min(first.rtt("a", "b", count=5).rtt_ms) >= 40.0 - NEVER_EARLY_MS
 
 
+def test_a_prefix_in_use_is_refused_and_the_other_lab_kept(make_lab: MakeLab) -> None:
+    first = make_lab(PUBLIC_40MS)
+    with pytest.raises(LabError, match="exist already"), Lab(first.topology, first.plan.prefix):
+        pass
+    assert set(first.plan.namespaces) <= set(namespaces())
+    assert min(first.rtt("a", "b", count=3).rtt_ms) >= 40.0 - NEVER_EARLY_MS
+
+
 def test_bad_requests_fail_clearly(make_lab: MakeLab) -> None:
     lab = make_lab(
         {
