@@ -8,7 +8,9 @@ as `Authorization: Bearer TOKEN`, compared in constant time; missing or wrong:
 call on to the Raft leader or reports chat demand (bad or replayed: 403).
 `authenticate` says who calls; `Gate` then says whether they may: a voter for
 admin calls, the node being assigned for its own bootstrap, a live member for
-demand and evidence. Demand is never an operator's to invent.
+demand and evidence. Demand is never an operator's to invent. Before any of
+it, a Gate refuses a `Host` this node does not serve on (`421`,
+`runtime.api.hosts`: DNS rebinding).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.requests import Request
 
 from mesh.identity import node_id_text
 from mesh.member_table import LIVE_STATES
+from runtime.api.hosts import host_refusal
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.signed_http import ReplayGuard, SignatureRefused, is_signed, verify_request
@@ -84,6 +87,11 @@ class GateNode(Protocol):
         """What this node's operator presents (`STATE_DIR/operator.token`)."""
         ...
 
+    @property
+    def addresses(self) -> dict[str, str]:
+        """Where peers reach this node: control, data, api (empty until it serves)."""
+        ...
+
 
 class Gate:
     """One node's checks of who calls and whether they may, for its routes.
@@ -97,8 +105,17 @@ class Gate:
         self.node = node
         self.replays = ReplayGuard()
 
+    def served_host(self, request: Request) -> None:
+        """421 unless the request's `Host` is one this node serves on
+        (`runtime.api.hosts`); every check below makes it first."""
+        refusal = host_refusal(request.headers.get("host"), self.node.addresses)
+        if refusal is not None:
+            raise HTTPException(421, refusal)
+
     async def caller(self, request: Request, *, operator: bool = True) -> bytes | None:
-        """`authenticate` against this node's token and replay guard."""
+        """`authenticate` against this node's token and replay guard, for a
+        request that names this node (`served_host`)."""
+        self.served_host(request)
         token = self.node.operator_token
         return await authenticate(request, token, self.replays, operator=operator)
 

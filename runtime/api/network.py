@@ -25,7 +25,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from consensus.commands import MAX_TEXT, Eligible, RecordDemand, SetPolicy
+from consensus.commands import MAX_INT, MAX_TEXT, Eligible, LedgerError, RecordDemand, SetPolicy
 from consensus.settings import PlacementSettings, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_from_text, node_id_text
 from mesh.records import RECIPES
@@ -57,11 +57,6 @@ class NetworkNode(GateNode, LeaderNode, Protocol):
     @property
     def access(self) -> SwarmAccess:
         """Who may connect: invitations and admissions."""
-        ...
-
-    @property
-    def addresses(self) -> dict[str, str]:
-        """Where peers reach this node: control, data, api."""
         ...
 
     @property
@@ -225,6 +220,8 @@ class PlacementRoutes:
             return error_response(409, str(exc), code="already_assigned", param="node_id")
         except NodeQuarantined as exc:
             return error_response(409, str(exc), code="quarantined", param="node_id")
+        except LedgerError as exc:  # the ledger's own checks of what the body asked for
+            raise BadRequest(str(exc)) from None
         return await self.leader.commit(request, command, signer)
 
 
@@ -401,6 +398,7 @@ class InvitationRoutes:
         )
 
     async def join(self, request: Request) -> JSONResponse:
+        self.gate.served_host(request)  # no credential, but it changes the swarm
         body = await json_object(request)
         token, node_text, at, signature = (
             body.get(k) for k in ("invitation", "node_id", "at", "signature")
@@ -463,11 +461,11 @@ def bootstrap_fields(body: dict[str, Any]) -> tuple[bytes, str, tuple[int, int],
         not isinstance(layers, list)
         or len(layers) != 2
         or not all(type(x) is int for x in layers)
-        or not 0 <= layers[0] < layers[1]
+        or not 0 <= layers[0] < layers[1] <= MAX_INT
     ):
-        raise BadRequest("layers must be [a, b] with 0 <= a < b", "layers")
+        raise BadRequest(f"layers must be [a, b] with 0 <= a < b <= {MAX_INT}", "layers")
     recipe = body.get("recipe", "fp32")
-    if recipe not in RECIPES:
+    if not isinstance(recipe, str) or recipe not in RECIPES:
         raise BadRequest(f"recipe must be one of {sorted(RECIPES)}", "recipe")
     return node_id, model, (layers[0], layers[1]), recipe
 

@@ -172,7 +172,7 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         if not isinstance(message, dict):
             raise _bad(f"{where} must be an object", where)
         role = message.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:  # a list is unhashable
             raise _bad(f"{where}.role must be one of {sorted(ROLES)}", f"{where}.role")
         parsed.append({"role": role, "content": _content_text(message.get("content"), where)})
     stream = body.get("stream", False)

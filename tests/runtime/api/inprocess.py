@@ -5,9 +5,10 @@ leads within a few tens of milliseconds), its real ledger, placement,
 swarm access, ledger follower, adjudicator and model store. Only what needs
 other processes is narrow: `Members` stands in for the membership driver
 (the members a gate reads, fault injection), and `FollowerRaft` for a Raft
-driver that follows a leader elsewhere. The app is driven through httpx's
-ASGI transport in the test's own trio run, or served by hypercorn on
-loopback where one node must reach another over HTTP.
+driver that follows a leader elsewhere. `chat_service` is a real chat entry
+of such a node (no chain behind it). The app is driven through httpx's ASGI
+transport in the test's own trio run, or served by hypercorn on loopback
+where one node must reach another over HTTP.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ from mesh.member_table import MemberState
 from mesh.membership import MemberView
 from runtime.api.http import BadRequest, bad_request, http_error, server_error
 from runtime.api.network import NetworkNode, network_routes
+from runtime.inference.chain import Pipeline
+from runtime.inference.chat import ArtifactStore, ChatService
 from runtime.model.store import ModelStore
 from runtime.node.access import SwarmAccess
 from runtime.node.admission import ShardSlot
@@ -195,6 +198,18 @@ def make_node(
     )  # fmt: skip
 
 
+def chat_service(node: ApiNode, cache_dir: Path) -> ChatService:
+    """A real `ChatService` of `node`: its swarm view, placement and store,
+    with no pipeline (never reached: no model of this node's swarm is served)."""
+    return ChatService(
+        swarm=SwarmView(node.membership, lambda: node.raft.ledger),
+        placement=node.placement,
+        leader=node.raft.leader,
+        pipeline=cast(Pipeline, None),
+        artifacts=ArtifactStore(cache_dir, node.store.by_digest),
+    )
+
+
 @asynccontextmanager
 async def leading_node(
     tmp_path: Path, store: ModelStore | None = None, **kwargs: Any
@@ -237,7 +252,7 @@ def app_of(node: NetworkNode) -> Starlette:
 def client_of(node: NetworkNode) -> httpx.AsyncClient:
     """A client of `node`'s routes, in this trio run (no sockets)."""
     transport = httpx.ASGITransport(app=app_of(node), raise_app_exceptions=False)
-    return httpx.AsyncClient(transport=transport, base_url="http://node")
+    return httpx.AsyncClient(transport=transport, base_url="http://localhost")
 
 
 @asynccontextmanager

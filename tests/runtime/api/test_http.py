@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,8 @@ from starlette.routing import Route
 
 from runtime.api.http import (
     MAX_BODY_BYTES,
+    MAX_JSON_DEPTH,
+    MAX_JSON_INT,
     BadRequest,
     bad_request,
     chat_error,
@@ -160,6 +163,60 @@ async def test_a_bad_body_is_a_400_saying_why(
     error = error_of(await client.post("/echo", content=body, headers=JSON), 400)
     assert words in error["message"] and error["type"] == "invalid_request_error"
     assert error["param"] is None
+
+
+@pytest.mark.parametrize(
+    ("body", "words", "param"),
+    [
+        (b"[" * 30_000 + b"]" * 30_000, f"nests deeper than {MAX_JSON_DEPTH} levels", None),
+        (b'{"a": ' * 65 + b"1" + b"}" * 65, "nests deeper than", None),
+        (b'{"messages": [{"content": "hi \\ud800"}]}', "lone surrogate", "messages[0].content"),
+        (b'{"\\udc00": 1}', "lone surrogate", "\\udc00"),
+        (b'{"count": ' + b"9" * 5_000 + b"}", "count: the integer 999", "count"),
+        (b'{"count": ' + b"9" * 5_000 + b"}", "(5000 digits) is out of range", "count"),
+        (b'{"n": [1, ' + str(MAX_JSON_INT).encode() + b"]}", "n[1]: the integer", "n[1]"),
+        (b'{"count": -' + str(MAX_JSON_INT).encode() + b"}", "is out of range", "count"),
+        (b'{"at": NaN}', "at: NaN is not a JSON value", "at"),
+        (b'{"a": {"b": -Infinity}}', "-Infinity is not a JSON value", "a.b"),
+        (b'{"at": 1e400}', "1e400 is out of a float's range", "at"),
+        (b"1e400", "the body: the number 1e400", None),
+        (b'{"a": "\xed\xa0\x80"}', "not UTF-8", None),  # a surrogate written raw
+        (b"\xff\xfe{\x00}\x00", "not UTF-8", None),  # UTF-16: JSON is UTF-8 only
+        (b"[]", "not an array", None),
+        (b"null", "not null", None),
+    ],
+)
+async def test_json_that_would_fail_further_in_is_a_400_naming_it(
+    client: httpx.AsyncClient, body: bytes, words: str, param: str | None
+) -> None:
+    """Issue 30: each of these was a 500 (RecursionError, ValueError from
+    the int parser, a surrogate or NaN that no encoder takes)."""
+    error = error_of(await client.post("/echo", content=body, headers=JSON), 400)
+    assert words in error["message"] and error["param"] == param, error
+
+
+async def test_strict_json_still_takes_every_json_we_serve(client: httpx.AsyncClient) -> None:
+    """Up to the depth limit, paired surrogates, brackets and escaped quotes
+    inside strings, integers up to 64 bits either way."""
+    deep = b"[" * (MAX_JSON_DEPTH - 1) + b"]" * (MAX_JSON_DEPTH - 1)  # 64 levels, the object's too
+    for body, got in [
+        (b'{"a": ' + deep + b"}", None),
+        (b'{"a": "\\ud83d\\ude00"}', {"a": "\U0001f600"}),
+        (b'{"a": "[[[[\\"{{{{", "b": ' + b"[" * 60 + b"]" * 60 + b"}", None),
+        (json.dumps({"n": [MAX_JSON_INT - 1, 1 - MAX_JSON_INT, 1.5e300]}).encode(), None),
+    ]:
+        answer = await client.post("/echo", content=body, headers=JSON)
+        assert answer.status_code == 200, (body[:40], answer.text)
+        assert got is None or answer.json()["got"] == got
+
+
+async def test_the_depth_is_counted_in_linear_time(client: httpx.AsyncClient) -> None:
+    """A scanner that retried every quote would take seconds on this; a
+    body of brackets under the limit costs one pass too."""
+    started = time.perf_counter()
+    for body in (b'"' + b'\\"' * 30_000, b"[]" * 30_000, b'"[' * 30_000):
+        error_of(await client.post("/echo", content=body, headers=JSON), 400)
+    assert time.perf_counter() - started < 1.0
 
 
 async def test_the_size_limit_is_the_routes_own(client: httpx.AsyncClient) -> None:

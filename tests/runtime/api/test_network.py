@@ -269,6 +269,8 @@ async def test_a_quarantined_node_is_assigned_nothing(node: ApiNode) -> None:
         ({"layers": [0, 2.5]}, "layers"),
         ({"layers": "0-4"}, "layers"),
         ({"recipe": "fp3"}, "recipe"),
+        ({"recipe": ["fp32"]}, "recipe"),  # unhashable: was a 500
+        ({"layers": [0, 2**63]}, "layers"),  # past the ledger's 64 bits: was a 500
     ],
 )
 async def test_a_bad_assignment_is_a_400_naming_the_field(
@@ -489,6 +491,11 @@ BAD_BODIES = [
     (b"[1, 2]", "JSON object"),
     (b'"text"', "JSON object"),
     (b"x" * (MAX_BODY_BYTES + 1), "over"),
+    # Issue 30: each was a 500 (the parser's recursion, its int guard, encoders).
+    (b"[" * 30_000 + b"]" * 30_000, "nests deeper than"),
+    (b'{"invitation": "smi1.\\ud800", "model": "\\ud800"}', "lone surrogate"),
+    (b'{"at": ' + b"9" * 5_000 + b"}", "out of range"),
+    (b'{"isolate": NaN}', "NaN is not a JSON value"),
 ]
 
 

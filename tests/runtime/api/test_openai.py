@@ -206,6 +206,8 @@ async def test_a_stream_that_fails_says_so_in_band_and_is_counted_by_why(
         (chat_body(model="other"), None, 404, OUTCOME_MODEL_NOT_FOUND),
         ({"model": "tiny", "messages": []}, None, 400, OUTCOME_CLIENT_ERROR),
         (chat_body(stream="yes"), None, 400, OUTCOME_CLIENT_ERROR),
+        # An unhashable role was a TypeError in the parser: a 500 (issue 30).
+        (chat_body(messages=[{"role": ["user"], "content": "x"}]), None, 400, OUTCOME_CLIENT_ERROR),
         (chat_body(), {"content-type": "text/plain"}, 415, OUTCOME_CLIENT_ERROR),
     ],
 )
@@ -222,6 +224,30 @@ async def test_a_refused_request_is_counted_once_and_gives_its_slot_back(
     assert answer.json()["error"]["message"]
     assert chat.outcomes == Counter({outcome: 1}) and chat.closed == 0
     assert quota.in_flight(CLIENT) == 0
+
+
+@pytest.mark.parametrize(
+    ("content", "param"),
+    [
+        (b'"hi \\ud800"', "messages[0].content"),
+        (b'[{"type": "text", "text": "\\udfff"}]', "messages[0].content[0].text"),
+        (b"[" * 30_000 + b"]" * 30_000, None),
+    ],
+)
+async def test_a_lone_surrogate_or_deep_json_is_a_400_before_the_chat_starts(
+    quota: ChatQuota, content: bytes, param: str | None
+) -> None:
+    """Issue 30: a lone surrogate reached the tokenizer (which raises on
+    it: a 500) and 30,000 nested arrays the parser's recursion limit."""
+    chat = Scripted(["never sent"])
+    body = b'{"model": "tiny", "messages": [{"role": "user", "content": ' + content + b"}]}"
+    async with client_of(chat, quota) as client:
+        answer = await client.post(PATH, content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error["type"] == "invalid_request_error" and error["param"] == param
+    assert ("lone surrogate" if param else "nests deeper than") in error["message"]
+    assert chat.requests == [] and chat.outcomes == Counter({OUTCOME_CLIENT_ERROR: 1})
 
 
 async def test_a_client_over_its_quota_gets_a_429_to_retry(quota: ChatQuota) -> None:
