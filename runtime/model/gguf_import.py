@@ -77,12 +77,13 @@ def _gguf_read_once() -> Iterator[None]:
     import gguf
 
     reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
-    gguf.GGUFReader = functools.cache(reader)
-    gguf.get_tensor_name_map = functools.cache(name_map)
+    setattr(gguf, "GGUFReader", functools.cache(reader))  # noqa: B010 - a class, swapped
+    setattr(gguf, "get_tensor_name_map", functools.cache(name_map))  # noqa: B010
     try:
         yield
     finally:
-        gguf.GGUFReader, gguf.get_tensor_name_map = reader, name_map
+        setattr(gguf, "GGUFReader", reader)  # noqa: B010
+        setattr(gguf, "get_tensor_name_map", name_map)  # noqa: B010
 
 
 def _write_folder(gguf_file: Path, out: Path, name: str, progress: Progress | None) -> None:
