@@ -81,4 +81,5 @@ def wire_control(
         held=lambda: raft.ledger.applied_index,
     )
     raft.followed_leader = follower.leader
+    raft.heard_up_to_date = follower.caught_up
     return Control(membership, raft, swarm, follower)

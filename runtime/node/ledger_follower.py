@@ -187,6 +187,15 @@ class LedgerFollower:
         newest = self._newest()
         return None if newest is None else newest[0]
 
+    def caught_up(self) -> bool:
+        """Whether the copy held is as new as the newest notice heard from a
+        trusted voter (False until one is heard): what a node that chooses
+        by the ledger, as auto-join does, waits for. A node that started in
+        a fraction of a second otherwise chose on the empty ledger it began
+        with, and took a span others already held."""
+        newest = self._newest()
+        return newest is not None and newest[1].index <= self._held()
+
     def newest_notice(self) -> tuple[bytes, LedgerNotice] | None:
         """The newest notice in a trusted voter's record that is newer than
         the copy held, with whom to pull from."""

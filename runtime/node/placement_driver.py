@@ -256,15 +256,17 @@ class Placement:
         )
 
     async def _auto_join(self) -> None:
-        """`--auto-join`: once a leader and a snapshot are known, take the
-        best gap for this node's memory and store, as a bootstrap assignment."""
+        """`--auto-join`: once a leader is known and this node's ledger is as
+        new as the leader's notice, take the best gap for this node's memory
+        and store, as a bootstrap assignment."""
         while True:
             await trio.sleep(AUTO_JOIN_POLL_S)
             if self._raft.ledger.assignment(self.node_id) is not None:
                 return
             backend = self._slot.backend
-            if backend is None or self._raft.leader() is None:
+            if backend is None or self._raft.leader() is None or not self._raft.caught_up():
                 continue
+            self._snapshot_cache = await self._snapshot()  # of the ledger caught up with
             gap = self.suggest(backend.memory_bytes, self._store.names())
             if gap is None:
                 continue

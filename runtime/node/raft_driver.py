@@ -199,6 +199,9 @@ class RaftDriver:
         self.followed_leader: Callable[[], bytes | None] = lambda: None
         """Who leads, as a member outside the configuration hears it (its
         ledger follower reads the leader's notice); Raft says it otherwise."""
+        self.heard_up_to_date: Callable[[], bool] = lambda: True
+        """Whether this node's ledger is as new as the leader's notice it
+        has heard (`LedgerFollower.caught_up`); see `caught_up`."""
         self.on_replace: list[Callable[[], None]] = []
         """Called when the ledger is replaced whole (a snapshot from the
         leader, or a copy followed from a voter), which no `on_apply` sees."""
@@ -557,6 +560,11 @@ class RaftDriver:
     @property
     def is_leader(self) -> bool:
         return self.raft.is_leader
+
+    def caught_up(self) -> bool:
+        """Whether this node's ledger may be read as the swarm's: it leads,
+        or its copy is as new as the newest notice heard from the leader."""
+        return self.raft.is_leader or self.heard_up_to_date()
 
     def leader(self) -> bytes | None:
         """The leader this node follows (itself when leading), or None. A

@@ -114,3 +114,27 @@ def test_only_a_trusted_voters_newer_notice_makes_a_member_pull() -> None:
     records[VOTER.node_id] = record_with(LedgerNotice(3, 4, digest))
     assert member.source(now=101.0) is None  # up to date, voters heard from recently
     assert member.source(now=100.0 + REFRESH_S) == VOTER.node_id  # refresh the voters
+
+
+def test_a_member_is_caught_up_only_once_its_copy_is_as_new_as_the_notice_heard() -> None:
+    """What auto-join waits for: a node that started before its ledger
+    arrived must not choose a gap on the empty copy it began with."""
+    digest = "ab" * 32
+    records = {SEED.node_id: record_with(None)}
+    held = [0]
+    member = LedgerFollower(
+        node_id=b"\x07" * 32,
+        seeds=[SEED.node_id],
+        in_configuration=lambda: False,
+        record=records.get,
+        api_of=lambda node: None,
+        install=lambda ledger: None,
+        held=lambda: held[0],
+    )
+    assert not member.caught_up()  # no notice heard yet: nothing to be sure of
+    records[SEED.node_id] = record_with(LedgerNotice(2, 7, digest))
+    assert not member.caught_up()  # the leader has applied 7, this copy 0
+    held[0] = 7
+    assert member.caught_up()
+    records[STRANGER.node_id] = record_with(LedgerNotice(10**9, 10**9, digest))
+    assert member.caught_up()  # a stranger's notice is no reason to wait
