@@ -9,7 +9,6 @@ kills whatever is left.
 from __future__ import annotations
 
 import contextlib
-
 import os
 import signal
 from collections.abc import Callable
