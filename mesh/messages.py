@@ -251,7 +251,39 @@ class Consensus:
     signature: bytes
 
 
-Message = Ping | PingReq | Ack | Nack | Gossip | PushPull | SyncDigest | SyncDelta | Consensus
+@dataclass(frozen=True, slots=True)
+class DialRequest:
+    """ "Dial me back" (`mesh.reachability`): the receiver opens a fresh
+    connection to the control address in the sender's own signed record
+    (never one this message could name: it names none) and sends `DialBack`
+    with this `nonce` over it."""
+
+    nonce: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DialBack:
+    """The answer to a `DialRequest`, sent over a fresh connection to the
+    requester's advertised address: that it arrived proves peers can dial
+    the requester there. `nonce` is the request's, so an old or unasked
+    dial-back counts for nothing."""
+
+    nonce: bytes
+
+
+Message = (
+    Ping
+    | PingReq
+    | Ack
+    | Nack
+    | Gossip
+    | PushPull
+    | SyncDigest
+    | SyncDelta
+    | Consensus
+    | DialRequest
+    | DialBack
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,6 +40,8 @@ from mesh.messages import (
     Alive,
     Consensus,
     Dead,
+    DialBack,
+    DialRequest,
     Envelope,
     Gossip,
     Message,
@@ -550,6 +552,8 @@ MESSAGE_TYPE_IDS: Final[Mapping[type, int]] = MappingProxyType(
         Consensus: 7,
         SyncDigest: 8,
         SyncDelta: 9,
+        DialRequest: 10,
+        DialBack: 11,
     }
 )
 
@@ -595,6 +599,8 @@ def _body_value(message: Any) -> list[Any]:
             ]
         case SyncDelta():
             return _delta_value(message)
+        case DialRequest() | DialBack():
+            return [_nonce(message.nonce)]
     _fail(REASON_UNKNOWN_TYPE, "not a message")
 
 
@@ -643,6 +649,25 @@ def _consensus_payload(value: object) -> bytes:
 def _consensus(body: object) -> Consensus:
     payload, signature = array(body, "consensus", size=2)
     return Consensus(_consensus_payload(payload), _signature(signature))
+
+
+# A dial-back's nonce (mesh.reachability): 16 random bytes, so one cannot be
+# guessed, and a fixed size, so there is nothing to bound.
+DIAL_NONCE_BYTES: Final = 16
+
+
+def _nonce(value: object) -> bytes:
+    return fixed_bytes(value, "dial nonce", size=DIAL_NONCE_BYTES)
+
+
+def _dial_request(body: object) -> DialRequest:
+    (nonce,) = array(body, "dial request", size=1)
+    return DialRequest(_nonce(nonce))
+
+
+def _dial_back(body: object) -> DialBack:
+    (nonce,) = array(body, "dial back", size=1)
+    return DialBack(_nonce(nonce))
 
 
 # --- delta sync (mesh.sync) -------------------------------------------------
@@ -727,6 +752,8 @@ _BODY_DECODERS: Final[Mapping[int, Callable[[object], Message]]] = MappingProxyT
         MESSAGE_TYPE_IDS[Consensus]: _consensus,
         MESSAGE_TYPE_IDS[SyncDigest]: _sync_digest,
         MESSAGE_TYPE_IDS[SyncDelta]: _sync_delta,
+        MESSAGE_TYPE_IDS[DialRequest]: _dial_request,
+        MESSAGE_TYPE_IDS[DialBack]: _dial_back,
     }
 )
 

@@ -23,6 +23,8 @@ from mesh.messages import (
     Alive,
     Consensus,
     Dead,
+    DialBack,
+    DialRequest,
     Envelope,
     Gossip,
     Nack,
@@ -36,6 +38,7 @@ from mesh.messages import (
 )
 from mesh.sync import BUCKETS
 from mesh.wire import (
+    DIAL_NONCE_BYTES,
     DROP_REASONS,
     MAX_ADDR_CHARS,
     MAX_CBOR_ITEMS,
@@ -103,6 +106,8 @@ EXAMPLES = [
     SyncDelta(False, 8, (0, 32, 200), (ALIVE, SUSPECT), ()),
     SyncDelta(True, 0, (), (ALIVE, SUSPECT, DEAD), (RECORD,)),
     SyncDelta(True, 0, (), (), ()),
+    DialRequest(bytes(range(16))),
+    DialBack(bytes(range(16, 32))),
 ]
 
 GOSSIP = Envelope(NODE, ADDR, Gossip((ALIVE,)))
@@ -135,6 +140,8 @@ messages = st.one_of(
         st.lists(records, max_size=3).map(tuple),
     ),
     st.builds(Consensus, st.binary(min_size=1, max_size=256), signatures),
+    st.builds(DialRequest, st.binary(min_size=16, max_size=16)),
+    st.builds(DialBack, st.binary(min_size=16, max_size=16)),
     st.builds(
         SyncDigest,
         st.integers(0, 8)
@@ -221,13 +228,73 @@ def test_any_valid_envelope_round_trips(envelope: Envelope) -> None:
 def test_type_ids_are_the_documented_append_only_table() -> None:
     assert dict(MESSAGE_TYPE_IDS) == {
         Ping: 1, PingReq: 2, Ack: 3, Nack: 4, Gossip: 5, PushPull: 6, Consensus: 7,
-        SyncDigest: 8, SyncDelta: 9,
+        SyncDigest: 8, SyncDelta: 9, DialRequest: 10, DialBack: 11,
     }  # fmt: skip
     assert dict(UPDATE_KIND_IDS) == {Alive: 1, Suspect: 2, Dead: 3, Record: 4}
     value = raw(GOSSIP)
     assert value[0] == PROTOCOL_VERSION == 1
     assert value[1] == 5
     assert value[4] == [[[1, NODE, 7, ADDR, SIG]]]
+
+
+# Pinned bytes: what a peer of another version decodes. Old messages' bytes
+# never change (a Ping pinned before the dial-back pair was added); the
+# dial-back pair (issue 29) is pinned from its first version on.
+_HEAD = "a5000101"  # map of 5: version 1, then the type id
+_SENDER_ADDR = (
+    "025820000102030405060708090a0b0c0d0e0f101112131415161718191a1b1c1d1e1f"
+    "03747463703a2f2f31302e302e302e31323a37393436"
+)
+
+
+@pytest.mark.parametrize(
+    ("message", "pinned"),
+    [
+        pytest.param(
+            Ping(3, NODE),
+            "01" + _SENDER_ADDR + "0483035820" + NODE.hex() + "80",
+            id="ping",
+        ),
+        pytest.param(
+            DialRequest(bytes(range(16))),
+            "0a" + _SENDER_ADDR + "048150000102030405060708090a0b0c0d0e0f",
+            id="dial-request",
+        ),
+        pytest.param(
+            DialBack(bytes(range(16, 32))),
+            "0b" + _SENDER_ADDR + "048150101112131415161718191a1b1c1d1e1f",
+            id="dial-back",
+        ),
+    ],
+)
+def test_pinned_bytes(message: Any, pinned: str) -> None:
+    envelope = Envelope(NODE, ADDR, message)
+    assert encode_envelope(envelope).hex() == _HEAD + pinned
+    assert decode_envelope(bytes.fromhex(_HEAD + pinned)) == envelope
+
+
+@pytest.mark.parametrize("kind", [DialRequest, DialBack])
+@pytest.mark.parametrize(
+    "nonce",
+    [b"", bytes(DIAL_NONCE_BYTES - 1), bytes(DIAL_NONCE_BYTES + 1), "0" * 16, 16, None],
+    ids=["empty", "15-bytes", "17-bytes", "text", "int", "null"],
+)
+def test_a_dial_nonce_of_the_wrong_shape_is_refused_by_name(kind: type, nonce: object) -> None:
+    value = raw(Envelope(NODE, ADDR, kind(bytes(DIAL_NONCE_BYTES))))
+    value[4] = [nonce]
+    with pytest.raises(DecodeError) as info:
+        decode_envelope(cbor2.dumps(value))
+    assert info.value.reason == REASON_BAD_FIELD
+    assert f"dial nonce must be {DIAL_NONCE_BYTES} bytes" in str(info.value)
+    with pytest.raises(EncodeError, match="dial nonce"):
+        encode_envelope(Envelope(NODE, ADDR, kind(nonce)))
+
+
+@pytest.mark.parametrize("body", [[], [bytes(16), bytes(16)], {0: bytes(16)}, bytes(16)])
+def test_a_dial_body_of_the_wrong_shape_is_refused(body: object) -> None:
+    value = raw(Envelope(NODE, ADDR, DialRequest(bytes(16))))
+    value[4] = body
+    assert reason_of(cbor2.dumps(value)) == REASON_BAD_FIELD
 
 
 def test_bytes_like_input_is_accepted() -> None:
@@ -405,7 +472,7 @@ def test_a_future_version_is_bad_version_even_with_an_unknown_layout() -> None:
     assert reason_of(cbor2.dumps({0: 2, 9: "whatever"})) == REASON_BAD_VERSION
 
 
-@pytest.mark.parametrize("type_id", [0, 10, 99, MAX_UINT])
+@pytest.mark.parametrize("type_id", [0, 12, 99, MAX_UINT])
 def test_unknown_message_types_are_refused(type_id: int) -> None:
     value = raw()
     value[1] = type_id
