@@ -98,11 +98,17 @@ BackendKind = Literal["torch", "mlx"]
 Recipe = Literal["fp32", "bf16", "fp16", "q8", "q4"]
 Tier = Literal["operator", "bootstrap", "managed"]
 CapabilityResult = Literal["admitted", "failed"]
+Reach = Literal["direct", "relayed", "unknown"]
+"""How peers reach the node (`mesh.reachability`): `direct` at its
+advertised addresses, `relayed` through relays it names (issue 29's relay
+work), `unknown` until a check says so, and for a node found behind NAT
+until relays exist."""
 
 BACKEND_KINDS: frozenset[BackendKind] = frozenset(get_args(BackendKind))
 RECIPES: frozenset[Recipe] = frozenset(get_args(Recipe))
 TIERS: frozenset[Tier] = frozenset(get_args(Tier))
 CAPABILITY_RESULTS: frozenset[CapabilityResult] = frozenset(get_args(CapabilityResult))
+REACHES: frozenset[Reach] = frozenset(get_args(Reach))
 
 # Drop reasons, as counted by the membership core.
 RECORD_OVERSIZED = "record_oversized"
@@ -334,6 +340,9 @@ class NodeRecord:
     """Inference sessions open on the node when it last published: its load,
     as other members' status pages show it. Republished at most every
     `runtime.node.record_publisher.LOAD_PUBLISH_S`, so it lags by up to that."""
+    reach: Reach = "unknown"
+    """How peers reach the node (see `Reach`); a record from a node older
+    than the field has none and reads as `unknown`."""
 
     @_as_record_error
     def __post_init__(self) -> None:
@@ -352,6 +361,7 @@ class NodeRecord:
         boolean(self.spare, "spare")
         object.__setattr__(self, "demand", _check_demand(self.demand))
         uint(self.sessions, "sessions")
+        one_of(self.reach, "reach", REACHES)
 
 
 def _check_models(value: object) -> tuple[str, ...]:
@@ -425,6 +435,7 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
         "spare": record.spare,
         "demand": dict(record.demand),
         "sessions": record.sessions,
+        "reach": record.reach,
         "started_at": record.started_at,
         "ledger": None
         if record.ledger is None
@@ -597,6 +608,7 @@ def decode_record_body(body: bytes) -> NodeRecord:
         demand=demand,
         ledger=_decode_ledger(obj.get("ledger")),
         sessions=obj.get("sessions", 0),
+        reach=obj.get("reach", "unknown"),
     )
 
 

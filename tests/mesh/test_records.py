@@ -109,6 +109,7 @@ node_records = st.builds(
     spare=st.booleans(),
     demand=st.dictionaries(model_names, counters, max_size=5),
     sessions=counters,
+    reach=st.sampled_from(["direct", "relayed", "unknown"]),
     ledger=st.none()
     | st.builds(
         LedgerNotice,
@@ -232,6 +233,17 @@ def test_absent_optional_fields_take_defaults() -> None:
     minimal = {"addresses": {"control": "c", "data": "d"}, "started_at": 1.0}
     record = decode_record_body(cbor2.dumps(minimal))
     assert record == NodeRecord(addresses=Addresses("c", "d"), started_at=1.0)
+    assert record.reach == "unknown"
+
+
+def test_a_record_from_before_reach_decodes_as_unknown_and_new_ones_say_it() -> None:
+    old = raw_map()
+    del old["reach"]  # what a node older than issue 29 signs
+    assert decode_record_body(cbor2.dumps(old)).reach == "unknown"
+    direct = sample_record(reach="direct")
+    assert raw_map(direct)["reach"] == "direct"
+    assert decode_record_body(encode_record_body(direct)).reach == "direct"
+    assert record_to_json(direct)["reach"] == "direct"
 
 
 # --- rejections -------------------------------------------------------------
@@ -314,6 +326,9 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         (("sessions",), -1),
         (("sessions",), 1.5),
         (("sessions",), True),
+        (("reach",), "behind-nat"),
+        (("reach",), None),
+        (("reach",), 1),
         (("addresses",), "tcp://x:1"),
         (("addresses", "control"), ""),
         (("addresses", "data"), 7001),
