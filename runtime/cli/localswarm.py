@@ -1,28 +1,35 @@
-"""Run real `shardmesh node` processes on loopback: the demo's and the
-tests' harness.
+"""Run real `shardmesh node` processes on loopback, or in the sites of a WAN
+lab: the demo's, the tests' and the benchmarks' harness.
 
-Each node is a process started on port 0 everywhere (no port races: the
-OS picks, and the node writes what it got to `node.json` in its state dir),
-with its output captured to a log file so a failure can show what the node
-said. Nodes are forked from a fork server that has the heavy libraries
-imported (`runtime.cli.forkserver`: seconds of CPU saved per start), or
-spawned where they must be. `LocalSwarm` is an async context manager whose exit kills every child
-it started, whatever happened - no test or demo run leaves processes behind.
-The harness knows each node's state dir, so it holds each node's operator
-token (`LocalNode.admin_headers`) and key (`LocalNode.signed_headers`).
+Each node is a process started on port 0 (the OS picks; the node writes
+what it got to `node.json` in its state dir), its output captured to a log
+file. Nodes are forked from a fork server that has the heavy libraries
+imported (`runtime.cli.forkserver`), or spawned where they must be.
+`LocalSwarm`'s exit kills every child it started, whatever happened. It
+holds each node's operator token and key (`LocalNode.admin_headers`,
+`signed_headers`). A node given a lab `site` runs in that site's namespace
+(`ip netns exec`, never forked) on its address; the host's namespace has no
+route into a lab, so a `NamespaceBridge` forwards a loopback port here to
+the node's API there, and `LocalNode.api` is that port (docs/lab.md).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 import os
+import select
 import signal
+import socket
+import socketserver
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
 import httpx
 import trio
@@ -54,6 +61,24 @@ overrides it, e.g. for a benchmark of a model big enough to use threads."""
 Views = dict[str, dict[str, Any] | None]
 """Each node's status document by node name (None: it did not answer)."""
 
+CLONE_NEWNET = 0x40000000
+"""setns(2)'s flag for a network namespace (Python 3.11's os has no setns)."""
+NETNS_DIR = Path("/run/netns")
+"""Where `ip netns` keeps a handle on each named namespace."""
+BRIDGE_CHUNK = 65_536
+BRIDGE_IDLE_S = 1.0
+"""How often a bridged connection with no traffic checks the bridge is open."""
+
+
+class Site(Protocol):
+    """What a swarm needs of a `runtime.lab.netns.Lab` to run nodes in it."""
+
+    def address(self, site: str) -> str: ...
+
+    def namespace(self, site: str) -> str: ...
+
+    def command(self, site: str, argv: Sequence[str]) -> list[str]: ...
+
 
 class SwarmError(Exception):
     """A node failed to start, exited unexpectedly, or a wait timed out."""
@@ -72,6 +97,7 @@ class LocalNode:
         env: Mapping[str, str] | None = None,
         command: Sequence[str] = ("node",),
         forked: bool = True,
+        site: str | None = None,
     ) -> None:
         self.name = name
         self.command = list(command)  # `node`, or `serve MODEL_DIR`: what the process runs
@@ -80,7 +106,9 @@ class LocalNode:
         self.env = dict(env or {})  # this node's own environment additions, kept too
         self.state_dir = state_dir
         self.log_path = log_path
-        self.forked = forked  # may come from the swarm's fork server (module doc)
+        self.forked = forked and site is None  # may come from the fork server (module doc)
+        self.site = site  # the lab site whose namespace it runs in (None: this one)
+        self.bridge: NamespaceBridge | None = None  # how this namespace reaches its API
         self.process: trio.Process | forkserver.ForkedProcess | None = None
         self.info: dict[str, Any] = {}
         self.escalated: str | None = None  # the signal its last stop had to add (`stop`)
@@ -101,6 +129,13 @@ class LocalNode:
 
     @property
     def api(self) -> str:
+        """Its API's base URL as this process reaches it (through the bridge
+        for a node in a lab site; `own_api` is the node's own address)."""
+        return self.bridge.url if self.bridge is not None else self.own_api
+
+    @property
+    def own_api(self) -> str:
+        """The API address the node bound (in its site, for a lab node)."""
         return str(self.info["api"])
 
     @property
@@ -163,16 +198,19 @@ class LocalSwarm:
         extra_env: dict[str, str] | None = None,
         node_args: Sequence[str] = (),
         fork: bool = True,
+        lab: Site | None = None,
     ) -> None:
         """`node_args` are added to every node's command line (e.g. flags
         like `--fault-injection` that a test needs on all of them); `fork`
-        says whether nodes may come from the fork server (module doc)."""
+        says whether nodes may come from the fork server (module doc);
+        `lab` is where nodes given a `site` run."""
         self.root = root
         self.profile = profile
         self.python = python
         self.extra_env = extra_env or {}
         self.node_args = list(node_args)
         self.fork = fork
+        self.lab = lab
         self.nodes: list[LocalNode] = []
         self._client: httpx.AsyncClient | None = None
         self._logs: list[Any] = []
@@ -191,6 +229,9 @@ class LocalSwarm:
                     await node.process.wait()
         for handle in self._logs:
             handle.close()
+        for node in self.nodes:
+            if node.bridge is not None:
+                node.bridge.close()
         if self._client is not None:
             with trio.CancelScope(shield=True):
                 await self._client.aclose()
@@ -209,22 +250,25 @@ class LocalSwarm:
         env: Mapping[str, str] | None = None,
         command: Sequence[str] = ("node",),
         forked: bool = True,
+        site: str | None = None,
     ) -> LocalNode:
         """A node slot with its own state dir (not started yet); `args` are
         extra flags for this node only, `env` extra environment variables,
         `command` the subcommand that runs it (`serve MODEL_DIR` takes the
         same flags as `node`); `forked=False` always spawns a fresh
-        interpreter (for a test of what a process imports).
+        interpreter (for a test of what a process imports); `site` runs it
+        in that site of the swarm's lab (module doc).
         `cpus` pins its process (every thread: compute, ZeroMQ, the event
         loop) to those cores, so nodes sharing a machine stop sharing caches
         and cores (Linux only)."""
         if cpus is not None and not hasattr(os, "sched_setaffinity"):
             raise SwarmError("pinning nodes to cores needs Linux (os.sched_setaffinity)")
+        if site is not None and self.lab is None:
+            raise SwarmError(f"node in site {site!r}: the swarm was given no lab")
         name = name or f"node{len(self.nodes)}"
         pinned = None if cpus is None else frozenset(cpus)
-        node = LocalNode(
-            name, self.root / name, self.root / f"{name}.log", args, pinned, env, command, forked
-        )
+        state, log = self.root / name, self.root / f"{name}.log"
+        node = LocalNode(name, state, log, args, pinned, env, command, forked, site)
         self.nodes.append(node)
         return node
 
@@ -234,13 +278,14 @@ class LocalSwarm:
         return [self.python, "-m", "runtime.cli"]
 
     def command(self, node: LocalNode, joins: Sequence[str]) -> list[str]:
+        host = "127.0.0.1" if node.site is None else self._lab.address(node.site)
         cmd = [
             *self.interpreter,
             *node.command,
             "--listen",
-            "127.0.0.1:0",
+            f"{host}:0",
             "--api",
-            "127.0.0.1:0",
+            f"{host}:0",
             "--state-dir",
             str(node.state_dir),
             "--profile",
@@ -248,7 +293,14 @@ class LocalSwarm:
         ]
         for seed in joins:
             cmd += ["--join", seed]
-        return cmd + self.node_args + node.args
+        cmd += self.node_args + node.args
+        return cmd if node.site is None else self._lab.command(node.site, cmd)
+
+    @property
+    def _lab(self) -> Site:
+        if self.lab is None:
+            raise SwarmError("this swarm was given no lab")
+        return self.lab
 
     async def start(self, node: LocalNode, joins: Sequence[str] = ()) -> None:
         """Start (or restart) `node`'s process; does not wait for it."""
@@ -259,6 +311,8 @@ class LocalSwarm:
         env.update(self.extra_env)
         env.update(node.env)
         argv = self.command(node, joins)
+        if node.site is not None and node.bridge is None:
+            node.bridge = NamespaceBridge(self._lab.namespace(node.site), lambda: node.own_api)
         node.process = await self._fork(node, argv, env)
         if node.process is None:
             node.process = await self._spawn(node, argv, env)
@@ -495,3 +549,68 @@ def dead_bound(profile: str, nodes: int) -> float:
     if not math.isfinite(bound) or bound <= 0:
         raise SwarmError(f"profile {profile} documents no finite detection bound")
     return float(bound)
+
+
+class NamespaceBridge:
+    """A loopback port in this process's namespace forwarded to an address in
+    another network namespace: how the harness, in the host's namespace,
+    reaches the API of a node in a lab site (the lab routes nothing from the
+    host's namespace, by design). Each connection gets a thread that enters
+    the target namespace (setns(2) moves only the calling thread) and
+    copies bytes both ways until either side closes; the thread ends with it."""
+
+    def __init__(self, namespace: str, target: Callable[[], str]) -> None:
+        """`target()` is the URL (`http://H:P`) to reach there, asked at each
+        connection: a node's API port is known only once it is ready."""
+        self.namespace = namespace
+        self.target = target
+        self._open = True
+        bridge = self
+
+        class Handler(socketserver.BaseRequestHandler):
+            def handle(self) -> None:
+                bridge._forward(self.request)
+
+        self._server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self.port = int(self._server.server_address[1])
+        self._thread = threading.Thread(target=self._server.serve_forever, args=(0.1,), daemon=True)
+        self._thread.start()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _forward(self, client: socket.socket) -> None:
+        try:
+            parts = urlsplit(self.target())
+            enter_namespace(self.namespace)
+            upstream = socket.create_connection((parts.hostname, parts.port), timeout=5.0)
+        except (KeyError, OSError, ValueError):
+            return  # not listening yet, or gone: the caller sees a closed connection
+        with upstream:
+            upstream.settimeout(None)
+            self._copy(client, upstream)
+
+    def _copy(self, a: socket.socket, b: socket.socket) -> None:
+        while self._open:
+            ready, _, _ = select.select([a, b], [], [], BRIDGE_IDLE_S)
+            for source in ready:
+                data = source.recv(BRIDGE_CHUNK)
+                if not data:
+                    return
+                (b if source is a else a).sendall(data)
+
+    def close(self) -> None:
+        self._open = False
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def enter_namespace(name: str) -> None:
+    """Move the calling thread into network namespace `name` (`ip netns`'s)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    with open(NETNS_DIR / name, "rb") as handle:
+        if libc.setns(handle.fileno(), CLONE_NEWNET) != 0:
+            errno = ctypes.get_errno()
+            raise OSError(errno, f"setns into {name}: {os.strerror(errno)}")
