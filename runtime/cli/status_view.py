@@ -105,7 +105,11 @@ def _spans(spans: list[list[int]]) -> str:
 def format_status(status: dict[str, Any]) -> str:
     """The whole human-readable report."""
     leader = status.get("leader")
-    lines = [summary_line(status), "", *format_members(status), ""]
+    lines = [summary_line(status)]
+    reachability = status.get("reachability") or {}
+    if reachability.get("says"):
+        lines.append(f"reachability: {reachability['says']}")
+    lines += ["", *format_members(status), ""]
     lines.append(
         f"leader: {short(leader) if leader else 'none'} "
         f"(term {status.get('term', 0)}, commit index {status.get('commit_index', 0)})"

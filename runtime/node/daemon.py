@@ -38,6 +38,7 @@ from runtime.node.options import NodeOptions, NodeStartupError, first_leaf, open
 from runtime.node.placement_driver import Placement
 from runtime.node.provision import Provisioner
 from runtime.node.raft_driver import RaftDriver
+from runtime.node.reachability_driver import ReachabilityDriver
 from runtime.node.record_publisher import RecordPublisher
 from runtime.node.state_dir import OPERATOR_TOKEN_FILE, StateDir
 from runtime.node.status import status_document
@@ -96,6 +97,7 @@ class Node:
         self.chat: ChatService
         self.access: SwarmAccess
         self.records: RecordPublisher
+        self.reachability: ReachabilityDriver
 
     def _wire(self, control: Plane, data: Plane) -> None:
         options = self.options
@@ -111,6 +113,14 @@ class Node:
         )
         self.membership, self.raft = control_side.membership, control_side.raft
         self.swarm, self.ledger_follower = control_side.swarm, control_side.follower
+        self.reachability = ReachabilityDriver(
+            membership=self.membership,
+            keys=self.identity.plane_keys(),
+            encrypted=options.encrypted,
+            seeds=[(seed.node, seed.at.zmq()) for seed in options.joins],
+            record_of=self.swarm.record,
+            on_change=self.republish,
+        )
         reply_address = options.advertised(data.address)
         self.engine = Engine(
             data, drops=self.local_drops, signer=self.identity, reply_address=reply_address
@@ -127,6 +137,7 @@ class Node:
             spare=options.serve is None,
             sessions=lambda: self.engine.sessions,
             notice=self.raft.notice,
+            reach=lambda: self.reachability.reach,
         )
         self.placement = Placement(
             raft=self.raft,
@@ -210,6 +221,7 @@ class Node:
         nursery.start_soon(self.raft.run)
         nursery.start_soon(self.ledger_follower.run)
         nursery.start_soon(self.records.run)
+        nursery.start_soon(self.reachability.run)
         nursery.start_soon(self.access.run)
         nursery.start_soon(
             stop_if_identity_taken, self.membership, options.profile, lambda: self.ready_mono

@@ -28,7 +28,7 @@ from mesh.config import MembershipConfig
 from mesh.identity import Identity, curve_public_key, node_id_text, verify
 from mesh.member_table import MemberStateName, state_name
 from mesh.membership import Membership, MemberView
-from mesh.messages import Consensus, Envelope, consensus_signing_bytes
+from mesh.messages import Consensus, DialBack, DialRequest, Envelope, consensus_signing_bytes
 from mesh.newcomers import NewcomerLimit
 from mesh.transport import Plane
 from mesh.wire import DecodeError, EncodeError, decode_envelope, encode_envelope
@@ -47,6 +47,8 @@ LEAVE_GRACE_MIN_S: Final = 0.3
 
 ConsensusHandler = Callable[[bytes, bytes], None]
 """Raft's inbox: `(sender, payload)` of a consensus message whose signature holds."""
+DialHandler = Callable[[bytes, DialRequest | DialBack], None]
+"""The reachability driver's inbox: `(peer, message)` of a dial-back message."""
 
 
 @dataclass
@@ -90,6 +92,8 @@ class MembershipDriver:
             maxlen=RECENT_EVENTS
         )
         self._on_consensus = on_consensus
+        self.on_dial: DialHandler | None = None
+        """Set by `runtime.node.reachability_driver.ReachabilityDriver`."""
         self._state = state
         self._plane = plane
         self._isolated = False
@@ -325,6 +329,12 @@ class MembershipDriver:
             return
         if isinstance(envelope.message, Consensus):
             self._receive_consensus(envelope.sender, envelope.message)
+            return
+        if isinstance(envelope.message, DialRequest | DialBack):
+            if self.on_dial is None:
+                self.local_drops["dial_unhandled"] += 1
+            else:
+                self.on_dial(peer, envelope.message)
             return
         try:
             self.core.receive(envelope, trio.current_time())

@@ -55,12 +55,14 @@ class RecordPublisher:
         spare: bool,
         sessions: Callable[[], int],
         notice: Callable[[], records.LedgerNotice | None],
+        reach: Callable[[], records.Reach] = lambda: "unknown",
     ) -> None:
         """`publish` gossips an encoded record body (the membership driver
         signs it); `spare` is whether placement may give this node a shard
         (one assignment per node until multi-shard slots exist, ADR-0026: a
         node pinned by its operator has no spare slot); `notice` is the Raft
-        driver's ledger notice (None unless this node leads)."""
+        driver's ledger notice (None unless this node leads); `reach` how
+        peers reach this node (`runtime.node.reachability_driver`)."""
         self._publish = publish
         self._addresses = addresses
         self._started_at = started_at
@@ -69,6 +71,7 @@ class RecordPublisher:
         self._spare = spare
         self._sessions = sessions
         self._notice_of = notice
+        self._reach = reach
         self.draining = False
         """Set by `withdraw`: the record stops carrying the capability."""
         self.notice: records.LedgerNotice | None = None  # in our record: we lead
@@ -88,6 +91,7 @@ class RecordPublisher:
             spare=self._spare,
             ledger=self.notice,
             sessions=self._sessions(),
+            reach=self._reach(),
         )
 
     def republish(self) -> None:

@@ -24,6 +24,7 @@ from runtime.node.ledger_follower import LedgerFollower
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import Placement
 from runtime.node.raft_driver import RaftDriver
+from runtime.node.reachability_driver import ReachabilityDriver
 from runtime.node.spot_check import Adjudicator, SpotChecker
 from runtime.node.swarm_view import SwarmView
 
@@ -50,6 +51,7 @@ class StatusSources(Protocol):
     chat: ChatService
     spot_checks: SpotChecker
     adjudicator: Adjudicator
+    reachability: ReachabilityDriver
 
 
 def merged_drops(
@@ -97,6 +99,8 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         "incarnation": membership.core.incarnation,
         "profile": source.profile,
         "join": membership.join_status(),
+        # Whether peers can dial this node back (runtime.node.reachability_driver).
+        "reachability": source.reachability.status(),
         "addresses": dict(source.addresses),
         "started_at": source.started_at,
         "uptime_s": round(now - source.started_mono, 3),

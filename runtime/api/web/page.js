@@ -198,6 +198,7 @@ function renderSummary(s) {
     text(` · term ${s.term} · ${alive} of ${s.members.length} members alive`),
     text(s.swarm ? ` · ${s.swarm.mode} swarm` : ""),
     text(` · up ${duration(s.uptime_s)}`),
+    text(s.reachability && s.reachability.verdict !== "unreachable" ? ` · ${s.reachability.says}` : ""),
   );
 }
 
@@ -207,6 +208,8 @@ function renderNotes(s) {
   if (s.join && s.join.state === "no peer reached") {
     notes.push(`no peer reached yet (${s.join.attempts} attempts): check the --join addresses`);
   }
+  // Peers cannot dial this node back (runtime/node/reachability_driver.py).
+  if (s.reachability && s.reachability.verdict === "unreachable") notes.push(s.reachability.says);
   if (s.raft && s.raft.eligibility_warning) notes.push(s.raft.eligibility_warning);
   const drops = Object.entries(s.drops || {});
   if (drops.length) notes.push(`dropped: ${drops.map(([why, n]) => `${why} ${n}`).join(", ")}`);

@@ -198,3 +198,17 @@ def test_an_empty_document_reports_the_defaults() -> None:
 def test_json_is_the_raw_document_for_scripts() -> None:
     assert json.loads(render(STATUS, as_json=True)) == STATUS
     assert render(STATUS, as_json=False) == format_status(STATUS)
+
+
+@pytest.mark.parametrize(
+    "says",
+    [
+        "reachable at tcp://10.77.1.2:7001",
+        "behind NAT: peers cannot dial tcp://192.168.3.2:7001 back; it cannot serve until "
+        "relays land (issue 29)",
+        "checking reachability…",
+    ],
+)
+def test_reachability_is_said_in_words_under_the_summary(says: str) -> None:
+    report = format_status({**STATUS, "reachability": {"verdict": "x", "says": says}})
+    assert report.splitlines()[:3] == [summary_line(STATUS), f"reachability: {says}", ""]
