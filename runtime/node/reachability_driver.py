@@ -80,7 +80,7 @@ async def dial_once(
     server_key = curve_public_key(node)
     if server_key is None:
         return False
-    context = zmq.Context.instance()
+    context: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
     sock = context.socket(zmq.DEALER)
     monitor = None
     try:
