@@ -42,8 +42,10 @@ FIRST_CHECK_S: Final = 1.0
 """The first round waits this long after start, so the join's push-pull
 (which carries our record) reaches the seeds before our request does."""
 MAX_DIALS: Final = 16
-"""Dial-backs (and requests) in flight at once: each is a socket and a
-TCP connection, so a burst of requesters waits rather than exhausting fds."""
+"""Dial-backs in flight at once: each is a socket and a TCP connection, so
+a burst of requesters beyond it is refused (`requests_busy`) rather than
+queued or allowed to exhaust file descriptors. (Our own requests are at
+most `mesh.reachability.PROBERS` at once.)"""
 POLL_S: Final = 0.01
 """How often a dial looks at its socket monitor for the handshake."""
 FLUSH_LINGER_MS: Final = 1_000
@@ -89,6 +91,7 @@ async def dial_once(
         sock.setsockopt(zmq.HANDSHAKE_IVL, int(timeout * 1000))
         sock.setsockopt(zmq.RECONNECT_IVL, int(timeout * 1000))
         sock.setsockopt(zmq.METADATA, f"{NODE_ID_PROPERTY}:{keys.node_id.hex()}".encode())
+        sock.setsockopt(zmq.IPV6, 1)  # tcp://[v6]:port addresses as well as v4
         if encrypted:
             sock.setsockopt(zmq.CURVE_SERVERKEY, server_key)
             sock.setsockopt(zmq.CURVE_PUBLICKEY, keys.curve_public)
@@ -143,7 +146,7 @@ class ReachabilityDriver:
         self._on_change = on_change
         self.core = Reachability(random.Random(int.from_bytes(os.urandom(16), "big")))
         self._limit = RequestLimit()
-        self._dials = trio.CapacityLimiter(MAX_DIALS)
+        self._serving = 0
         self._nursery: trio.Nursery | None = None
         self._verdict: Verdict = "unknown"
         self.counters: Counter[str] = Counter()
@@ -184,6 +187,10 @@ class ReachabilityDriver:
         if record is None:
             self.counters["requests_without_record"] += 1
             return
+        if self._serving >= MAX_DIALS:
+            self.counters["requests_busy"] += 1
+            return
+        self._serving += 1
         # The requester's own signed record says where to dial: nothing else.
         self._nursery.start_soon(self._serve, peer, record.addresses.control, message.nonce)
 
@@ -230,7 +237,10 @@ class ReachabilityDriver:
 
     async def _serve(self, requester: bytes, address: str, nonce: bytes) -> None:
         answer = Envelope(self._keys.node_id, self._membership.address, DialBack(nonce))
-        ok = await self._dial(requester, address, answer)
+        try:
+            ok = await self._dial(requester, address, answer)
+        finally:
+            self._serving -= 1
         self.counters["dialed_back" if ok else "dial_back_failed"] += 1
 
     async def _dial(self, node: bytes, address: str, envelope: Envelope) -> bool:
@@ -239,8 +249,7 @@ class ReachabilityDriver:
         except EncodeError:
             self.counters["encode_error"] += 1
             return False
-        async with self._dials:
-            return await dial_once(self._keys, node, address, payload, encrypted=self._encrypted)
+        return await dial_once(self._keys, node, address, payload, encrypted=self._encrypted)
 
     def _update(self) -> None:
         verdict = self.core.verdict()

@@ -28,6 +28,7 @@ from mesh.wire import encode_envelope
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.reachability_driver import (
     FIRST_CHECK_S,
+    MAX_DIALS,
     ReachabilityDriver,
     dial_once,
     reachability_text,
@@ -221,3 +222,26 @@ def test_the_verdicts_in_words() -> None:
     assert "behind NAT: peers cannot dial tcp://x:1 back" in reachability_text(
         "unreachable", "tcp://x:1"
     )
+
+
+async def test_a_prober_with_every_dial_in_use_refuses_more(tmp_path: Path) -> None:
+    async with (
+        node(tmp_path / "a") as a,
+        node(tmp_path / "b") as b,
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(a.membership.run)
+        nursery.start_soon(a.reach.run)
+        nursery.start_soon(b.membership.run)
+        b.membership.join([(a.membership.node_id, a.membership.address)])
+        await until(lambda: record_of(a.membership)(b.membership.node_id) is not None, 5)
+        await trio.sleep(FIRST_CHECK_S)
+        a.reach._serving = MAX_DIALS  # sixteen slow dial-backs under way
+        request = encode_envelope(
+            Envelope(b.membership.node_id, b.membership.address, DialRequest(bytes(16)))
+        )
+        keys = b.membership.identity.plane_keys()
+        assert await dial_once(keys, a.membership.node_id, a.plane.address, request, encrypted=True)
+        await until(lambda: a.reach.counters["requests_busy"] == 1, 5)
+        assert a.reach.counters["dialed_back"] == 0
+        nursery.cancel_scope.cancel()
