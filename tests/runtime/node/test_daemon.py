@@ -48,6 +48,9 @@ async def test_a_node_comes_up_serves_its_status_and_leaves_on_sigterm(tmp_path:
             assert "ledger_follower" in status and isinstance(status["drops"], dict)
             own = next(m for m in status["members"] if m["self"])
             assert own["record"]["addresses"]["api"] == node.addresses["api"], "record published"
+            # A founder alone has nobody to dial it back yet.
+            assert status["reachability"]["says"] == "checking reachability…"
+            assert own["record"]["reach"] == "unknown"
             os.kill(os.getpid(), signal.SIGTERM)  # the node's receiver takes it
             with trio.fail_after(30):
                 while read_ready(tmp_path) is not None:
