@@ -46,6 +46,10 @@ MAX_DIALS: Final = 16
 a burst of requesters beyond it is refused (`requests_busy`) rather than
 queued or allowed to exhaust file descriptors. (Our own requests are at
 most `mesh.reachability.PROBERS` at once.)"""
+RECORD_WAIT_S: Final = 2.0
+"""A request from a member whose record has not reached us yet waits this
+long for gossip to bring it: a newcomer asks soon after joining, and
+`mesh.reachability.ANSWER_WAIT_S` leaves room for this and the dial."""
 POLL_S: Final = 0.01
 """How often a dial looks at its socket monitor for the handshake."""
 FLUSH_LINGER_MS: Final = 1_000
@@ -183,16 +187,11 @@ class ReachabilityDriver:
         if self._nursery is None or not self._limit.allow(peer, trio.current_time()):
             self.counters["requests_refused"] += 1
             return
-        record = self._record_of(peer)
-        if record is None:
-            self.counters["requests_without_record"] += 1
-            return
         if self._serving >= MAX_DIALS:
             self.counters["requests_busy"] += 1
             return
         self._serving += 1
-        # The requester's own signed record says where to dial: nothing else.
-        self._nursery.start_soon(self._serve, peer, record.addresses.control, message.nonce)
+        self._nursery.start_soon(self._serve, peer, message.nonce)
 
     # --- tasks ---------------------------------------------------------------------
 
@@ -235,13 +234,26 @@ class ReachabilityDriver:
             self.core.unreachable_prober(prober)
             self.counters["probers_unreachable"] += 1
 
-    async def _serve(self, requester: bytes, address: str, nonce: bytes) -> None:
-        answer = Envelope(self._keys.node_id, self._membership.address, DialBack(nonce))
+    async def _serve(self, requester: bytes, nonce: bytes) -> None:
         try:
-            ok = await self._dial(requester, address, answer)
+            record = await self._record_soon(requester)
+            if record is None:
+                self.counters["requests_without_record"] += 1
+                return
+            # The requester's own signed record says where to dial: nothing else.
+            answer = Envelope(self._keys.node_id, self._membership.address, DialBack(nonce))
+            ok = await self._dial(requester, record.addresses.control, answer)
         finally:
             self._serving -= 1
         self.counters["dialed_back" if ok else "dial_back_failed"] += 1
+
+    async def _record_soon(self, node: bytes) -> NodeRecord | None:
+        """`node`'s record, waiting up to `RECORD_WAIT_S` for gossip to bring it."""
+        with trio.move_on_after(RECORD_WAIT_S):
+            while (record := self._record_of(node)) is None:
+                await trio.sleep(TICK_S / 5)
+            return record
+        return None
 
     async def _dial(self, node: bytes, address: str, envelope: Envelope) -> bool:
         try:
