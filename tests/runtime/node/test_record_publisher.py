@@ -31,6 +31,7 @@ class Parts:
         self.sent: list[bytes] = []
         self.sessions = 0
         self.notice: records.LedgerNotice | None = None
+        self.reach: records.Reach = "unknown"
         self.slot = Slot()
 
     def publisher(self, *, spare: bool = True) -> RecordPublisher:
@@ -43,6 +44,7 @@ class Parts:
             spare=spare,
             sessions=lambda: self.sessions,
             notice=lambda: self.notice,
+            reach=lambda: self.reach,
         )
 
     def last(self) -> records.NodeRecord:
@@ -150,3 +152,13 @@ def test_withdraw_takes_the_capability_out_and_keeps_the_assignment() -> None:
     assert len(parts.sent) == 2
     assert parts.last().capability is None
     assert parts.last().assignment == SHARD
+
+
+def test_the_record_says_how_peers_reach_the_node() -> None:
+    parts = Parts()
+    publisher = parts.publisher()
+    publisher.republish()
+    assert parts.last().reach == "unknown"
+    parts.reach = "direct"  # the reachability driver's verdict, then its republish
+    publisher.republish()
+    assert parts.last().reach == "direct"
