@@ -54,10 +54,13 @@ IMPORT_TIME_ENV = (
     "HUGGINGFACE_",
     "TRANSFORMERS_",
     "TOKENIZERS_",
+    "SHARDMESH_TEST_",
 )
-"""Prefixes of the variables a library reads once, when it loads (libgomp
-its threads, huggingface_hub its endpoint and offline mode...): a child
-inherits the server's values, so a node that asks for others is spawned."""
+"""Prefixes of the variables read once, when a library loads (libgomp its
+threads, huggingface_hub its endpoint and offline mode...) or when the
+interpreter starts (the tests' fault hooks: a sitecustomize that reads
+SHARDMESH_TEST_FAULT): a child inherits the server's values, so a node that
+asks for others gets a server of its own."""
 
 READY_TIMEOUT_S = 120.0
 """How long the server may take to import `PRELOAD` (a few seconds; far

@@ -108,6 +108,8 @@ def test_a_child_that_needs_other_import_time_settings_is_not_forked() -> None:
     assert not server.compatible({**BASE_ENV, "OMP_NUM_THREADS": "4"})  # libgomp read it
     assert not server.compatible({**BASE_ENV, "PYTHONHASHSEED": "1"})
     assert not server.compatible({**BASE_ENV, "HF_ENDPOINT": "http://127.0.0.1:1"})  # the hub's
+    # tests/fault_hooks' sitecustomize plants a fault when the interpreter starts
+    assert not server.compatible({**BASE_ENV, "SHARDMESH_TEST_FAULT": "slow_hop:0.05"})
 
 
 async def test_a_dead_server_refuses_and_the_swarm_spawns_instead(tmp_path: Path) -> None:
