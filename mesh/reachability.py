@@ -109,14 +109,17 @@ class Reachability:
         for prober, (_, at) in list(self._answers.items()):
             if now - at >= ANSWER_TTL_S:
                 del self._answers[prober]
-        pool = sorted(set(candidates))
-        self._available = len(pool)
         if self.address is None or not self._due(now):
             return
+        pool = sorted(set(candidates))
         fresh = [p for p in pool if p not in self._pending and self._may_ask(p, now)]
         wanted = PROBERS - len(self._pending)
         if not fresh or wanted <= 0:
             return
+        # The swarm's size as this round found it: members joining between
+        # rounds do not turn a verdict back into `unknown` (they are asked
+        # in the next round).
+        self._available = len(pool)
         self._round_at = now
         for prober in self._rng.sample(fresh, min(wanted, len(fresh))):
             ask = Ask(prober, self._rng.randbytes(16))

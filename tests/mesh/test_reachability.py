@@ -113,6 +113,14 @@ def test_in_a_two_node_swarm_the_one_peer_decides() -> None:
     assert core.verdict() == "direct"
 
 
+def test_members_joining_between_rounds_do_not_undo_a_verdict() -> None:
+    core = checker()
+    (only,) = ask_round(core, 0.0, MEMBERS[:1])
+    core.dialed_back(only.prober, only.nonce, 0.1)
+    core.tick(1.0, MEMBERS)  # six more members, heard of before the next round
+    assert core.verdict() == "direct"
+
+
 def test_a_lone_node_behind_nat_learns_it_from_its_seed() -> None:
     core = checker()
     ask_round(core, 0.0, MEMBERS[:1])
