@@ -73,7 +73,12 @@ def register(commands: Commands) -> None:
         description="Remove the namespaces (and kill the processes in them) of lab PREFIX, or "
         "of every lab that named itself (lab and 4 hex digits) when none is given.",
     )
-    down.add_argument("prefix", nargs="?", metavar="PREFIX")
+    down.add_argument(
+        "prefix",
+        nargs="?",
+        metavar="PREFIX",
+        help="the lab's prefix (`lab up` prints it); default: every lab's leftovers",
+    )
     down.set_defaults(run=run_down)
     example = labs.add_parser("example", help="print the default lab's spec (JSON)")
     example.set_defaults(run=run_example)
