@@ -1,5 +1,7 @@
-"""Reachability across the WAN lab: real `shardmesh node` processes in namespaces.
+"""Reachability with real `shardmesh node` processes: on loopback, and across the WAN lab.
 
+On loopback two nodes learn they are reachable at their advertised address.
+In the lab (network namespaces):
 Two public sites and two home sites, each behind its own NAT router: `c`'s
 port-preserving, `d`'s symmetric (neither lets an unasked connection in).
 The founder is in `a`; `b`, `c` and `d` join it. The public nodes learn
@@ -20,9 +22,11 @@ from typing import Any
 
 import pytest
 
+from runtime.cli.localswarm import LocalSwarm, Views
 from runtime.lab.netns import Lab
 from runtime.node.state_dir import READY_FILE
 from tests.runtime.lab.fixtures import MakeLab, make_lab  # noqa: F401 - the fixture
+from tests.swarm_helpers import start_swarm, wait_for
 
 CONTROL_PORT = 7001
 API_PORT = 8001
@@ -42,6 +46,24 @@ SPEC = {
         {"name": "d", "nat": "symmetric"},
     ],
 }
+
+
+async def test_two_nodes_on_loopback_learn_they_are_reachable(swarm: LocalSwarm) -> None:
+    nodes = await start_swarm(swarm, 2, eligible=False)
+
+    def both_direct(views: Views) -> bool:
+        verdicts = [(views.get(n.name) or {}).get("reachability", {}) for n in nodes]
+        return all(v.get("verdict") == "direct" for v in verdicts)
+
+    took = await wait_for(swarm, nodes, both_direct, VERDICT_TIMEOUT_S, "both reachable")
+    for one in nodes:
+        document = await swarm.status(one)
+        assert document is not None
+        control = document["addresses"]["control"]
+        assert document["reachability"]["says"] == f"reachable at {control}"
+        own = next(m for m in document["members"] if m["self"])
+        assert own["record"]["reach"] == "direct"
+    print(f"both direct {took:.1f}s after the swarm converged")
 
 
 def start(lab: Lab, site: str, state: Path, join: str | None) -> str:
