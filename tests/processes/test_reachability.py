@@ -1,14 +1,13 @@
 """Reachability with real `shardmesh node` processes: on loopback, and across the WAN lab.
 
 On loopback two nodes learn they are reachable at their advertised address.
-In the lab (network namespaces):
-Two public sites and two home sites, each behind its own NAT router: `c`'s
+In the lab (network namespaces): two public sites and two home sites, each behind its own NAT router: `c`'s
 port-preserving, `d`'s symmetric (neither lets an unasked connection in).
 The founder is in `a`; `b`, `c` and `d` join it. The public nodes learn
 they are reachable at their own address; each home node, whose requests go
 out through its router but whose private address no peer can dial, learns
-it is behind NAT, and `shardmesh status` says so in words. Root only:
-elsewhere it skips, saying why.
+it is behind NAT, and `shardmesh status` says so in words. The lab test
+needs root: elsewhere it skips, saying why.
 """
 
 from __future__ import annotations
