@@ -181,6 +181,9 @@ def check_swarm_view(page: Any, entry: LocalNode, peer: LocalNode) -> None:
     for age in page.locator("tr.member:not(:has(.badge.self)) td:nth-child(3)").all_text_contents():
         assert re.fullmatch(r"just now|\d+ s ago|\d+ min ago", age), age
     expect(page.locator("tr.member td:nth-child(6)").first).to_contain_text("tok/s")
+    # Peers dialled the entry back (runtime/node/reachability_driver.py), in words.
+    control = "tcp://" + entry.seed.split("@", 1)[1]
+    expect(page.locator("#summary")).to_contain_text(f"reachable at {control}")
 
     strip = page.locator(f'.model-card[data-model="{MODEL}"] .strip')
     expect(strip.locator(".layer")).to_have_count(8)
