@@ -26,11 +26,12 @@ test: lint chromium lab-deps
 	$(BIN)/mypy
 	$(BIN)/pytest $(PARALLEL)
 
-# The inner loop: lint, types, and every test that starts no node process and is
-# not in the slow tier (unit, in-process and simulator tests). CI runs `make test`.
+# The inner loop: lint, types, and every test that starts no node process,
+# builds no namespace and is not in the slow tier (unit, in-process and
+# simulator tests). CI runs `make test`.
 check: lint
 	$(BIN)/mypy
-	$(BIN)/pytest $(PARALLEL) -m "not slow and not swarm" --durations=5
+	$(BIN)/pytest $(PARALLEL) -m "not slow and not swarm and not lab" --durations=5
 
 # tests/runtime/api/test_web_page.py drives Debian's chromium (never Playwright's own
 # browsers): install it where it is missing and apt-get exists (CI runs as

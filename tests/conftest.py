@@ -45,6 +45,18 @@ SWARM_MODULES = frozenset(
 scheduler sees only test ids, so they are named here; collection stops on a
 test that takes the `swarm` fixture from a module not named."""
 
+LAB_MODULES = frozenset(
+    {
+        "tests/runtime/lab/test_netns.py",
+        "tests/runtime/lab/test_check.py",
+        "tests/runtime/cli/commands/test_lab.py",
+        "tests/benchmarks/test_wan.py",
+    }
+)
+"""Modules that build network namespaces (the WAN lab) without the `make_lab`
+fixture: marked `lab` with the fixture's users, so `make check` leaves
+them to `make test` (they are real-network tests, not unit tests)."""
+
 ONE_GROUP_PER_TEST = frozenset({"tests/simulations/test_swarm_1000.py"})
 """Modules of a few long tests and no shared fixture: each test is a group of
 its own, so two workers can take them at once."""
@@ -97,8 +109,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests that start node processes `swarm` (`make check` leaves
-    them to `make test`); under xdist, the longest groups first."""
+    """Mark the tests that start node processes `swarm` and those that build
+    namespaces `lab` (`make check` leaves both to `make test`); under xdist,
+    the longest groups first."""
     for item in items:
         in_swarms = xdist_group(item.nodeid) == SWARMS_GROUP
         if "swarm" in getattr(item, "fixturenames", ()) and not in_swarms:
@@ -107,6 +120,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             )
         if in_swarms:
             item.add_marker(pytest.mark.swarm)
+        module = item.nodeid.split("::", 1)[0]
+        if module in LAB_MODULES or "make_lab" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.lab)
     if getattr(config.option, "loadgroup", False) or config.getoption("dist", None) == "loadgroup":
         items.sort(key=lambda item: _rank(item.nodeid))  # stable: in-group order kept
 
