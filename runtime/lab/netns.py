@@ -258,6 +258,8 @@ class Lab:
     def build(self) -> None:
         """Make every namespace, link, route, NAT rule and qdisc, then start
         the delayer; LabError says which step failed."""
+        if self._plan is not None:
+            raise LabError(f"lab {self._plan.prefix} is built already: build a new Lab instead")
         reason = unavailable()
         if reason is not None:
             raise LabError(reason)

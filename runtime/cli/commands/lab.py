@@ -187,10 +187,12 @@ def run_up(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         lab = _build("lab up", args.spec, args.prefix)
         if isinstance(lab, int):
             return lab
-        with lab:
+        try:  # built by _build already: entering it again would build a second lab
             document = describe(lab)
             print(json.dumps(document) if args.json else render(document), flush=True)
             return _hold(lab, args.hold_s)
+        finally:
+            lab.close()
     except _Stopped:
         print("shardmesh lab up: stopped; the lab is removed", file=sys.stderr)
         return 0
@@ -216,8 +218,10 @@ def run_check(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if isinstance(lab, int):
         return lab
     try:
-        with lab:
+        try:
             report = measure(lab, count=args.count)
+        finally:
+            lab.close()
     except LabError as exc:
         return fail("lab check", str(exc))
     print(json.dumps(report, indent=2))

@@ -281,3 +281,13 @@ def test_without_root_the_reason_is_given() -> None:
     )
     assert "need root" in done.stdout
     assert unavailable() is None
+
+
+def test_a_built_lab_refuses_to_build_again(make_lab: MakeLab) -> None:
+    """`shardmesh lab up` and `check` once entered a lab they had built: a
+    second lab, under a fresh prefix, was built over the first, and the
+    first's namespaces were left behind on every run."""
+    lab = make_lab({"sites": [{"name": "a"}, {"name": "b"}]})
+    with pytest.raises(LabError, match="built already"):
+        lab.__enter__()
+    assert sorted(leftovers(lab.plan.prefix)) == sorted(lab.plan.namespaces)  # still only one
