@@ -240,6 +240,8 @@ class Lab:
         return self._plan
 
     def __enter__(self) -> Lab:
+        if self._plan is not None:  # refused before the try: the lab built stays up
+            raise LabError(f"lab {self._plan.prefix} is built already: build a new Lab instead")
         try:
             self.build()
         except BaseException:
@@ -258,8 +260,6 @@ class Lab:
     def build(self) -> None:
         """Make every namespace, link, route, NAT rule and qdisc, then start
         the delayer; LabError says which step failed."""
-        if self._plan is not None:
-            raise LabError(f"lab {self._plan.prefix} is built already: build a new Lab instead")
         reason = unavailable()
         if reason is not None:
             raise LabError(reason)
