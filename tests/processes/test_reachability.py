@@ -1,8 +1,9 @@
 """Reachability with real `shardmesh node` processes: on loopback, and across the WAN lab.
 
 On loopback two nodes learn they are reachable at their advertised address.
-In the lab (network namespaces): two public sites and two home sites, each behind its own NAT router: `c`'s
-port-preserving, `d`'s symmetric (neither lets an unasked connection in).
+In the lab (network namespaces): two public sites and two home sites, each
+behind its own NAT router: `c`'s port-preserving, `d`'s symmetric (neither
+lets an unasked connection in).
 The founder is in `a`; `b`, `c` and `d` join it. The public nodes learn
 they are reachable at their own address; each home node, whose requests go
 out through its router but whose private address no peer can dial, learns
