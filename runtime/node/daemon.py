@@ -29,7 +29,7 @@ from runtime.inference.dispatch import Engine
 from runtime.model.store import ModelStore
 from runtime.node.access import AccessError, SwarmAccess, redeem_invitation
 from runtime.node.admission import ShardSlot
-from runtime.node.control import wire_control
+from runtime.node.control import Control, wire_control
 from runtime.node.drain import span_replaceable, stop_on_signal
 from runtime.node.http_server import start_http
 from runtime.node.ledger_follower import LedgerFollower
@@ -40,7 +40,7 @@ from runtime.node.provision import Provisioner
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.reachability_driver import ReachabilityDriver
 from runtime.node.record_publisher import RecordPublisher
-from runtime.node.state_dir import OPERATOR_TOKEN_FILE, StateDir
+from runtime.node.state_dir import StateDir
 from runtime.node.status import status_document
 from runtime.node.swarm_view import SwarmView
 from runtime.node.twin import stop_if_identity_taken
@@ -68,11 +68,7 @@ class Node:
         self.node_id: bytes = identity.node_id
         self.profile = options.profile
         self.fault_injection = options.fault_injection  # serve POST /v1/debug/faults
-        self.operator_token = state.operator_token()  # admin calls (runtime.api.auth)
-        log.info(
-            "operator token in %s (admin calls and `shardmesh policy --set` need it)",
-            state.path / OPERATOR_TOKEN_FILE,
-        )
+        self.operator_token = state.operator_token()  # admin calls (runtime.api.auth); logged
         self.incarnation = state.next_incarnation()
         self.raft_storage = raft_storage
         self.started_at = time.time()  # wall clock: shown to humans only
@@ -87,6 +83,7 @@ class Node:
         self.ready_mono: float | None = None
         """When the node was up (trio's clock); None while it starts."""
         # Wired in run() once the planes are bound; nothing reads them before.
+        self.control: Control
         self.membership: MembershipDriver
         self.raft: RaftDriver
         self.swarm: SwarmView
@@ -101,7 +98,7 @@ class Node:
 
     def _wire(self, control: Plane, data: Plane) -> None:
         options = self.options
-        control_side = wire_control(
+        control_side = self.control = wire_control(
             identity=self.identity,
             state=self.state,
             profile=options.profile,
@@ -109,18 +106,13 @@ class Node:
             address=options.advertised(control.address),
             incarnation=self.incarnation,
             storage=self.raft_storage,
-            seeds=[seed.node for seed in options.joins],
+            seeds=options.seed_addresses(),
+            encrypted=options.encrypted,
+            on_reach_change=self.republish,
         )
         self.membership, self.raft = control_side.membership, control_side.raft
         self.swarm, self.ledger_follower = control_side.swarm, control_side.follower
-        self.reachability = ReachabilityDriver(
-            membership=self.membership,
-            keys=self.identity.plane_keys(),
-            encrypted=options.encrypted,
-            seeds=[(seed.node, seed.at.zmq()) for seed in options.joins],
-            record_of=self.swarm.record,
-            on_change=self.republish,
-        )
+        self.reachability = control_side.reachability
         reply_address = options.advertised(data.address)
         self.engine = Engine(
             data, drops=self.local_drops, signer=self.identity, reply_address=reply_address
@@ -175,8 +167,6 @@ class Node:
         """
         options = self.options
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-            if not options.encrypted:
-                log.warning("--insecure-plaintext: the planes are NOT encrypted or authenticated")
             planes = open_node_planes(options, self.transport_drops, self.identity.plane_keys())
             async with planes as (control, data):
                 self._wire(control, data)
@@ -196,7 +186,7 @@ class Node:
                     }
                     self.republish()
                     if options.joins:
-                        self.membership.join([(seed.node, seed.at.zmq()) for seed in options.joins])
+                        self.membership.join(options.seed_addresses())
                     await self._start_tasks(nursery)
                     self._announce_up()
                     task_status.started(self)
@@ -217,11 +207,8 @@ class Node:
     async def _start_tasks(self, nursery: trio.Nursery) -> None:
         """Every component's loop, the engine's started before the shards'."""
         options = self.options
-        nursery.start_soon(self.membership.run)
-        nursery.start_soon(self.raft.run)
-        nursery.start_soon(self.ledger_follower.run)
+        self.control.start(nursery)
         nursery.start_soon(self.records.run)
-        nursery.start_soon(self.reachability.run)
         nursery.start_soon(self.access.run)
         nursery.start_soon(
             stop_if_identity_taken, self.membership, options.profile, lambda: self.ready_mono

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -22,6 +23,8 @@ from mesh.wire import MAX_CONTROL_MESSAGE_BYTES
 from runtime.model.hub import HubSource
 from runtime.node.admission import ServeOptions
 from runtime.node.hostport import HostPort, Seed, parse_hostport
+
+log = logging.getLogger("shardmesh.node")
 
 PROFILES: Final = ("lan", "wan", "local")
 SWARM_MODES: Final = ("open", "private")
@@ -136,6 +139,10 @@ class NodeOptions:
             return self.api
         return HostPort(self.listen.host if self.advertise else "127.0.0.1", 0)
 
+    def seed_addresses(self) -> list[tuple[bytes, str]]:
+        """(node id, control address) of each node this one joins through."""
+        return [(seed.node, seed.at.zmq()) for seed in self.joins]
+
     def advertised(self, address: str) -> str:
         """The address peers should use: the bound one, with the host
         replaced when the node listens on a wildcard."""
@@ -151,6 +158,8 @@ async def open_node_planes(
     """The control and data planes, encrypted under the node's keys; a bind
     failure becomes a NodeStartupError naming the addresses (errors after
     start-up pass)."""
+    if not options.encrypted:
+        log.warning("--insecure-plaintext: the planes are NOT encrypted or authenticated")
     listen = options.listen.zmq()
     data_listen = (options.data_listen or HostPort(options.listen.host, 0)).zmq()
     entered = False

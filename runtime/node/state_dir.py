@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import logging
 import os
 import secrets
 from pathlib import Path
@@ -23,6 +24,8 @@ from typing import Any
 import platformdirs
 
 from mesh.files import replace_durably
+
+log = logging.getLogger("shardmesh.node")
 
 INCARNATION_FILE = "incarnation"
 RECORD_SEQ_FILE = "record_seq"
@@ -131,8 +134,14 @@ class StateDir:
         return incarnation
 
     def operator_token(self) -> str:
-        """This node's operator token, made on the first start."""
-        return load_or_create_operator_token(self.path)
+        """This node's operator token, made on the first start; the log says
+        where it is (the operator's admin commands read it there)."""
+        token = load_or_create_operator_token(self.path)
+        log.info(
+            "operator token in %s (admin calls and `shardmesh policy --set` need it)",
+            self.path / OPERATOR_TOKEN_FILE,
+        )
+        return token
 
     def store_incarnation(self, incarnation: int) -> None:
         self.store_counter(INCARNATION_FILE, incarnation)

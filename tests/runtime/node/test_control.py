@@ -15,7 +15,7 @@ from runtime.node.state_dir import StateDir
 LOOPBACK = "tcp://127.0.0.1:0"
 
 
-async def test_the_four_drivers_are_tied_to_each_other(tmp_path: Path) -> None:
+async def test_the_drivers_are_tied_to_each_other(tmp_path: Path) -> None:
     identity = Identity.generate()
     seed = Identity.generate().node_id
     with StateDir(tmp_path) as state, RaftStorage.open(tmp_path / "raft.sqlite3") as storage:
@@ -31,7 +31,9 @@ async def test_the_four_drivers_are_tied_to_each_other(tmp_path: Path) -> None:
                 address=control.address,
                 incarnation=0,
                 storage=storage,
-                seeds=[seed],
+                seeds=[(seed, "tcp://127.0.0.1:9")],
+                encrypted=True,
+                on_reach_change=lambda: None,
             )
             delivered: list[tuple[bytes, bytes]] = []
             wired.raft.deliver = lambda sender, payload: delivered.append((sender, payload))  # type: ignore[method-assign]
@@ -45,6 +47,7 @@ async def test_the_four_drivers_are_tied_to_each_other(tmp_path: Path) -> None:
             follower: Any = wired.follower
             assert follower._seeds == (seed,), "a joiner trusts its seeds first"
             assert wired.swarm.record(identity.node_id) is None, "nothing published yet"
+            assert wired.reachability.reach == "unknown", "nobody asked to dial back yet"
 
 
 async def test_a_founder_bootstraps_raft_and_a_joiner_does_not(tmp_path: Path) -> None:
@@ -64,7 +67,9 @@ async def test_a_founder_bootstraps_raft_and_a_joiner_does_not(tmp_path: Path) -
                     address=control.address,
                     incarnation=0,
                     storage=storage,
-                    seeds=seeds,
+                    seeds=[(node, "tcp://127.0.0.1:9") for node in seeds],
+                    encrypted=True,
+                    on_reach_change=lambda: None,
                 )
                 raft: Any = wired.raft
                 assert raft._write_bootstrap_config is bootstraps
