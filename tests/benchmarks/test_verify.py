@@ -23,6 +23,8 @@ import pytest
 from benchmarks.verify import TARGETS, p99_requests
 from tests import REPO
 
+pytestmark = pytest.mark.slow  # the quick benchmark run takes ~15-20 s: left to `make test`
+
 REPO: Final = REPO
 QUICK_TIMEOUT_S: Final = 120
 """About 15 s on an idle 2-core machine, 30 s on a busy one; room beyond."""

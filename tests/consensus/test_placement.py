@@ -858,6 +858,7 @@ def reordered(snapshot: PlacementInput) -> PlacementInput:
     )
 
 
+@pytest.mark.slow  # 300 examples, ~8-16 s: left to `make test`
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(snapshots())
 def test_random_snapshots_keep_the_invariants_and_are_deterministic(

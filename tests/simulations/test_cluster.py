@@ -171,6 +171,7 @@ and 3 with the full-state core), so the loss is required to bite across
 the sample, not in every run."""
 
 
+@pytest.mark.slow  # ~10 s: left to `make test`
 def test_no_false_positives_at_10_percent_loss() -> None:
     """20 seeds x 50 nodes x 120 s (33 node-hours) at 10% loss, no faults.
 

@@ -211,6 +211,7 @@ def test_random_runs_keep_every_invariant_and_replay_from_their_seed(
 SCENARIO = REPO / "simulations" / "scenarios" / "demand-placement.toml"
 
 
+@pytest.mark.slow  # ~7 s: left to `make test`
 def test_the_shipped_placement_scenario_runs_and_replays(tmp_path: Path) -> None:
     result = run_scenario(SCENARIO, seed=2)
     timeline: list[str] = []

@@ -81,6 +81,7 @@ def one_thread() -> Iterator[None]:
 # --- real hops --------------------------------------------------------------------
 
 
+@pytest.mark.slow  # ~13 s: the inner loop (`make check`) leaves it to `make test`
 async def test_a_512_token_prompt_through_a_20x_slower_hop_completes_where_fixed_timeouts_failed(
     shards: dict[tuple[int, int], ShardBackend], one_thread: None
 ) -> None:
