@@ -8,8 +8,8 @@ that imported `PRELOAD` before anything else ran - to fork each node. The
 child then runs `python -m runtime.cli ARGS` as a spawned one would: its own
 argv, environment, working directory, log file, exit code and signals.
 What is read once at import time (libgomp's and OpenBLAS's settings, the
-hash seed) is the server's: a node whose environment differs there
-(`IMPORT_TIME_ENV`) is spawned as before. docs/design/cli.md says more.
+hash seed) is the server's, so nodes share a server only where their
+environments agree there (`IMPORT_TIME_ENV`). docs/design/cli.md says more.
 """
 
 from __future__ import annotations
@@ -122,10 +122,6 @@ class ForkServer:
         self._reader = threading.Thread(target=self._read, name="forkserver", daemon=True)
         self._reader.start()
 
-    def compatible(self, env: Mapping[str, str]) -> bool:
-        """Whether a node with environment `env` may be forked from here."""
-        return import_time_env(env) == import_time_env(self.env)
-
     def spawn(
         self,
         argv: Sequence[str],
@@ -207,10 +203,16 @@ _servers: dict[tuple[str, str], ForkServer] = {}
 _servers_lock = threading.Lock()
 
 
+def server_key(python: str, env: Mapping[str, str]) -> tuple[str, str]:
+    """Which server a node with `env` forks from: nodes share one only where
+    everything read at import time is the same."""
+    return python, json.dumps(import_time_env(env), sort_keys=True)
+
+
 def server_for(python: str, env: Mapping[str, str]) -> ForkServer:
     """This process's server for `python` and `env`'s import-time part,
     started on first use and stopped when this process exits."""
-    key = (python, json.dumps(import_time_env(env), sort_keys=True))
+    key = server_key(python, env)
     with _servers_lock:
         if not _servers:
             atexit.register(close_all)

@@ -325,9 +325,7 @@ class LocalSwarm:
         library reads at import (`--threads`), or the server failed."""
         if not (self.fork and node.forked) or "--threads" in argv:
             return None
-        server = forkserver.server_for(self.python, env)
-        if not server.compatible(env):
-            return None
+        server = forkserver.server_for(self.python, env)  # one per import-time environment
         try:
             return await trio.to_thread.run_sync(
                 server.spawn, argv[len(self.interpreter) :], env, node.log_path, node.cpus
