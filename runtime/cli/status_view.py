@@ -102,6 +102,15 @@ def _spans(spans: list[list[int]]) -> str:
     return ", ".join(f"[{a}, {b})" for a, b in spans) or "none"
 
 
+def format_leaderless(status: dict[str, Any]) -> list[str]:
+    """Why no leader is named, and what to do (`leadership`, from
+    `runtime.node.leadership`): nothing while one is."""
+    leadership = status.get("leadership") or {}
+    if leadership.get("state") != "leaderless":
+        return []
+    return [f"  {key}: {leadership[key]}" for key in ("why", "fix") if leadership.get(key)]
+
+
 def format_status(status: dict[str, Any]) -> str:
     """The whole human-readable report."""
     leader = status.get("leader")
@@ -114,6 +123,7 @@ def format_status(status: dict[str, Any]) -> str:
         f"leader: {short(leader) if leader else 'none'} "
         f"(term {status.get('term', 0)}, commit index {status.get('commit_index', 0)})"
     )
+    lines += format_leaderless(status)
     for model, entry in sorted((status.get("coverage") or {}).items()):
         lines.append(
             f"coverage: {model} ({entry.get('layers')} layers): covered "

@@ -96,6 +96,7 @@ def wire_control(
         held=lambda: raft.ledger.applied_index,
     )
     raft.followed_leader = follower.leader
+    raft.member_of = membership.member_state
     raft.heard_up_to_date = follower.caught_up
     reachability = ReachabilityDriver(
         membership=membership,

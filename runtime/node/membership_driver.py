@@ -146,6 +146,11 @@ class MembershipDriver:
     def member(self, node: bytes) -> MemberView | None:
         return self.core.member(node)
 
+    def member_state(self, node: bytes) -> tuple[MemberStateName, float] | None:
+        """(state, since) of `node` (None: not a member this node knows)."""
+        view = self.core.member(node)
+        return None if view is None else (state_name(view.state), view.state_since)
+
     def peer_states(self) -> list[tuple[bytes, MemberStateName, float]]:
         """(node, state, since) of every other member: what Raft's voter
         management reads."""

@@ -19,7 +19,7 @@ import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Final
 
 import trio
@@ -42,8 +42,9 @@ from consensus.raft import (
 from consensus.storage import RaftStorage, StorageError
 from consensus.voters import MemberInfo, next_change
 from mesh.identity import NODE_ID_BYTES, node_id_text
-from mesh.member_table import MemberStateName
+from mesh.member_table import LIVE_STATES, MemberStateName
 from mesh.records import MAX_NOTICE_CHANGES, LedgerNotice
+from runtime.node.leadership import Leadership, judge, lost_leader_fix, silence_s
 
 log = logging.getLogger("shardmesh.raft")
 
@@ -202,6 +203,9 @@ class RaftDriver:
         self.heard_up_to_date: Callable[[], bool] = lambda: True
         """Whether this node's ledger is as new as the leader's notice it
         has heard (`LedgerFollower.caught_up`); see `caught_up`."""
+        self.member_of: Callable[[bytes], tuple[str, float] | None] = lambda node: None
+        """Membership's (state, since) of a node (None: unknown): a node that
+        cannot vote stops naming a leader declared dead (`leadership`)."""
         self.on_replace: list[Callable[[], None]] = []
         """Called when the ledger is replaced whole (a snapshot from the
         leader, or a copy followed from a voter), which no `on_apply` sees."""
@@ -568,10 +572,72 @@ class RaftDriver:
 
     def leader(self) -> bytes | None:
         """The leader this node follows (itself when leading), or None. A
-        member outside the configuration knows it by its notice."""
+        member outside the configuration knows it by its notice; a node
+        that cannot vote never names one membership holds gone, or (a
+        learner) that has fallen silent (`runtime.node.leadership`)."""
+        named = self._named_leader()
+        if named is None or named == self.node_id or self.node_id in self.raft.voters:
+            return named  # a voter's Raft timer judges its leader
+        return self._judge(named).leader
+
+    def _named_leader(self) -> bytes | None:
         if self.raft.leader is not None or self.in_configuration():
             return self.raft.leader
         return self.followed_leader()
+
+    def _judge(self, named: bytes | None) -> Leadership:
+        in_configuration = self.in_configuration()
+        return judge(
+            named=named,
+            this_node=self.node_id,
+            votes=self.node_id in self.raft.voters,
+            member=None if named is None else self.member_of(named),
+            heard_at=None if named is None else self._last_contact.get(named),
+            silence=(
+                silence_s(self.config.tick_s, self.config.raft.election_ticks)
+                if in_configuration
+                else None
+            ),
+            now=trio.current_time(),
+        )
+
+    def leadership(self) -> Leadership:
+        """Whom this node names as leader and, when nobody, why and what an
+        operator can do (status "leadership")."""
+        judged = self._judge(self._named_leader())
+        if judged.state != "leaderless":
+            return judged
+        if judged.lost is not None:
+            return replace(judged, fix=lost_leader_fix(judged.lost, self._alive_eligible()))
+        if self.node_id in self.raft.voters:
+            why = (
+                f"no leader for {self.leaderless_s():.0f} s: an election is under way, "
+                "or too few voters are alive to elect one"
+            )
+        else:
+            why = "no leader heard of yet: no leader's Raft message or ledger notice reached here"
+        return replace(judged, why=why, fix=self.refound_hint())
+
+    def _alive_eligible(self) -> list[bytes]:
+        """Nodes that may vote and that membership holds alive (this node too, if it may)."""
+        eligible = self.ledger.eligible_voters() or self.raft.voters
+        return [
+            node
+            for node in eligible
+            if node == self.node_id
+            or ((state := self.member_of(node)) is not None and state[0] in LIVE_STATES)
+        ]
+
+    def refound_hint(self) -> str | None:
+        """What to run once the voters may be gone for good (None: not yet,
+        or not on this node: `refound_refusal`)."""
+        if self.refound_refusal() is not None:
+            return None
+        return (
+            f"no leader for {self.leaderless_s():.0f} s: if the voters are gone for good, "
+            "run `shardmesh voters refound --api URL` on the surviving eligible node with "
+            "the longest log (raft.last_index); entries only the lost voters held are lost"
+        )
 
     def voters_view(self) -> dict[str, Any]:
         """Who votes, who may (`GET /v1/network/voters`, status "raft"), a
@@ -579,13 +645,7 @@ class RaftDriver:
         what to run once a leader has been missing long enough that the
         voters may be gone for good."""
         eligible = self.ledger.eligible_voters()
-        refound_hint = None
-        if self.refound_refusal() is None:
-            refound_hint = (
-                f"no leader for {self.leaderless_s():.0f} s: if the voters are gone for good, "
-                "run `shardmesh voters refound --api URL` on the surviving eligible node with "
-                "the longest log (raft.last_index); entries only the lost voters held are lost"
-            )
+        refound_hint = self.refound_hint()
         warning = None
         if len(eligible) < FAILOVER_ELIGIBLE:
             warning = (
@@ -604,10 +664,13 @@ class RaftDriver:
 
     def status(self) -> dict[str, Any]:
         """The consensus fields of `/v1/network/status`."""
-        leader = self.leader()
+        leadership = self.leadership()
+        leader = leadership.leader
         repair = self.raft.repairing_until
         return {
             "leader": node_id_text(leader) if leader else None,
+            # Why "leader" is null, and what to do (runtime.node.leadership).
+            "leadership": leadership.to_json(),
             "term": self.raft.term,
             "commit_index": self.raft.commit_index,
             **self.ledger.to_json(),

@@ -188,9 +188,13 @@ function render(status) {
 
 function renderSummary(s) {
   const alive = s.members.filter((m) => m.state === "alive").length;
-  const leader = s.leader
-    ? [text(" · leader "), nodeLabel(s.leader), s.leader === s.node_id ? text(" (this node)") : null]
-    : [text(" · no leader known")];
+  const lost = s.leadership && s.leadership.lost;
+  let leader = [text(" · no leader known")];
+  if (s.leader) {
+    leader = [text(" · leader "), nodeLabel(s.leader), s.leader === s.node_id ? text(" (this node)") : null];
+  } else if (lost) {
+    leader = [text(" · no leader: "), nodeLabel(lost), text(" is lost")];
+  }
   $("summary").replaceChildren(
     text("node "),
     nodeLabel(s.node_id),
@@ -211,6 +215,11 @@ function renderNotes(s) {
   // Peers cannot dial this node back (runtime/node/reachability_driver.py).
   if (s.reachability && s.reachability.verdict === "unreachable") notes.push(s.reachability.says);
   if (s.raft && s.raft.eligibility_warning) notes.push(s.raft.eligibility_warning);
+  // No leader named: why, and what to run (runtime/node/leadership.py).
+  const leadership = s.leadership;
+  if (leadership && leadership.state === "leaderless" && (leadership.lost || leadership.fix)) {
+    notes.push([leadership.why, leadership.fix && `what to do: ${leadership.fix}`].filter(Boolean).join(". "));
+  }
   const drops = Object.entries(s.drops || {});
   if (drops.length) notes.push(`dropped: ${drops.map(([why, n]) => `${why} ${n}`).join(", ")}`);
   $("notes").replaceChildren(...notes.map((note) => el("div", { className: "note", text: note })));
@@ -334,6 +343,9 @@ function renderMembers(s, nodeNow) {
       {},
       nodeLabel(m.node_id),
       isLeader ? el("span", { className: "badge leader-mark", text: "★ leader", title: "Raft leader" }) : null,
+      s.leadership && m.node_id === s.leadership.lost
+        ? el("span", { className: "badge bad lost-leader", text: "lost leader", title: s.leadership.why || "" })
+        : null,
       m.self ? el("span", { className: "badge self", text: "this node" }) : null,
       !isLeader && voters.has(m.node_id) ? el("span", { className: "badge", text: "voter" }) : null,
       learners.has(m.node_id) ? el("span", { className: "badge quiet", text: "learner" }) : null,

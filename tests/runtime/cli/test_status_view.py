@@ -195,6 +195,27 @@ def test_an_empty_document_reports_the_defaults() -> None:
     assert format_drops({}) == "drops: none"
 
 
+def test_a_lost_leader_is_said_under_the_leader_line_with_what_to_do() -> None:
+    lost = {
+        **STATUS,
+        "leader": None,
+        "leadership": {
+            "state": "leaderless",
+            "lost": "d" * 64,
+            "why": "the leader dddddddddddd was declared dead 42 s ago",
+            "fix": "restart dddddddddddd with its own --state-dir",
+        },
+    }
+    report = format_status(lost).splitlines()
+    at = report.index("leader: none (term 4, commit index 17)")
+    assert report[at + 1 : at + 3] == [
+        "  why: the leader dddddddddddd was declared dead 42 s ago",
+        "  fix: restart dddddddddddd with its own --state-dir",
+    ]
+    following = {**STATUS, "leadership": {"state": "following", "why": None, "fix": None}}
+    assert format_status(following) == format_status(STATUS)
+
+
 def test_json_is_the_raw_document_for_scripts() -> None:
     assert json.loads(render(STATUS, as_json=True)) == STATUS
     assert render(STATUS, as_json=False) == format_status(STATUS)

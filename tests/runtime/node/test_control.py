@@ -44,6 +44,8 @@ async def test_the_drivers_are_tied_to_each_other(tmp_path: Path) -> None:
             assert wired.swarm.node_id == identity.node_id
             assert wired.raft.followed_leader == wired.follower.leader
             assert wired.raft.followed_leader() is None, "no leader followed yet"
+            assert wired.raft.member_of == wired.membership.member_state
+            assert wired.raft.member_of(seed) is None, "a seed it has not reached is no member"
             follower: Any = wired.follower
             assert follower._seeds == (seed,), "a joiner trusts its seeds first"
             assert wired.swarm.record(identity.node_id) is None, "nothing published yet"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import trio
@@ -17,6 +18,7 @@ from consensus.commands import Found
 from consensus.config import ConsensusConfig
 from consensus.ledger import ApplyResult
 from consensus.storage import RaftStorage
+from runtime.node.leadership import silence_s
 from runtime.node.raft_driver import NotLeader, RaftDriver
 
 ME, OTHER = b"\x01" * 32, b"\x02" * 32
@@ -78,3 +80,59 @@ def test_bad_payloads_are_counted_and_dropped(tmp_path: Path) -> None:
         raft = driver(store, bootstrap=False)
         raft.deliver(OTHER, b"\xff not raft")
         assert sum(raft.drops.values()) == 1
+
+
+LEADER = b"\x03" * 32
+
+
+async def test_a_member_outside_raft_stops_naming_a_leader_declared_dead(tmp_path: Path) -> None:
+    """Issue 30, item 8: the founder (the only voter) died, and every member
+    that cannot vote went on naming it, its notice still in the record
+    membership keeps for a day."""
+    with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
+        raft = driver(store, bootstrap=False)
+        raft.followed_leader = lambda: LEADER  # its notice has the highest term heard
+        state = {"state": "alive", "since": trio.current_time()}
+        raft.member_of = lambda node: (state["state"], state["since"]) if node == LEADER else None
+        assert raft.leader() == LEADER
+        state["state"] = "dead"
+        assert raft.leader() is None, "a leader membership declared dead is named no more"
+        status = raft.status()
+        assert status["leader"] is None
+        leadership = status["leadership"]
+        assert leadership["state"] == "leaderless" and leadership["lost"] == LEADER.hex()
+        assert "was declared dead" in leadership["why"]
+        assert "restart" in leadership["fix"], "no node that may vote is alive"
+        state["state"] = "alive"  # it came back (a restart with its state dir)
+        assert raft.leader() == LEADER and raft.status()["leadership"]["state"] == "following"
+
+
+async def test_a_learner_stops_naming_a_leader_it_no_longer_hears(tmp_path: Path) -> None:
+    """A learner never campaigns, so its Raft core follows a dead leader for
+    ever; the driver stops naming one silent past the bound."""
+    with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
+        raft = driver(store, bootstrap=False)
+        core: Any = raft.raft
+        core._voters, core._learners = frozenset({LEADER, OTHER}), frozenset({ME})
+        core._leader = LEADER
+        heard: Any = raft._last_contact
+        heard[LEADER] = trio.current_time()
+        raft.member_of = lambda node: ("alive", 0.0)
+        assert raft.in_configuration() and raft.leader() == LEADER
+        bound = silence_s(raft.config.tick_s, raft.config.raft.election_ticks)
+        heard[LEADER] = trio.current_time() - bound - 1.0
+        assert raft.leader() is None
+        leadership = raft.status()["leadership"]
+        assert "sent no Raft message" in leadership["why"]
+        assert (
+            "shardmesh voters refound" in leadership["fix"]
+            and OTHER.hex()[:12] in leadership["fix"]
+        )
+
+
+async def test_a_voter_without_a_leader_says_so(tmp_path: Path) -> None:
+    with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
+        raft = driver(store, bootstrap=True)  # a voter that has not yet elected itself
+        leadership = raft.status()["leadership"]
+        assert leadership["state"] == "leaderless" and leadership["lost"] is None
+        assert leadership["why"].startswith("no leader for")
