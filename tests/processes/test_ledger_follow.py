@@ -3,7 +3,8 @@
 Nobody but the founder is eligible, so Raft is the founder alone (no
 learners: the configuration stays one entry however many join), and the two
 other members learn every commit from the leader's notice in its record,
-pulling the ledger from it.
+pulling the ledger from it. Once that founder dies, they name it no more
+and say what to do (`runtime/node/leadership.py`).
 """
 
 from __future__ import annotations
@@ -85,3 +86,41 @@ async def test_members_outside_raft_follow_the_ledger_by_the_leaders_notice(
     notice = leader_record["record"]["ledger"]
     assert notice["index"] >= index  # the notice, gossiped
     assert {node for node, _ in notice["changed"]} >= assigned  # naming whom it concerns
+
+
+LOST_TIMEOUT_S = 30.0
+"""Membership declaring a killed node dead on the local profile (seconds),
+on a loaded machine."""
+
+
+async def test_members_stop_naming_a_founder_that_died_and_say_how_to_recover(
+    swarm: LocalSwarm,
+) -> None:
+    """Issue 30, item 8: the founder was the only voter; once it is dead the
+    members that cannot vote name no leader and say why and what to run."""
+    founder, *members = await start_swarm(swarm, 3, eligible=False)
+    await wait_for(
+        swarm,
+        members,
+        lambda views: all(
+            (views.get(m.name) or {}).get("leader") == founder.node_id for m in members
+        ),
+        FOLLOW_TIMEOUT_S,
+        "the founder named by its notice",
+    )
+    founder.kill()
+
+    def lost(views: Views) -> bool:
+        return all(
+            (v := views.get(m.name)) is not None
+            and v["leader"] is None
+            and v["leadership"]["lost"] == founder.node_id
+            for m in members
+        )
+
+    await wait_for(swarm, members, lost, LOST_TIMEOUT_S, "the dead founder named no more")
+    view = await swarm.status(members[0])
+    assert view is not None
+    leadership = view["leadership"]
+    assert leadership["state"] == "leaderless" and "was declared dead" in leadership["why"]
+    assert f"restart {founder.node_id[:12]} with its own --state-dir" in leadership["fix"]
