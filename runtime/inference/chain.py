@@ -362,9 +362,9 @@ class _Attempt:
                 reply = await self.inbox.receive()
                 if reply.op == OP_TOKEN and reply.session == last_session and reply.step == step:
                     return reply
-                if reply.op == OP_ERROR:
+                if reply.op in (OP_ERROR, OP_BUSY):  # busy: displaced for a newcomer
                     raise _StepFailed(
-                        frozenset({self.node_of[reply.session]}), f"error: {reply.reason}"
+                        frozenset({self.node_of[reply.session]}), f"{reply.op}: {reply.reason}"
                     )
                 self.pipeline._drops[f"engine.{R_STALE_REPLY}"] += 1
         reported = [self.reports.at.get(i) for i in range(len(self.chain))]

@@ -157,7 +157,9 @@ class Engine:
                         self.plane, peer, header, R_WRONG_SHARD, "this node serves no shard"
                     )
                 return
-            self.hop_server.handle(peer, op, header, dtype, shape, raw)
+            # Only an open needs where it came from (the session policy's networks).
+            source = self.plane.source_of(peer) if op == OP_OPEN else None
+            self.hop_server.handle(peer, op, header, dtype, shape, raw, source=source)
         elif op in ENTRY_OPS:
             self.pipeline.handle(peer, op, header, dtype, shape, raw)
         else:

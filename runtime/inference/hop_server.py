@@ -23,6 +23,7 @@ import numpy as np
 import trio
 
 from mesh.identity import Signer
+from mesh.newcomers import neighbourhood
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS
 from runtime.inference.commitment import SIGN_EVERY, SKETCH_DIMS, Commitment, ids_digest, sketch
@@ -59,6 +60,15 @@ from runtime.inference.protocol import (
     text_field,
     uint_field,
 )
+from runtime.inference.session_policy import (
+    MAX_SESSION_SHARE,
+    PENDING_GRACE_S,
+    Admit,
+    Holder,
+    SessionLimits,
+    Slot,
+    Standing,
+)
 from runtime.model.backends.base import KVCache, ShardBackend
 from runtime.model.sampling import SEED_MODULUS, SamplingParams, sample, token_margin
 
@@ -69,6 +79,7 @@ __all__ = [
     "DEFAULT_MAX_BUDGET",
     "DEFAULT_MAX_SESSIONS",
     "INLINE_MAX_TOKENS",
+    "MAX_SESSION_SHARE",
     "HopServer",
     "HopStats",
 ]
@@ -94,12 +105,6 @@ _NO_ROWS: Final = np.zeros((0, SKETCH_DIMS), np.float32)
 # 16 keeps a volunteer's memory bounded while letting a few chats interleave;
 # beyond it the entry gets "busy" and routes elsewhere.
 DEFAULT_MAX_SESSIONS: Final = 16
-
-# The share of those sessions one peer (one entry) may hold at once. An
-# entry that many clients use legitimately routes many chats through one
-# hop, so the share is generous; below 1 it stops one peer, honest or not,
-# from taking every slot and turning everyone else away with "busy".
-MAX_SESSION_SHARE: Final = 0.5
 
 # Largest budget (positions) one session may ask for: the prompt plus the
 # tokens to generate. It bounds one session's cache (see above); 8,192 covers
@@ -201,6 +206,7 @@ class _Session:
 
     id: str
     entry: bytes  # the node that opened the session: replies go only to it
+    holder: Holder  # the entry as the session policy sees it
     reply: str  # the entry's data address
     prev: bytes  # the only node whose forwards this session takes
     next_node: bytes | None
@@ -214,7 +220,12 @@ class _Session:
     # generated token's logits, and the tokens the checked run claimed.
     check: tuple[int, tuple[int, ...]] | None
     cache: KVCache
+    opened_at: float
     last_used: float
+    graced: bool  # see runtime.inference.session_policy.Admit
+    # Set by the first forward: until then the session is pending and the
+    # first to give way when the hop is full (runtime.inference.session_policy).
+    started: bool = False
     # Position the next forward must start at, counting steps already queued.
     next_pos: int = 0
     # Steps handed to the session's task and not finished: while any are,
@@ -249,9 +260,12 @@ class HopServer:
         max_sessions: int = DEFAULT_MAX_SESSIONS,
         max_budget: int = DEFAULT_MAX_BUDGET,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
+        pending_grace_s: float = PENDING_GRACE_S,
     ) -> None:
-        if max_sessions < 1 or max_budget < 1 or idle_timeout_s <= 0:
-            raise ValueError("max_sessions, max_budget and idle_timeout_s must be positive")
+        if max_sessions < 1 or max_budget < 1 or idle_timeout_s <= 0 or pending_grace_s <= 0:
+            raise ValueError(
+                "max_sessions, max_budget, idle_timeout_s and pending_grace_s must be positive"
+            )
         self.plane = plane
         self.shard = shard
         self.model = model
@@ -260,6 +274,9 @@ class HopServer:
         self.max_budget = max_budget
         self.idle_timeout_s = idle_timeout_s
         self.stats = HopStats()
+        self.limits = SessionLimits(max_sessions, pending_grace_s)
+        self.standing = Standing()
+        """Entries that completed a session here: preferred when the hop is full."""
         self._drops = drops
         self._sessions: dict[str, _Session] = {}
         # One forward at a time on this shard's device (see the module docstring).
@@ -311,15 +328,18 @@ class HopServer:
         dtype: str,
         shape: tuple[int, ...],
         raw: Any,
+        *,
+        source: str | None = None,
     ) -> None:
         """Act on one hop message (``open``, ``forward`` or ``close``) from
-        node ``peer``. Never raises for bad input: refusals are counted and
+        node ``peer``, which sent it from IP address ``source`` (None: the
+        node itself). Never raises for bad input: refusals are counted and
         answered if possible; a message from a peer the session is not
         bound to is only counted (it must not be able to end the session)."""
         session: _Session | None = None
         try:
             if op == OP_OPEN:
-                self._open(peer, header)
+                self._open(peer, header, source)
                 return
             found = self._sessions.get(session_field(header))
             if found is None:
@@ -332,6 +352,8 @@ class HopServer:
                 session = found
                 self._forward(session, header, dtype, shape, raw)
             else:
+                if found.last is not None:  # a session this hop served: standing
+                    self.standing.earn(found.entry)
                 self._seal(found)
                 self._close(found)
         except BadMessage as exc:
@@ -341,19 +363,25 @@ class HopServer:
 
     # --- open / close -------------------------------------------------------
 
-    def _open(self, entry: bytes, header: Mapping[str, Any]) -> None:
+    def _open(self, entry: bytes, header: Mapping[str, Any], source: str | None) -> None:
         reply = text_field(header, "reply", MAX_ADDR_CHARS)
         session_id = session_field(header)
-        busy = self._busy(entry)
-        if busy:
+        now = trio.current_time()
+        holder = self._holder(entry, source)
+        decision = self.limits.decide(holder, self._slots(), now, leaving=self.leaving)
+        if not isinstance(decision, Admit):
             self._drops["engine.busy"] += 1
-            self._send(reply, entry, {"op": OP_BUSY, "session": session_id, "reason": busy})
+            self._send(
+                reply, entry, {"op": OP_BUSY, "session": session_id, "reason": decision.reason}
+            )
             return
         try:
-            session = self._new_session(session_id, entry, reply, header)
+            session = self._new_session(session_id, holder, reply, header, now, decision.graced)
         except BadMessage as exc:
             refuse_open(self.plane, entry, header, exc.reason, exc.detail)
             raise
+        if decision.displace is not None:  # only once the open is known good
+            self._displace(self._sessions[decision.displace], decision.why)
         # The engine starts run() before it reads the plane, and both end together.
         assert self._nursery is not None, "HopServer.run is not running"
         send, receive = trio.open_memory_channel[_Step](SESSION_QUEUE)
@@ -362,21 +390,43 @@ class HopServer:
         self._nursery.start_soon(self._serve, session, receive, name=f"hop.session.{session_id}")
         self._send(reply, entry, {"op": OP_OPENED, "session": session_id})
 
-    def _busy(self, entry: bytes) -> str:
-        """Why a new session from ``entry`` is refused ("": it is not)."""
-        if self.leaving:
-            return "this node is leaving the swarm"
-        if len(self._sessions) >= self.max_sessions:
-            return f"session limit ({self.max_sessions}) reached"
-        share = max(1, int(self.max_sessions * MAX_SESSION_SHARE))
-        if sum(1 for s in self._sessions.values() if s.entry == entry) >= share:
-            return f"this peer holds its share ({share}) of the sessions"
-        return ""
+    def _holder(self, entry: bytes, source: str | None) -> Holder:
+        """``entry`` as the session policy sees it: its network, and whether
+        it has standing (the node itself always has)."""
+        if entry == self.signer.node_id:
+            return Holder(entry, None, True)
+        prefix = None if source is None else neighbourhood(source)[1]
+        return Holder(entry, prefix, entry in self.standing)
+
+    def _slots(self) -> list[Slot]:
+        return [
+            Slot(s.id, s.holder, s.opened_at, s.started, s.last_used, s.graced)
+            for s in self._sessions.values()
+        ]
+
+    def _displace(self, session: _Session, why: str) -> None:
+        """End ``session`` for a newcomer the policy prefers: its entry gets
+        ``busy`` (a reason to route around this hop, as at open); a session
+        that never forwarded costs its entry its standing."""
+        self._drops["engine.displaced"] += 1
+        if not session.started:
+            self.standing.lose(session.entry)
+        self._send(
+            session.reply, session.entry, {"op": OP_BUSY, "session": session.id, "reason": why}
+        )
+        self._close(session)
 
     def _new_session(
-        self, session_id: str, entry: bytes, reply: str, header: Mapping[str, Any]
+        self,
+        session_id: str,
+        holder: Holder,
+        reply: str,
+        header: Mapping[str, Any],
+        now: float,
+        graced: bool,
     ) -> _Session:
         """Validate an ``open`` against what this hop serves."""
+        entry = holder.peer
         if session_id in self._sessions:
             raise BadMessage(R_DUPLICATE)
         model = text_field(header, "model", MAX_NAME_CHARS)
@@ -412,6 +462,7 @@ class HopServer:
         return _Session(
             id=session_id,
             entry=entry,
+            holder=holder,
             reply=reply,
             prev=prev,
             next_node=next_node,
@@ -423,7 +474,9 @@ class HopServer:
             sketch_seed=sketch_seed,
             check=check,
             cache=self.shard.new_cache(),
-            last_used=trio.current_time(),
+            opened_at=now,
+            last_used=now,
+            graced=graced,
         )
 
     def _close(self, session: _Session) -> None:
@@ -447,6 +500,8 @@ class HopServer:
         for session in list(self._sessions.values()):
             if not session.queued and now - session.last_used >= self.idle_timeout_s:
                 self.stats.reaped += 1
+                if not session.started:  # held a slot and never used it
+                    self.standing.lose(session.entry)
                 self._close(session)
 
     # --- steps --------------------------------------------------------------
@@ -475,6 +530,7 @@ class HopServer:
             raise BadMessage(R_BAD_POSITION, f"expected pos {session.next_pos}, got {pos}")
         if pos + shape[0] > session.budget:
             raise BadMessage(R_BUDGET, f"budget of {session.budget} positions exceeded")
+        session.started = True
         # A copy: the frame's bytes are read-only and torch refuses to wrap
         # read-only memory without a warning. One activation row per decode step.
         inputs = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()

@@ -156,6 +156,21 @@ async def test_a_handler_takes_messages_from_the_reader_until_it_is_cleared() ->
     assert not drops
 
 
+async def test_a_plane_knows_where_each_peers_messages_come_from() -> None:
+    """The source address is the connection's (libzmq's Peer-Address), so a
+    peer connecting from another loopback address is seen there; the plane
+    itself and peers never heard from have none."""
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(2, drops) as (a, b):
+        a.send(b.address.replace("tcp://", "tcp://127.0.5.9:0;"), [b"hi"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            delivery = await b.receive()
+        assert delivery.peer == a.keys.node_id
+        assert b.source_of(a.keys.node_id) == "127.0.5.9"
+        assert b.source_of(b.keys.node_id) is None and b.source_of(STRANGER) is None
+    assert not drops
+
+
 async def test_two_planes_exchange_multiframe_messages_both_ways() -> None:
     drops: collections.Counter[str] = collections.Counter()
     async with planes(2, drops) as (a, b):

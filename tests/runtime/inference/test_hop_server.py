@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import trio
 
@@ -26,10 +27,12 @@ from runtime.inference.protocol import (
     OP_BUSY,
     OP_ERROR,
     OP_OPENED,
+    OP_TOKEN,
     encode_message,
     new_session_id,
     sampling_header,
 )
+from runtime.inference.session_policy import PENDING_GRACE_S
 from runtime.model.backends import load_shard
 from runtime.model.backends.base import ShardBackend, ShardSpec
 from runtime.model.sampling import SamplingParams
@@ -143,3 +146,102 @@ async def test_a_leaving_or_full_hop_turns_newcomers_away_as_busy(whole: ShardBa
         leaving = await setup.ask(setup.open_header(new_session_id()))
         assert leaving["op"] == OP_BUSY and "leaving" in leaving["reason"]
         assert setup.drops["engine.busy"] == 2
+
+
+# --- squatters ----------------------------------------------------------------------
+
+
+def from_source(hop: str, source_ip: str) -> str:
+    """The hop's endpoint, connected to from ``source_ip`` (ZeroMQ's
+    ``tcp://SRC:0;DST:PORT``): every 127.x.y.z is this machine's loopback."""
+    return hop.replace("tcp://", f"tcp://{source_ip}:0;", 1)
+
+
+def plain_open(plane: Plane, session: str) -> list[Any]:
+    header = {
+        "op": "open",
+        "session": session,
+        "model": MODEL,
+        "layers": [0, 8],
+        "reply": plane.address,
+        "budget": 64,
+        "prev": plane.keys.node_id.hex(),
+        "sampling": sampling_header(SamplingParams()),
+        "seed": 1,
+        "sketch_seed": 2,
+    }
+    return encode_message(header)
+
+
+async def reply_to(plane: Plane, session: str, ops: set[str]) -> dict[str, Any]:
+    """The next reply about ``session`` whose op is one of ``ops``."""
+    while True:
+        header = decode_tensor((await plane.receive()).frames)[0]
+        if header.get("session") == session and header.get("op") in ops:
+            return header
+
+
+async def squat(plane: Plane, to: str, hop: bytes) -> None:
+    """Open sessions and never forward; take a refused or displaced slot
+    back at once, for as long as the test lasts."""
+    while True:
+        session = new_session_id()
+        plane.send(to, plain_open(plane, session), peer=hop)
+        answer = await reply_to(plane, session, {OP_OPENED, OP_BUSY})
+        if answer["op"] == OP_BUSY:
+            await trio.sleep(0.02)
+
+
+async def chat(plane: Plane, to: str, hop: bytes) -> None:
+    """What an honest entry does: open, prefill, take the token, close."""
+    session = new_session_id()
+    plane.send(to, plain_open(plane, session), peer=hop)
+    answer = await reply_to(plane, session, {OP_OPENED, OP_BUSY, OP_ERROR})
+    assert answer["op"] == OP_OPENED, answer
+    prompt = np.array([1, 2, 3, 4], np.int64)
+    plane.send(
+        to,
+        encode_message({"op": "forward", "session": session, "step": 0, "pos": 0}, prompt),
+        peer=hop,
+    )
+    answer = await reply_to(plane, session, {OP_TOKEN, OP_BUSY, OP_ERROR})
+    assert answer["op"] == OP_TOKEN, answer
+    plane.send(to, encode_message({"op": "close", "session": session}), peer=hop)
+
+
+async def test_strangers_from_four_networks_cannot_squat_every_slot(whole: ShardBackend) -> None:
+    """Four fresh keys from four /24s open every slot and never forward
+    (the squat measured on issue 30). A returning member is served at once,
+    a newcomer as soon as the squatters' grace is over; each within 2 s."""
+    planes = [
+        open_planes(LOOPBACK, LOOPBACK, drops=Counter(), keys=Identity.generate().plane_keys())
+        for _ in range(5)
+    ]
+    async with (
+        serving(whole) as setup,
+        planes[0] as (_, s1),
+        planes[1] as (_, s2),
+        planes[2] as (_, s3),
+        planes[3] as (_, s4),
+        planes[4] as (_, newcomer),
+        trio.open_nursery() as attack,
+    ):
+        hop, node = setup.hop, setup.hop_plane.keys.node_id
+        address = setup.hop_plane.address
+        await chat(setup.entry_plane, address, node)  # a member: it completed a session here
+        for n, squatter in enumerate([s1, s2, s3, s4], 1):
+            attack.start_soon(squat, squatter, from_source(address, f"127.0.{n}.9"), node)
+        with trio.fail_after(10):
+            while hop.sessions < hop.max_sessions:
+                await trio.sleep(0.01)
+        squatted = trio.current_time()
+        with trio.fail_after(2):
+            await chat(setup.entry_plane, address, node)
+        await trio.sleep_until(squatted + PENDING_GRACE_S)
+        with trio.fail_after(2):
+            await chat(newcomer, from_source(address, "127.0.9.9"), node)
+        # Each squatter was placed in its own network, from its source address.
+        networks = {s.holder.prefix for s in hop._sessions.values()}
+        assert len(networks & {f"127.0.{n}.0/24" for n in range(1, 5)}) >= 2, networks
+        assert setup.drops["engine.displaced"] >= 2
+        attack.cancel_scope.cancel()
