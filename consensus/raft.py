@@ -614,12 +614,18 @@ class RaftNode:
         """Whether `ready()` would hand out anything (False while one is outstanding)."""
         if self._outstanding is not None:
             return False
+        # Field by field, not `_hard_state() != ...`: drivers (and the random
+        # schedules) ask after every message, and building a HardState to
+        # compare was half of this method's cost.
+        prev = self._prev_hard_state
         return bool(
             self._messages
             or self._unstable_from <= self.last_index
             or self._pending_snapshot is not None
             or self._applied < self._commit
-            or self._hard_state() != self._prev_hard_state
+            or self._term != prev.term
+            or self._vote != prev.vote
+            or self._commit != prev.commit
         )
 
     def ready(self) -> Ready:

@@ -272,6 +272,9 @@ class Membership:
         self._table.seen(self.node_id, now)
         self._me = me
         self._live_count = self._table.initial_live_count() + (0 if in_view else 1)
+        # (live count, its retransmit limit): a log10 per gossip packet was
+        # 3% of a 1,000-node run, and the count changes rarely.
+        self._retransmit: tuple[int, int] = (-1, 0)
         self._queue(me.alive)
         self._record_seq = record_seq
         if record_body is not None:
@@ -928,7 +931,11 @@ class Membership:
         """Take the least-sent updates that fit the packet budget."""
         if not self._broadcasts:
             return ()
-        limit = self.config.retransmit_limit(self._live_count)
+        count, limit = self._retransmit
+        if count != self._live_count:
+            count = self._live_count
+            limit = self.config.retransmit_limit(count)
+            self._retransmit = (count, limit)
         return self._broadcasts.take(self.config.packet_budget, limit)
 
     def _gossip(self, now: float) -> None:

@@ -74,8 +74,12 @@ def _module_name(relative: str) -> str:
     return relative.removesuffix(".py").replace("/", ".")
 
 
-def build(out: Path = DEFAULT_DIR, modules: Sequence[str] = HOT_MODULES) -> Path:
-    """Compile `modules` (paths relative to the source tree) into `out`.
+def build(
+    out: Path = DEFAULT_DIR, modules: Sequence[str] = HOT_MODULES, *, niceness: int = 0
+) -> Path:
+    """Compile `modules` (paths relative to the source tree) into `out`,
+    `niceness` below this process's priority (a test suite builds it
+    beside work that should not wait for the C compiler).
 
     mypyc writes its C sources (and the compiler its objects) under
     `out/c-src/`, so that two builds never share them, and setuptools puts
@@ -99,7 +103,13 @@ def build(out: Path = DEFAULT_DIR, modules: Sequence[str] = HOT_MODULES) -> Path
         f"compiling {len(modules)} modules with mypyc into {out} (a minute or two)...",
         file=sys.stderr,
     )
-    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True)
+    done = subprocess.run(
+        args,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        preexec_fn=(lambda: os.nice(niceness)) if niceness else None,
+    )
     if done.returncode != 0:
         raise CompiledCoreError(
             f"mypyc failed (exit {done.returncode}):\n{done.stdout[-3000:]}{done.stderr[-3000:]}"
@@ -114,17 +124,18 @@ def build(out: Path = DEFAULT_DIR, modules: Sequence[str] = HOT_MODULES) -> Path
     return out
 
 
-def ensure_built(out: Path = DEFAULT_DIR) -> Path:
-    """The build in `out`, compiled first where it is missing or stale. One
-    process at a time compiles (a lock file beside `out`): parallel test
-    workers or `make sim-core` beside a test wait, then use the same build."""
+def ensure_built(out: Path = DEFAULT_DIR, *, niceness: int = 0) -> Path:
+    """The build in `out`, compiled first (at `niceness`, see `build`) where
+    it is missing or stale. One process at a time compiles (a lock file
+    beside `out`): parallel test workers or `make sim-core` beside a test
+    wait, then use the same build."""
     out = out.resolve()
     out.parent.mkdir(parents=True, exist_ok=True)
     with (out.parent / f".{out.name}.lock").open("a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
             if stale(out) is not None:
-                build(out)
+                build(out, niceness=niceness)
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
     return out

@@ -57,14 +57,9 @@ LAB_MODULES = frozenset(
 fixture: marked `lab` with the fixture's users, so `make check` leaves
 them to `make test` (they are real-network tests, not unit tests)."""
 
-ONE_GROUP_PER_TEST = frozenset({"tests/simulations/test_swarm_1000.py"})
-"""Modules of a few long tests and no shared fixture: each test is a group of
-its own, so two workers can take them at once."""
-
 LONGEST_FIRST = (
-    "tests/simulations/test_swarm_1000.py::test_twenty_seeds",
+    "tests/simulations/test_swarm_1000.py",
     SWARMS_GROUP,
-    "tests/simulations/test_swarm_1000.py::test_a_50_50_partition",
     "tests/simulations/test_compiled.py",
     "tests/consensus/test_raft_random.py",
     "tests/simulations/test_placement_cluster.py",
@@ -76,12 +71,12 @@ of the group's name; the Makefile turns xdist's own reordering off."""
 
 
 def xdist_group(nodeid: str) -> str:
-    """The group a test id runs in: the swarms, the test alone, or its module
-    (so a module's fixtures are built once, on one worker)."""
+    """The group a test id runs in: the swarms, or its module (so a module's
+    fixtures are built once, on one worker)."""
     module = nodeid.split("::")[0]
     if module.startswith("tests/processes/") or module in SWARM_MODULES:
         return SWARMS_GROUP
-    return nodeid if module in ONE_GROUP_PER_TEST else module
+    return module
 
 
 def _rank(nodeid: str) -> int:

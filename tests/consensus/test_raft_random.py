@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Sequence
 
 import pytest
 
@@ -183,7 +184,11 @@ def run_schedule(seed: int) -> None:
             # A random batch in random order: reordering, loss, duplication.
             # Messages to a paused node wait in the queue until it resumes.
             for _ in range(rng.randint(1, len(net.queue))):
-                ready = [i for i, m in enumerate(net.queue) if m.to not in paused]
+                # (range: the same draw as the list it stands for, built
+                # only when some node is paused)
+                ready: Sequence[int] = range(len(net.queue))
+                if paused:
+                    ready = [i for i, m in enumerate(net.queue) if m.to not in paused]
                 if not ready:
                     break
                 m = net.queue.pop(rng.choice(ready))
