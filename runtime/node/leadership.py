@@ -72,7 +72,7 @@ def judge(
     member: tuple[str, float] | None,
     heard_at: float | None,
     silence: float | None,
-    now: float,
+    now: float | None,
 ) -> Leadership:
     """Whether to name `named`, the leader Raft follows (a voter or learner)
     or the follower heard of (outside the configuration).
@@ -80,7 +80,9 @@ def judge(
     `votes`: this node is a voter, whose Raft timer is the judge. `member`:
     membership's (state, since) of `named` (None: not a member it knows).
     `heard_at`: its last Raft message to this node; `silence`: how long
-    that may be (None outside the configuration: no Raft messages come)."""
+    that may be (None outside the configuration: no Raft messages come).
+    `now`: the driver's clock, None when read outside its event loop (a
+    tool or test reading status): then no age is known and none is judged."""
     if named is None:
         return Leadership(None, "leaderless")
     if named == this_node:
@@ -92,10 +94,14 @@ def judge(
     if member is not None and member[0] in GONE_STATES:
         state, since = member
         what = "was declared dead" if state == MemberState.DEAD else "left the swarm"
-        return Leadership(
-            None, "leaderless", named, f"{who} {what} {max(0.0, now - since):.0f} s ago; {cannot}"
-        )
-    if silence is not None and heard_at is not None and now - heard_at > silence:
+        ago = "" if now is None else f" {max(0.0, now - since):.0f} s ago"
+        return Leadership(None, "leaderless", named, f"{who} {what}{ago}; {cannot}")
+    if (
+        now is not None
+        and silence is not None
+        and heard_at is not None
+        and now - heard_at > silence
+    ):
         return Leadership(
             None,
             "leaderless",

@@ -265,8 +265,8 @@ class RaftDriver:
 
     def leaderless_s(self) -> float:
         """Seconds this node has known no leader (0 while it knows one)."""
-        since = self._leaderless_since
-        return 0.0 if since is None else max(0.0, trio.current_time() - since)
+        since, now = self._leaderless_since, _loop_time()
+        return 0.0 if since is None or now is None else max(0.0, now - since)
 
     def refound_refusal(self) -> str | None:
         """Why this node may not refound the cluster now, or None.
@@ -598,7 +598,7 @@ class RaftDriver:
                 if in_configuration
                 else None
             ),
-            now=trio.current_time(),
+            now=_loop_time(),
         )
 
     def leadership(self) -> Leadership:
@@ -689,3 +689,12 @@ class RaftDriver:
                 "profile": self.config.name,
             },
         }
+
+
+def _loop_time() -> float | None:
+    """trio's clock, or None outside trio.run: status may be read by a
+    synchronous caller (a repair tool, a test) that has no event loop."""
+    try:
+        return trio.current_time()
+    except RuntimeError:
+        return None
