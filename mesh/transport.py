@@ -7,7 +7,10 @@ has two planes, control and data, so a 20 MB prefill never sits in front of
 a failure-detector probe. Both are CurveZMQ, keyed from the node's identity,
 so every message is delivered with the id its handshake proved. `Plane.send`
 never blocks or raises for network reasons: what cannot go out is dropped
-and counted, because the protocol cores treat the network as lossy.
+and counted, because the protocol cores treat the network as lossy. The
+data plane is *chunked*: libzmq takes frames of at most one chunk, big
+messages travel as chunks (`mesh.chunks`), reassembled only for peers the
+plane's owner allows, and every peer's bytes are charged to a budget.
 
 Why one owner task per socket, IMMEDIATE=0, fresh routing ids and the
 socket monitor (libzmq behaviour, measured): docs/design/transport.md.
@@ -26,6 +29,7 @@ from typing import Final, NamedTuple
 import trio
 import zmq
 
+from mesh import chunks
 from mesh.identity import NODE_ID_BYTES, PlaneKeys, curve_public_key
 from mesh.zap import Admit, HandshakeGate, ZapHandler
 
@@ -52,8 +56,10 @@ CONTROL_MAX_MESSAGE_BYTES: Final = 4 * 1024 * 1024
 
 # Data carries activations. A long prefill is tens of MB (e.g. 4,096 tokens x
 # 8,192 hidden x 2 bytes = 64 MiB for a 70B-class model); 256 MiB leaves room
-# for bigger models and longer prompts while still refusing an absurd frame
-# before libzmq allocates it.
+# for bigger models and longer prompts. It bounds a *reassembled* message:
+# libzmq takes no data-plane frame over one chunk (`mesh.chunks`), and only
+# peers the plane's owner allows may send more than that in one message
+# (docs/design/transport.md#byte-budgets).
 DATA_MAX_MESSAGE_BYTES: Final = 256 * 1024 * 1024
 
 # A ZeroMQ routing id is at most 255 bytes. Ours is the address plus "#" and a
@@ -150,6 +156,10 @@ class PlaneConfig:
         bigger bursts; lower bounds memory per slow or dead peer (worst case
         hwm x max message size each) and turns overload into counted drops
         sooner. 1,000 is libzmq's default.
+    receive_hwm:
+        RCVHWM of inbound pipes where it should differ from ``hwm`` (None:
+        ``hwm``). One connection can make libzmq hold receive_hwm x the
+        largest frame before TCP back-pressure stops it.
     heartbeat_ivl_ms:
         How often ZMTP PINGs go out on an otherwise quiet connection, so a
         dead pipe is noticed without application traffic. Lower notices
@@ -196,9 +206,14 @@ class PlaneConfig:
         First and largest delay between libzmq's reconnect attempts (it
         backs off exponentially between them). Short first retry recovers a
         restarted peer quickly; the cap stops hammering a dead one.
+    peer_rate_bytes_per_s / peer_burst_bytes:
+        A chunked plane's byte budget per peer (`mesh.chunks.ByteBudgets`):
+        what one peer's messages may bring in per second, and at once, unless
+        the plane's owner allows it big messages. Only chunked planes use it.
     """
 
     hwm: int = 1000
+    receive_hwm: int | None = None
     heartbeat_ivl_ms: int = 1_000
     heartbeat_timeout_ms: int = 5_000
     heartbeat_ttl_ms: int = 10_000
@@ -211,6 +226,8 @@ class PlaneConfig:
     handshake_ivl_ms: int = 10_000
     reconnect_ivl_ms: int = 100
     reconnect_ivl_max_ms: int = 2_000
+    peer_rate_bytes_per_s: float = chunks.PEER_RATE_BYTES_PER_S
+    peer_burst_bytes: float = chunks.PEER_BURST_BYTES
 
     def __post_init__(self) -> None:
         positive = {
@@ -227,10 +244,14 @@ class PlaneConfig:
             "handshake_ivl_ms": self.handshake_ivl_ms,
             "reconnect_ivl_ms": self.reconnect_ivl_ms,
             "reconnect_ivl_max_ms": self.reconnect_ivl_max_ms,
+            "peer_rate_bytes_per_s": self.peer_rate_bytes_per_s,
+            "peer_burst_bytes": self.peer_burst_bytes,
         }
         for field_name, value in positive.items():
             if value <= 0:
                 raise ValueError(f"PlaneConfig.{field_name} must be positive, got {value!r}")
+        if self.receive_hwm is not None and self.receive_hwm <= 0:
+            raise ValueError(f"PlaneConfig.receive_hwm must be positive, got {self.receive_hwm!r}")
         if self.heartbeat_ttl_ms > MAX_HEARTBEAT_TTL_MS:
             raise ValueError(f"PlaneConfig.heartbeat_ttl_ms must be <= {MAX_HEARTBEAT_TTL_MS}")
         if self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:
@@ -239,15 +260,18 @@ class PlaneConfig:
 
 DEFAULT_CONTROL_CONFIG: Final = PlaneConfig()
 
-# The data plane moves frames of up to 256 MiB. A PING queued behind one of
-# them on a 10 MB/s link waits ~25 s, so the heartbeat timeout is a minute
-# (a control-plane timeout would cut healthy transfers). hwm 256 still lets
-# many concurrent streams pipeline small decode activations while bounding
-# what a stalled peer can pin; send_queue and receive_queue are smaller
-# because each entry may be large.
+# The data plane moves messages of up to 256 MiB (as 1 MiB chunks). A PING
+# queued behind one on a 10 MB/s link waits ~25 s, so the heartbeat timeout
+# is a minute (a control-plane timeout would cut healthy transfers). SNDHWM
+# 1,024 takes the 257 chunks of the largest message beside many streams'
+# small decode activations (chunks are views of the sender's buffer: they
+# pin nothing more); RCVHWM 64 bounds what one connection can make libzmq
+# hold to 64 chunks before TCP back-pressure holds its sender back.
+# send_queue and receive_queue are smaller because each entry may be large.
 DEFAULT_DATA_CONFIG: Final = replace(
     DEFAULT_CONTROL_CONFIG,
-    hwm=256,
+    hwm=1024,
+    receive_hwm=64,
     heartbeat_ivl_ms=5_000,
     heartbeat_timeout_ms=60_000,
     heartbeat_ttl_ms=60_000,
@@ -315,6 +339,7 @@ class Plane:
         keys: PlaneKeys,
         encrypted: bool,
         zap: tuple[ZapHandler, bytes] | None,
+        chunked: bool = False,
     ) -> None:
         self.name: str = name
         self.keys: PlaneKeys = keys
@@ -350,6 +375,15 @@ class Plane:
             collections.OrderedDict()
         )
         self._sources: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        # A chunked plane's inbound checks (budgets, reassembly) and the ids
+        # of the chunked messages it sends.
+        budgets = chunks.ByteBudgets(config.peer_rate_bytes_per_s, config.peer_burst_bytes)
+        self._intake = (
+            chunks.Intake(self._drop, max_message=max_message_bytes, budgets=budgets)
+            if chunked
+            else None
+        )
+        self._message_ids = itertools.count(1)
 
     # --- public API -----------------------------------------------------------
 
@@ -369,8 +403,16 @@ class Plane:
         ``receive_queue_full`` for a message to this plane itself; inbound
         adds ``oversized``, ``malformed``, ``unauthenticated``,
         ``handshake_refused``, ``newcomer_address_rate`` and
-        ``newcomer_prefix_rate``). Raises only for
-        programming errors (no frames, or a frame that is not bytes-like).
+        ``newcomer_prefix_rate``, and on a chunked plane ``over_budget``,
+        ``bulk_refused``, ``bulk_busy``, ``bulk_incomplete`` and
+        ``bulk_malformed``). Raises only for programming errors (no
+        frames, a frame that is not bytes-like, or on a chunked plane a
+        message too big for one chunk with more than
+        `mesh.chunks.MAX_FRAMES` frames).
+
+        On a chunked plane a message bigger than
+        `mesh.chunks.SINGLE_MESSAGE_BYTES` goes out as chunks; the receiver
+        takes it only if its owner allows us (see :meth:`allow_bulk`).
 
         Frames are handed to libzmq without copying where they are large, so
         the caller must not modify a buffer after passing it here. A message
@@ -392,6 +434,9 @@ class Plane:
             # here so one bad message costs only itself.
             self._drop("oversized")
             return
+        chunked = self._intake is not None and total > chunks.SINGLE_MESSAGE_BYTES
+        if chunked and len(frames) > chunks.MAX_FRAMES:
+            raise ValueError(f"a chunked message has at most {chunks.MAX_FRAMES} frames")
         if self._closed:
             self._drop("closed")
             return
@@ -448,6 +493,16 @@ class Plane:
         and it must not raise for bad input (the plane would close).
         """
         self._handler = handler
+
+    def allow_bulk(self, allowance: Callable[[bytes], int] | None) -> None:
+        """Who may send this (chunked) plane messages bigger than one chunk:
+        ``allowance(peer)`` is the largest message node ``peer`` may send
+        now, 0 for none (None: nobody, the default). It is asked at the
+        first chunk of each such message and when a peer is over its byte
+        budget, so it must be cheap and never raise. A node allows the
+        peers its hop sessions take activations from."""
+        if self._intake is not None:
+            self._intake.allowance = allowance or chunks.no_bulk
 
     def admit(self, policy: Admit) -> None:
         """Who may complete a handshake with this plane from now on (an
@@ -534,9 +589,10 @@ class Plane:
 
     async def _deliver_inbound(self, frames: list[zmq.Frame]) -> None:
         """Strip the routing id, learn the authenticated peer, enforce the
-        size cap on the whole message, and hand it to receive(); waiting here
-        when receive() lags is deliberate back-pressure (libzmq then stops
-        reading, and senders' HWMs fill)."""
+        size cap on the whole message, on a chunked plane charge the peer's
+        budget and reassemble (`mesh.chunks.Intake`), and hand it to
+        receive(); waiting here when receive() lags is deliberate
+        back-pressure (libzmq then stops reading, and senders' HWMs fill)."""
         if len(frames) < 2:  # a ROUTER always yields id + at least one frame
             self._drop("malformed")
             return
@@ -551,7 +607,17 @@ class Plane:
             self._drop("oversized")
             return
         self._note_source(peer, frames[1])
-        payload = [frame.bytes for frame in frames[1:]]
+        if self._intake is None:
+            payload = [frame.bytes for frame in frames[1:]]
+        else:
+            # Views, not copies: a chunk's piece stays in libzmq's buffer
+            # until its message is whole (the one copy), or is dropped.
+            views = [frame.buffer for frame in frames[1:]]
+            taken = self._intake.take(peer, views, trio.current_time())
+            if taken is None:
+                return
+            payload = taken
+            size = sum(len(frame) for frame in payload)
         self.received_messages += 1
         self.received_bytes += size
         if self._handler is not None:
@@ -628,6 +694,8 @@ class Plane:
                     self._transmit(addr, peer, frames)
             now = trio.current_time()
             self._sweep(now)
+            if self._intake is not None:
+                self._intake.reassembly.expire(now)
             if self._zap is not None:
                 handler, domain = self._zap
                 for reason, count in handler.take_refused(domain).items():
@@ -635,9 +703,26 @@ class Plane:
             next_sweep = now + sweep_every
 
     def _transmit(self, addr: str, node: bytes, frames: tuple[bytes | memoryview, ...]) -> None:
+        """Hand one message to libzmq: as is, or on a chunked plane as
+        chunks when it is bigger than one. A chunk that cannot go out ends
+        the message (counted once; the receiver gives up on the rest)."""
         peer = self._peer_for(addr, node, trio.current_time())
         if peer is None:
             return
+        size = sum(_frame_bytes(frame) for frame in frames)
+        parts: Sequence[Sequence[bytes | memoryview]] = [frames]
+        if self._intake is not None and size > chunks.SINGLE_MESSAGE_BYTES:
+            parts = chunks.split(next(self._message_ids), frames)
+        for part in parts:
+            if not self._send_part(peer, part):
+                return
+        self.sent_messages += 1
+        self.sent_bytes += size
+        if not peer.up:
+            peer.queued_while_down += 1
+
+    def _send_part(self, peer: _Peer, frames: Sequence[bytes | memoryview]) -> bool:
+        """One ZeroMQ message to ``peer``; False (counted) if it cannot go."""
         try:
             # copy=False: pyzmq copies small frames anyway and passes big ones
             # (activations) to libzmq by reference.
@@ -645,7 +730,7 @@ class Plane:
         except zmq.Again:
             # ROUTER_MANDATORY: this peer's pipe is at SNDHWM.
             self._drop("peer_queue_full")
-            return
+            return False
         except zmq.ZMQError as exc:
             if exc.errno == zmq.EHOSTUNREACH:
                 # The pipe is gone (it should not be, with IMMEDIATE=0): start
@@ -654,11 +739,8 @@ class Plane:
                 self._evict(peer, "unreachable")
             else:
                 self._drop("send_error")
-            return
-        self.sent_messages += 1
-        self.sent_bytes += sum(_frame_bytes(frame) for frame in frames)
-        if not peer.up:
-            peer.queued_while_down += 1
+            return False
+        return True
 
     def _peer_for(self, addr: str, node: bytes, now: float) -> _Peer | None:
         """The peer entry for ``addr``, connecting on first use (and again
@@ -805,7 +887,7 @@ def _common_options(sock: zmq.Socket[bytes], config: PlaneConfig) -> None:
 def _make_sockets(
     context: zmq.Context[zmq.Socket[bytes]],
     listen: str,
-    max_message_bytes: int,
+    max_frame_bytes: int,
     config: PlaneConfig,
     keys: PlaneKeys,
     zap_domain: bytes | None,
@@ -823,10 +905,10 @@ def _make_sockets(
             inbound.setsockopt(zmq.CURVE_SECRETKEY, keys.curve_secret)
             inbound.setsockopt(zmq.ZAP_DOMAIN, zap_domain)
         # Per frame: libzmq drops the *connection* that sends a bigger frame
-        # (the sender reconnects; what it had queued is lost), and other
-        # peers are unaffected.
-        inbound.setsockopt(zmq.MAXMSGSIZE, max_message_bytes)
-        inbound.setsockopt(zmq.RCVHWM, config.hwm)
+        # before allocating it (the sender reconnects; what it had queued is
+        # lost), and other peers are unaffected.
+        inbound.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
+        inbound.setsockopt(zmq.RCVHWM, config.receive_hwm or config.hwm)
         # IPv6 only when asked for: with IPV6=1 a v4 bind reports itself as
         # "tcp://[::ffff:127.0.0.1]:port", which is not what we advertise.
         inbound.setsockopt(zmq.IPV6, 1 if "[" in listen else 0)
@@ -873,6 +955,7 @@ async def open_plane(
     admit: Admit = admit_every_key,
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     config: PlaneConfig | None = None,
+    chunked: bool = False,
 ) -> AsyncIterator[Plane]:
     """Bind a plane on ``listen`` and run its owner tasks until the block exits.
 
@@ -892,6 +975,11 @@ async def open_plane(
     The owner tasks live in a nursery inside this context manager; leaving
     the block cancels them, then closes both sockets with LINGER=0 (queued
     outbound messages are discarded, as a crash would).
+
+    ``chunked`` makes it a data plane: libzmq takes frames of at most one
+    chunk, bigger messages travel as chunks and are taken only from peers
+    :meth:`Plane.allow_bulk` allows, and each peer's bytes are charged to a
+    budget (`mesh.chunks`; docs/design/transport.md#byte-budgets).
     """
     if max_message_bytes <= 0:
         raise ValueError("max_message_bytes must be positive")
@@ -901,9 +989,12 @@ async def open_plane(
     if encrypted:
         domain = f"shardmesh.{name}.{next(_zap_domains)}".encode()
         zap = (ZapHandler.register(context, domain, admit), domain)
+    max_frame_bytes = (
+        min(max_message_bytes, chunks.FRAME_LIMIT_BYTES) if chunked else max_message_bytes
+    )
     try:
         inbound, outbound, monitor, address = _make_sockets(
-            context, listen, max_message_bytes, config, keys, zap[1] if zap else None
+            context, listen, max_frame_bytes, config, keys, zap[1] if zap else None
         )
     except BaseException:
         if zap is not None:
@@ -921,6 +1012,7 @@ async def open_plane(
         keys=keys,
         encrypted=encrypted,
         zap=zap,
+        chunked=chunked,
     )
     try:
         async with trio.open_nursery() as nursery:
@@ -978,6 +1070,7 @@ async def open_planes(
             admit=admit,
             context=context,
             config=data_config or DEFAULT_DATA_CONFIG,
+            chunked=True,
         ) as data,
     ):
         yield control, data

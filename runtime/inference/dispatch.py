@@ -98,13 +98,23 @@ class Engine:
             # what the node sends itself (an entry that is its own first or
             # last hop), and ends when the plane closes.
             self.plane.deliver_to(self.dispatch)
+            self.plane.allow_bulk(self.bulk_allowance)
             try:
                 while True:
                     self.dispatch(*await self.plane.receive())
             except (trio.EndOfChannel, trio.ClosedResourceError):
                 nursery.cancel_scope.cancel()
             finally:
+                self.plane.allow_bulk(None)
                 self.plane.deliver_to(None)
+
+    def bulk_allowance(self, peer: bytes) -> int:
+        """How big a message node ``peer`` may send us now (the plane asks
+        before it reassembles a chunked one): what the attached shard's
+        sessions take from it. An entry takes only replies, each within one
+        chunk (``REPLY_MAX_BYTES``), so without a shard nobody may."""
+        hop = self.hop_server
+        return 0 if hop is None else hop.bulk_allowance(peer)
 
     async def attach(self, hop_server: HopServer) -> None:
         """Start serving a shard on a running engine: a node admits its

@@ -300,6 +300,16 @@ class HopServer:
         """Open sessions (for ``/v1/network/status``)."""
         return len(self._sessions)
 
+    def bulk_allowance(self, peer: bytes) -> int:
+        """The largest message node ``peer`` may send this hop now: a whole
+        budget of inputs while it is the node some open session takes its
+        forwards from (its prefill may be chunked), else 0: a stranger's
+        messages stay within one chunk (`mesh.transport.Plane.allow_bulk`).
+        A scan of at most ``max_sessions``, asked once per big message."""
+        if any(session.prev == peer for session in self._sessions.values()):
+            return self.max_message_bytes
+        return 0
+
     async def on_shard(self, fn: Callable[..., T], *args: Any) -> T:
         """Run ``fn(*args)`` in a worker thread, never at the same time as a
         session's forward: the node's capability re-check runs its probe on

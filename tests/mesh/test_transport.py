@@ -9,18 +9,22 @@ from __future__ import annotations
 import collections
 import os
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
+from dataclasses import replace
 
 import pytest
 import trio
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
+from mesh.chunks import FRAME_LIMIT_BYTES, PIECE_BYTES
 from mesh.identity import Identity, PlaneKeys, curve_twin
 from mesh.newcomers import R_ADDRESS, R_PREFIX, NewcomerLimit
 from mesh.transport import (
     CONTROL_MAX_MESSAGE_BYTES,
     DATA_MAX_MESSAGE_BYTES,
+    DEFAULT_DATA_CONFIG,
     NODE_ID_PROPERTY,
     Plane,
     PlaneConfig,
@@ -357,6 +361,8 @@ async def test_open_planes_gives_separate_control_and_data_planes() -> None:
         assert control.max_message_bytes == CONTROL_MAX_MESSAGE_BYTES
         assert data.max_message_bytes == DATA_MAX_MESSAGE_BYTES
         activation = os.urandom(8 * 1024 * 1024)  # over the control cap
+        # Bigger than one chunk: data2 takes it only from a peer it allows.
+        data2.allow_bulk(lambda peer: DATA_MAX_MESSAGE_BYTES if peer == data.keys.node_id else 0)
         control.send(control2.address, [activation], peer=control2.keys.node_id)
         data.send(data2.address, [b"header", activation], peer=data2.keys.node_id)
         control.send(control2.address, [b"probe"], peer=control2.keys.node_id)
@@ -364,6 +370,126 @@ async def test_open_planes_gives_separate_control_and_data_planes() -> None:
             assert (await control2.receive()).frames == [b"probe"]
             assert (await data2.receive()).frames == [b"header", activation]
         assert drops == collections.Counter({"control.oversized": 1})
+
+
+@asynccontextmanager
+async def data_planes(
+    n: int, drops: collections.Counter[str], *, config: PlaneConfig = DEFAULT_DATA_CONFIG
+) -> AsyncIterator[list[Plane]]:
+    """``n`` chunked (data) planes on loopback ports, all counting into ``drops``."""
+    async with AsyncExitStack() as stack:
+        opened = [
+            await stack.enter_async_context(
+                open_plane(
+                    LOCAL,
+                    name="data",
+                    max_message_bytes=DATA_MAX_MESSAGE_BYTES,
+                    drops=drops,
+                    keys=new_keys(),
+                    config=config,
+                    chunked=True,
+                )
+            )
+            for _ in range(n)
+        ]
+        yield opened
+
+
+def allowing(*senders: Plane) -> Callable[[bytes], int]:
+    """An allowance for big messages from ``senders`` only."""
+    allowed = {sender.keys.node_id for sender in senders}
+    return lambda peer: DATA_MAX_MESSAGE_BYTES if peer in allowed else 0
+
+
+async def test_a_big_message_from_an_allowed_peer_arrives_whole_in_chunks() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    async with data_planes(2, drops) as (a, b):
+        b.allow_bulk(allowing(a))
+        prefill = [b"header", os.urandom(5 * PIECE_BYTES + 123)]
+        a.send(b.address, prefill, peer=b.keys.node_id)
+        a.send(b.address, [b"after"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            got = await b.receive()
+            assert got.peer == a.keys.node_id and got.frames == prefill
+            assert (await b.receive()).frames == [b"after"]
+        assert a.sent_messages == b.received_messages == 2
+        assert b.received_bytes == a.sent_bytes == sum(map(len, prefill)) + len(b"after")
+    assert not drops
+
+
+async def test_a_big_message_from_a_peer_not_allowed_is_dropped_and_counted() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    async with data_planes(3, drops) as (a, b, stranger):
+        b.allow_bulk(allowing(a))
+        big = [b"header", os.urandom(3 * PIECE_BYTES)]
+        stranger.send(b.address, big, peer=b.keys.node_id)
+        stranger.send(b.address, [b"small is fine"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [b"small is fine"]
+        # Every chunk refused: the header's piece and three of the payload.
+        assert drops == collections.Counter({"data.bulk_refused": 4})
+        # Unchunked frames each within one chunk but together bigger are
+        # refused too; the connection stays.
+        with raw_socket(zmq.DEALER, b) as raw:
+            raw.send_multipart([bytes(PIECE_BYTES)] * 2, zmq.NOBLOCK)
+            raw.send(b"marker", zmq.NOBLOCK)
+            with trio.fail_after(WAIT_S):
+                assert (await b.receive()).frames == [b"marker"]
+        assert drops["data.oversized"] == 1
+        a.send(b.address, big, peer=b.keys.node_id)  # the allowed peer is served
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == big
+        b.allow_bulk(None)  # and refused once nobody is allowed
+        a.send(b.address, big, peer=b.keys.node_id)
+        a.send(b.address, [b"done"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [b"done"]
+        assert drops["data.bulk_refused"] == 8
+
+
+async def test_a_frame_over_one_chunk_drops_its_connection() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    async with data_planes(2, drops) as (a, b):
+        b.allow_bulk(allowing(a))  # even an allowed peer's frames are one chunk at most
+        with raw_socket(zmq.DEALER, b, keys=a.keys) as raw:
+            monitor = raw.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+            try:
+                raw.send(bytes(FRAME_LIMIT_BYTES + 1), zmq.NOBLOCK)
+                with trio.fail_after(WAIT_S):
+                    while True:
+                        try:
+                            if recv_monitor_message(monitor, zmq.NOBLOCK)["event"]:
+                                break
+                        except zmq.Again:
+                            await trio.sleep(0.01)
+            finally:
+                raw.disable_monitor()
+                monitor.close(linger=0)
+        assert b.received_messages == 0
+        a.send(b.address, [b"others are served"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [b"others are served"]
+    assert not drops
+
+
+async def test_bytes_over_a_peers_budget_are_dropped_unless_it_is_allowed() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    config = replace(DEFAULT_DATA_CONFIG, peer_rate_bytes_per_s=1.0, peer_burst_bytes=100_000)
+    async with data_planes(3, drops, config=config) as (a, b, allowed):
+        b.allow_bulk(allowing(allowed))
+        for _ in range(3):
+            a.send(b.address, [bytes(60_000)], peer=b.keys.node_id)
+        a.send(b.address, [b"tiny"], peer=b.keys.node_id)  # within the 40,000 left
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [bytes(60_000)]
+            assert (await b.receive()).frames == [b"tiny"]
+        assert drops == collections.Counter({"data.over_budget": 2})
+        # A peer the owner allows big messages is not held back by its budget.
+        for size in (60_000, 60_000, 3 * PIECE_BYTES):
+            allowed.send(b.address, [bytes(size)], peer=b.keys.node_id)
+            with trio.fail_after(WAIT_S):
+                assert (await b.receive()).frames == [bytes(size)]
+        assert drops == collections.Counter({"data.over_budget": 2})
 
 
 async def test_closing_a_plane_ends_its_tasks_and_frees_the_port() -> None:
