@@ -24,8 +24,9 @@ from typing import Any, Final
 import numpy as np
 import trio
 
-from mesh.identity import SIGNATURE_BYTES
+from mesh.identity import SIGNATURE_BYTES, node_id_text
 from mesh.transport import Plane
+from runtime.inference.blame import Contradiction, check_emitted
 from runtime.inference.commitment import (
     CHAIN_DIGEST_BYTES,
     DIGEST_BYTES,
@@ -52,7 +53,9 @@ from runtime.inference.protocol import (
     OP_SEAL,
     OP_TOKEN,
     R_BAD_FIELD,
+    R_BAD_HANDOFF,
     R_NOT_SESSION_PEER,
+    R_WRONG_SENT,
     BadMessage,
     compute_us_field,
     encode_message,
@@ -124,7 +127,9 @@ class Failure:
     entry holds responsible (never empty): the node that reported an error
     or was busy, the nodes that never answered ``open``, or the node that
     held up a step past its deadline, which ``stall`` then describes.
-    ``step`` is the index of the token that was being produced.
+    ``step`` is the index of the token that was being produced. ``proof``
+    is set when the one suspect signed two accounts of the step that cannot
+    both be true (runtime.inference.blame): evidence for the leader.
     """
 
     nodes: frozenset[str]
@@ -132,6 +137,7 @@ class Failure:
     reason: str
     step: int
     stall: Stall | None = None
+    proof: Contradiction | None = None
 
 
 Reroute = Callable[[Failure], Awaitable[Sequence[ChainHop] | None]]
@@ -202,6 +208,12 @@ class _Reply:
     commitment: Commitment | None = None
     picks: tuple[int, ...] = ()
     margins: tuple[float, ...] = ()
+    proof: Contradiction | None = None
+    """An error's proof against the hop before its sender, or a token's
+    against its own sender (already checked: `Contradiction.fault`)."""
+    unsigned: str = ""
+    """Why a token is not emitted although no proof came with it: its
+    receipt does not cover it."""
 
 
 @dataclass(slots=True)
@@ -239,11 +251,18 @@ class _Filing:
 
 
 class _StepFailed(Exception):
-    def __init__(self, suspects: frozenset[str], reason: str, stall: Stall | None = None) -> None:
+    def __init__(
+        self,
+        suspects: frozenset[str],
+        reason: str,
+        stall: Stall | None = None,
+        proof: Contradiction | None = None,
+    ) -> None:
         super().__init__(reason)
         self.suspects = suspects
         self.reason = reason
         self.stall = stall
+        self.proof = proof
 
 
 class _Attempt:
@@ -323,9 +342,7 @@ class _Attempt:
                 if reply.op == OP_OPENED:
                     waiting.discard(reply.session)
                 elif reply.op in (OP_BUSY, OP_ERROR):
-                    raise _StepFailed(
-                        frozenset({self.node_of[reply.session]}), f"{reply.op}: {reply.reason}"
-                    )
+                    raise self.failed(reply)
                 else:
                     self.pipeline._drops[f"engine.{R_STALE_REPLY}"] += 1
         if waiting:
@@ -361,11 +378,11 @@ class _Attempt:
             while True:
                 reply = await self.inbox.receive()
                 if reply.op == OP_TOKEN and reply.session == last_session and reply.step == step:
+                    if reply.proof is not None or reply.unsigned:
+                        raise self.failed(reply)  # never emitted: the stream stops here
                     return reply
                 if reply.op in (OP_ERROR, OP_BUSY):  # busy: displaced for a newcomer
-                    raise _StepFailed(
-                        frozenset({self.node_of[reply.session]}), f"{reply.op}: {reply.reason}"
-                    )
+                    raise self.failed(reply)
                 self.pipeline._drops[f"engine.{R_STALE_REPLY}"] += 1
         reported = [self.reports.at.get(i) for i in range(len(self.chain))]
         nodes = [hop.node_id for hop in self.chain]
@@ -377,6 +394,36 @@ class _Attempt:
             f"{held} {stall.held_s:.3g} s, expected {stall.expected_s:.3g} s"
         )
         raise _StepFailed(frozenset({stall.node}), reason, stall)
+
+    def failed(self, reply: _Reply) -> _StepFailed:
+        """Whom a refusal blames: the sender a proof names (the hop before
+        an error's sender, or a token's own sender), alone; for a forward
+        refused without proof (``bad_handoff``), the refusing hop and its
+        sender, since either may be lying; else the hop that answered."""
+        node = self.node_of[reply.session]
+        reason = f"{reply.op}: {reply.reason or reply.unsigned}"
+        proof = reply.proof
+        if proof is not None:
+            sender: tuple[bytes, str] | None = (proof.accused, reply.session)
+            if reply.op != OP_TOKEN:
+                sender = self.sender_of(reply.session)
+            if sender == (proof.accused, proof.commitment.session):
+                accused = node_id_text(proof.accused)
+                return _StepFailed(frozenset({accused}), reason, proof=proof)
+            return _StepFailed(frozenset({node}), f"{reason} (a proof about another session)")
+        index = self.sessions.index(reply.session)
+        if reply.reason.startswith(R_BAD_HANDOFF) and index > 0:
+            return _StepFailed(frozenset({node, self.chain[index - 1].node_id}), reason)
+        return _StepFailed(frozenset({node}), reason)
+
+    def sender_of(self, session: str) -> tuple[bytes, str] | None:
+        """The hop that forwards into ``session`` and its own session (what
+        a proof against it must name), or None for the first hop (the entry
+        feeds it)."""
+        index = self.sessions.index(session)
+        if index == 0:
+            return None
+        return self.chain[index - 1].node, self.sessions[index - 1]
 
     def time_step(self, timing: ChainTiming, reply: _Reply, prefill: int, *, first: bool) -> None:
         """File a token's compute reports in `timing`: the chain's first
@@ -457,21 +504,28 @@ class Pipeline:
                 filing.reports.add(filing.index, commitment.step, trio.current_time())
                 if op == OP_COMMIT:
                     return
+                token = uint_field(header, "token")
+                receipt = _bytes_field(header, "receipt", (SIGNATURE_BYTES,))
+                # Every token, before it is emitted: is it the one signed?
+                checked = check_emitted(commitment, receipt, token)
                 reply = _Reply(
                     op,
                     session,
                     step=commitment.step,
-                    token=uint_field(header, "token"),
+                    token=token,
                     compute_us=compute_us_field(header),
                     commitment=commitment,
                     picks=_ints(header.get("picks", [])),
                     margins=_floats(header.get("margins", [])),
+                    proof=checked if isinstance(checked, Contradiction) else None,
+                    unsigned=checked if isinstance(checked, str) else "",
                 )
             elif op in (OP_BUSY, OP_ERROR):
                 reason = header.get("reason")
                 if type(reason) is not str:
                     raise BadMessage("bad_field", "reason must be text")
-                reply = _Reply(op, session, reason=reason[:MAX_REASON_CHARS])
+                proof = self._proof(header) if reason.startswith(R_WRONG_SENT) else None
+                reply = _Reply(op, session, reason=reason[:MAX_REASON_CHARS], proof=proof)
         except BadMessage as exc:
             self._drops[f"engine.{exc.reason}"] += 1
             return
@@ -487,6 +541,24 @@ class Pipeline:
             mailbox.send_nowait(reply)
         except (trio.WouldBlock, trio.ClosedResourceError):
             self._drops[f"engine.{R_MAILBOX_FULL}"] += 1
+
+    def _proof(self, header: Mapping[str, Any]) -> Contradiction | None:
+        """An error's proof against the hop before its sender, if it holds
+        (`Contradiction.fault`); a malformed or false one is dropped
+        (counted), and the error blames its sender like any other."""
+        value = header.get("proof")
+        try:
+            if not isinstance(value, Mapping):
+                raise ValueError("no proof")
+            proof = Contradiction.from_json(value)
+            proof.fault()
+        except ValueError:
+            self._drops["engine.bad_proof"] += 1
+            return None
+        if proof.commitment.entry != self.plane.keys.node_id:
+            self._drops["engine.bad_proof"] += 1
+            return None
+        return proof
 
     async def generate(
         self,
@@ -562,7 +634,9 @@ class Pipeline:
                     if len(tokens) == limit:
                         return
             except _StepFailed as exc:
-                failure = Failure(attempt.nodes, exc.suspects, exc.reason, len(tokens), exc.stall)
+                failure = Failure(
+                    attempt.nodes, exc.suspects, exc.reason, len(tokens), exc.stall, exc.proof
+                )
             finally:
                 attempt.close()
             reroutes += 1
@@ -668,7 +742,7 @@ def _commitment(
         # steps beyond it would let a hop grow the entry's memory at will.
         raise BadMessage(R_BAD_COMMITMENT, "step or positions beyond the session's budget")
     rows = np.frombuffer(raw, dtype=np.float32).reshape(shape)
-    token = header.get("token")
+    token = header.get("ctoken")  # a token's commitment: the token it signed
     return Commitment(
         hop=filing.hop,
         entry=entry,

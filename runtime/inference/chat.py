@@ -33,6 +33,7 @@ from mesh.identity import node_id_text
 from mesh.member_table import MemberState
 from mesh.observed_speed import ObservedSpeeds
 from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
+from runtime.inference.blame import Contradiction
 from runtime.inference.chain import (
     ChainHop,
     ChainTiming,
@@ -422,6 +423,7 @@ class SpotChecks(Protocol):
     """Spot checks of finished generations (`runtime.node.spot_check`)."""
 
     def consider(self, transcript: Transcript) -> None: ...
+    def accuse(self, transcript: Transcript, proof: Contradiction) -> None: ...
     def distrusted(self, now: float) -> frozenset[bytes]: ...
 
 
@@ -669,7 +671,7 @@ class ChatService:
             request.params,
             seed=seed,
             context_window=tokenizer.context_window,
-            reroute=self._failover(variant.model, route, generation, slowed),
+            reroute=self._failover(variant.model, route, generation, slowed, transcript),
             timing=generation.hops,
             transcript=transcript,
         )
@@ -701,13 +703,23 @@ class ChatService:
             yield tail
 
     def _failover(
-        self, model: str, route: Route, generation: Generation, slowed: dict[bytes, float]
+        self,
+        model: str,
+        route: Route,
+        generation: Generation,
+        slowed: dict[bytes, float],
+        transcript: Transcript,
     ) -> Reroute:
         """The pipeline's `reroute` for one generation: a route around what
-        failed (`_reroute`), counted, as a chain; None gives up."""
+        failed (`_reroute`), counted, as a chain; None gives up. A failure
+        that came with proof against its hop (`Failure.proof`) goes to the
+        spot checks as evidence first (``transcript`` still holds the
+        failed chain)."""
         state = {"route": route}
 
         async def on_failure(failure: Failure) -> list[ChainHop] | None:
+            if failure.proof is not None and self.checks is not None:
+                self.checks.accuse(transcript, failure.proof)
             new_route = await self._reroute(model, state["route"], failure, slowed)
             if new_route is None:
                 return None

@@ -26,7 +26,22 @@ from mesh.identity import Signer
 from mesh.newcomers import neighbourhood
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS
-from runtime.inference.commitment import SIGN_EVERY, SKETCH_DIMS, Commitment, ids_digest, sketch
+from runtime.inference.blame import (
+    Contradiction,
+    Receipt,
+    check_handoff,
+    rows_digest,
+    token_digest,
+)
+from runtime.inference.commitment import (
+    CHAIN_DIGEST_BYTES,
+    DIGEST_BYTES,
+    SIGN_EVERY,
+    SKETCH_DIMS,
+    Commitment,
+    ids_digest,
+    sketch,
+)
 from runtime.inference.latency import STEP_BUCKETS_S, Histogram
 from runtime.inference.protocol import (
     MAX_NAME_CHARS,
@@ -38,6 +53,7 @@ from runtime.inference.protocol import (
     OP_SEAL,
     OP_TOKEN,
     R_BAD_FIELD,
+    R_BAD_HANDOFF,
     R_BAD_PAYLOAD,
     R_BAD_POSITION,
     R_BUDGET,
@@ -47,6 +63,7 @@ from runtime.inference.protocol import (
     R_OVERLOADED,
     R_SHARD_FAILED,
     R_UNKNOWN_SESSION,
+    R_WRONG_SENT,
     R_WRONG_SHARD,
     BadMessage,
     check_field,
@@ -185,6 +202,9 @@ class _Step:
     pos: int
     inputs: np.ndarray
     compute_us: tuple[int, ...]
+    handoff: tuple[Commitment, bytes] | None = None
+    """The sender's commitment for this step and its receipt's signature
+    (runtime.inference.blame); None on the first hop (the entry sent it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -196,8 +216,11 @@ class _Result:
     hidden: np.ndarray | None
     token: int | None
     took_us: int
-    commitment: Commitment
+    commitment: Commitment | None
     checked: dict[str, list[Any]]
+    refusal: Contradiction | str | None = None
+    """Set when the step was not computed: what arrived disagrees with the
+    sender's commitment (proof against it, or text when nothing is provable)."""
 
 
 @dataclass(eq=False)
@@ -292,7 +315,9 @@ class HopServer:
         budget of inputs (token ids into the first hop, hidden states into
         the others) plus its header. The engine refuses bigger ones."""
         shard = self.shard
-        row = 8 if shard.is_first else 4 * shard.hidden_size
+        # Past the first hop each position also brings the sender's two
+        # sketches (its commitment, in the handoff).
+        row = 8 if shard.is_first else 4 * shard.hidden_size + 8 * SKETCH_DIMS
         return self.max_budget * row + HEADER_ROOM_BYTES
 
     @property
@@ -540,11 +565,14 @@ class HopServer:
             raise BadMessage(R_BAD_POSITION, f"expected pos {session.next_pos}, got {pos}")
         if pos + shape[0] > session.budget:
             raise BadMessage(R_BUDGET, f"budget of {session.budget} positions exceeded")
+        handoff = None
+        if not shard.is_first:  # rows nobody signed are not taken
+            handoff = _handoff(session, self.model, header, step, pos, shape[0])
         session.started = True
         # A copy: the frame's bytes are read-only and torch refuses to wrap
         # read-only memory without a warning. One activation row per decode step.
         inputs = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
-        work = _Step(step, pos, inputs, compute_us)
+        work = _Step(step, pos, inputs, compute_us, handoff)
         if shape[0] <= INLINE_MAX_TOKENS and not session.queued and self._compute.available_tokens:
             # Nothing of this session's is ahead of it and the shard is free.
             session.next_pos = pos + shape[0]
@@ -607,13 +635,22 @@ class HopServer:
         in the same message), or the activations to the next hop and then
         this hop's commitment to the entry; this hop's time appended."""
         session.last_used = trio.current_time()
+        if result.refusal is not None:
+            self._refuse(session, work.step, result.refusal)
+            return
         compute_us = [*work.compute_us, result.took_us]
         commitment = result.commitment
+        assert commitment is not None
         if result.token is not None:
+            # What it emits, signed beside what it committed: the entry
+            # emits no token its receipt does not cover (runtime.inference.blame).
+            receipt = Receipt.of(commitment, token_digest(result.token)).signed(self.signer)
             header = {
                 "op": OP_TOKEN,
                 "session": session.id,
                 "token": result.token,
+                "ctoken": commitment.token,
+                "receipt": receipt.signature,
                 "compute_us": compute_us,
                 **commitment.header_fields(),
                 **result.checked,
@@ -625,12 +662,15 @@ class HopServer:
             )
             return
         assert session.next_addr is not None and session.next_node is not None
+        assert result.hidden is not None
+        receipt = Receipt.of(commitment, rows_digest(result.hidden)).signed(self.signer)
         header = {
             "op": OP_FORWARD,
             "session": session.next_session,
             "step": work.step,
             "pos": work.pos,
             "compute_us": compute_us,
+            "handoff": _handoff_header(commitment, receipt.signature),
         }
         self.plane.send(
             session.next_addr, encode_message(header, result.hidden), peer=session.next_node
@@ -639,6 +679,19 @@ class HopServer:
         self.plane.send(
             session.reply, encode_message(commit, commitment.payload()), peer=session.entry
         )
+
+    def _refuse(self, session: _Session, step: int, refusal: Contradiction | str) -> None:
+        """What arrived disagrees with the sender's commitment: end the
+        session, telling the entry why; with the proof when there is one, so
+        the entry blames the sender, not this hop."""
+        if isinstance(refusal, str):
+            self._drops[f"engine.{R_BAD_HANDOFF}"] += 1
+            self._fail(session, step, R_BAD_HANDOFF, refusal)
+            return
+        self._drops[f"engine.{R_WRONG_SENT}"] += 1
+        header = error_header(session.id, step, R_WRONG_SENT, refusal.fault())
+        self._send(session.reply, session.entry, {**header, "proof": refusal.to_json()})
+        self._close(session)
 
     def _shard_failed(self, session: _Session, step: int, exc: Exception) -> None:
         self._drops[f"engine.{R_SHARD_FAILED}"] += 1
@@ -650,6 +703,11 @@ class HopServer:
         microseconds the forward took (the commitment is not counted: the
         entry wants the compute's cost, and the benchmark measures the
         commitment's separately)."""
+        if work.handoff is not None:
+            sender, signature = work.handoff
+            refusal = check_handoff(sender, signature, work.inputs)
+            if refusal is not None:
+                return _Result(None, None, 0, None, {}, refusal)
         tokens = work.inputs.shape[0]
         positions = np.arange(work.pos, work.pos + tokens, dtype=np.int64)
         began = time.perf_counter()
@@ -732,3 +790,81 @@ class HopServer:
 
     def _send(self, addr: str, peer: bytes, header: Mapping[str, Any]) -> None:
         self.plane.send(addr, encode_message(header), peer=peer)
+
+
+# --- handoffs: the sender's commitment and receipt, riding on its forward -----
+
+
+def _handoff_header(commitment: Commitment, receipt: bytes) -> dict[str, Any]:
+    """What a forward carries for the next hop to check the rows against
+    (runtime.inference.blame.check_handoff): the sender's commitment for
+    the step, whole (the step and position are the forward's own), and its
+    receipt's signature."""
+    fields = commitment.header_fields()
+    return {
+        "session": commitment.session,
+        "layers": list(commitment.layers),
+        "seed": commitment.sketch_seed,
+        "count": fields["count"],
+        "in_rows": fields["in_rows"],
+        "in_digest": fields["in_digest"],
+        "prev": fields["prev"],
+        "sig": fields["sig"],
+        "sketches": np.ascontiguousarray(commitment.payload(), dtype="<f4").tobytes(),
+        "receipt": receipt,
+    }
+
+
+def _handoff(
+    session: _Session, model: str, header: Mapping[str, Any], step: int, pos: int, rows: int
+) -> tuple[Commitment, bytes]:
+    """The sender's commitment and receipt signature from a forward's
+    ``handoff``; BadMessage (``bad_handoff``) when it is missing or malformed:
+    rows nobody signed are not taken."""
+    value = header.get("handoff")
+    if not isinstance(value, dict):
+        raise BadMessage(R_BAD_HANDOFF, "a forward needs its sender's handoff")
+    try:
+        layers = value["layers"]
+        in_rows, count = uint_field(value, "in_rows"), uint_field(value, "count")
+        sketches = value["sketches"]
+        receipt, signature = value["receipt"], value["sig"]
+        digest, previous = value["in_digest"], value["prev"]
+        ok = (
+            isinstance(layers, list)
+            and len(layers) == 2
+            and all(type(v) is int for v in layers)
+            and count == rows
+            and in_rows in (0, count)
+            and type(sketches) is bytes
+            and len(sketches) == 4 * SKETCH_DIMS * (in_rows + count)
+            and type(receipt) is bytes
+            and type(signature) is bytes
+            and type(digest) is bytes
+            and len(digest) in (0, DIGEST_BYTES)
+            and type(previous) is bytes
+            and len(previous) in (0, CHAIN_DIGEST_BYTES)
+        )
+        if not ok:
+            raise BadMessage(R_BAD_HANDOFF, "malformed handoff")
+        sketch_rows = np.frombuffer(sketches, dtype="<f4").reshape(-1, SKETCH_DIMS)
+        commitment = Commitment(
+            hop=session.prev,
+            entry=session.entry,
+            session=session_field(value),
+            model=model,
+            layers=(layers[0], layers[1]),
+            sketch_seed=uint_field(value, "seed", high=SEED_MODULUS - 1),
+            step=step,
+            pos=pos,
+            count=count,
+            inputs_digest=digest,
+            inputs=sketch_rows[:in_rows].astype(np.float32),
+            outputs=sketch_rows[in_rows:].astype(np.float32),
+            token=None,
+            previous=previous,
+            signature=signature,
+        )
+    except (KeyError, BadMessage) as exc:
+        raise BadMessage(R_BAD_HANDOFF, f"malformed handoff: {exc}") from None
+    return commitment, receipt

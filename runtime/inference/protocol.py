@@ -42,6 +42,7 @@ __all__ = [
     "OP_SEAL",
     "OP_TOKEN",
     "R_BAD_FIELD",
+    "R_BAD_HANDOFF",
     "R_BAD_PAYLOAD",
     "R_BAD_POSITION",
     "R_BUDGET",
@@ -51,6 +52,7 @@ __all__ = [
     "R_OVERLOADED",
     "R_SHARD_FAILED",
     "R_UNKNOWN_SESSION",
+    "R_WRONG_SENT",
     "R_WRONG_SHARD",
     "SESSION_ID_BYTES",
     "BadMessage",
@@ -108,6 +110,12 @@ R_BUDGET: Final = "budget_exceeded"
 R_OVERLOADED: Final = "overloaded"  # too many steps queued for one session
 R_SHARD_FAILED: Final = "shard_failed"
 R_WRONG_SHARD: Final = "wrong_shard"  # open for a model or layers we do not serve
+# A forward whose rows the sender's signed receipt does not cover, or comes
+# without one: refused, nothing provable (runtime.inference.blame).
+R_BAD_HANDOFF: Final = "bad_handoff"
+# The sender signed rows (or a token) its own commitment disagrees with: the
+# refusal carries the proof (a ``proof`` field), and the sender is to blame.
+R_WRONG_SENT: Final = "wrong_sent"
 R_DUPLICATE: Final = "duplicate_session"
 
 _EMPTY: Final = np.zeros(0, dtype=np.uint8)

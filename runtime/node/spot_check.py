@@ -31,6 +31,7 @@ import trio
 from consensus.commands import Verdict
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import Signer, node_id_text
+from runtime.inference.blame import Contradiction
 from runtime.inference.chain import ChainHop, Pipeline, PipelineError, replay
 from runtime.inference.commitment import SIGN_EVERY, Commitment
 from runtime.inference.swarm import SwarmReader
@@ -117,6 +118,10 @@ class Evidence:
     links: tuple[Commitment, ...] = ()
     """The accused's commitments after ``commitment`` up to a signed one,
     when ``commitment`` itself is an unsigned link of its hash chain."""
+    proof: Contradiction | None = None
+    """For kind ``contradiction``: the accused's receipt for what it sent,
+    which ``commitment`` contradicts (runtime.inference.blame). It needs no
+    recomputation: the accused's own signature convicts it."""
 
     @property
     def accused(self) -> bytes:
@@ -140,6 +145,7 @@ class Evidence:
             "layers": [list(span) for span in self.layers],
             "commitment": self.commitment.to_json(),
             "links": [link.to_json() for link in self.links],
+            "proof": None if self.proof is None else self.proof.to_json(),
         }
 
     def digest(self) -> bytes:
@@ -171,6 +177,7 @@ class Evidence:
                 layers=tuple((int(a), int(b)) for a, b in value["layers"]),
                 commitment=Commitment.from_json(value["commitment"]),
                 links=tuple(Commitment.from_json(link) for link in value["links"][:SIGN_EVERY]),
+                proof=_proof(value.get("proof")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed evidence: {exc}") from None
@@ -180,7 +187,12 @@ class Evidence:
         return evidence
 
     def _problem(self) -> str:
+        """Why this is no evidence ("" when it is)."""
         c = self.commitment
+        if self.kind == "contradiction":
+            return self._contradiction_problem()
+        if self.proof is not None:
+            return "only a contradiction carries a proof"
         if self.kind not in ("output", "token", "input"):
             return f"kind {self.kind!r} is not one a recomputation can judge"
         if not 0 <= self.hop_index < len(self.layers):
@@ -197,6 +209,22 @@ class Evidence:
             return "the commitment's signature does not verify (nor its chain's)"
         return ""
 
+    def _contradiction_problem(self) -> str:
+        """A contradiction is judged by its own signatures: the receipt the
+        accused signed for what it sent, against its commitment."""
+        c, proof = self.commitment, self.proof
+        if proof is None or proof.commitment.digest() != c.digest():
+            return "a contradiction needs the accused's receipt for this commitment"
+        if not 0 <= self.hop_index < len(self.layers) or c.layers != self.layers[self.hop_index]:
+            return "the commitment is for another shard"
+        if c.model != self.model or c.entry != self.reporter:
+            return "the commitment was made for another model or entry"
+        try:
+            proof.fault()
+        except ValueError as exc:
+            return f"no contradiction: {exc}"
+        return ""
+
     def transcript(self, chain: Sequence[ChainHop]) -> Transcript:
         """The request as a transcript over ``chain`` holding only the
         accused's commitment, to judge it with."""
@@ -208,6 +236,14 @@ class Evidence:
         transcript.add(self.hop_index, self.commitment)
         assert (self.hop_index, step) in transcript.commitments
         return transcript
+
+
+def _proof(value: object) -> Contradiction | None:
+    if value is None:
+        return None
+    if not isinstance(value, Mapping):
+        raise ValueError("proof must be an object")
+    return Contradiction.from_json(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,6 +328,35 @@ class SpotChecker:
         self._distrusted: dict[bytes, float] = {}
         self._reported: dict[bytes, float] = {}  # node -> until when not reported again
         self._send, self._receive = trio.open_memory_channel[Transcript](MAX_PENDING_CHECKS)
+        self._proofs, self._proofs_out = trio.open_memory_channel[Evidence](MAX_PENDING_CHECKS)
+
+    def accuse(self, transcript: Transcript, proof: Contradiction) -> None:
+        """A generation's hop signed two accounts of one step that cannot
+        both be true (found while it ran, before anything it sent was
+        used): avoid it at once, and send the leader the evidence, which
+        needs no replay. The proof was checked where it was found."""
+        accused = proof.accused
+        self.counters["contradiction"] += 1
+        self._distrust(accused)
+        if accused not in transcript.chain_nodes:
+            return
+        evidence = Evidence(
+            reporter=self._swarm.node_id,
+            kind="contradiction",
+            hop_index=transcript.chain_nodes.index(accused),
+            model=transcript.model,
+            prompt=transcript.prompt,
+            tokens=tuple(transcript.tokens),
+            sampling=transcript.sampling,
+            seed=transcript.seed,
+            layers=tuple(transcript.chain_layers),
+            commitment=proof.commitment,
+            proof=proof,
+        )
+        try:
+            self._proofs.send_nowait(evidence)
+        except trio.WouldBlock:
+            self.counters["busy"] += 1
 
     def distrusted(self, now: float) -> frozenset[bytes]:
         """Nodes this entry's checks caught, still avoided at ``now``."""
@@ -321,8 +386,16 @@ class SpotChecker:
             self.counters["busy"] += 1
 
     async def run(self) -> None:
-        async for transcript in self._receive:
-            await self.check(transcript)
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._file_proofs)
+            async for transcript in self._receive:
+                await self.check(transcript)
+            nursery.cancel_scope.cancel()
+
+    async def _file_proofs(self) -> None:
+        """Report each contradiction once per episode, as checks do."""
+        async for evidence in self._proofs_out:
+            await self._file(evidence)
 
     async def check(self, transcript: Transcript) -> None:
         """Replay one finished generation and act on the first divergence.
@@ -415,19 +488,30 @@ class SpotChecker:
         if not commitment.verified_through(links):
             self.counters["unsigned"] += 1
             return
-        evidence = Evidence(
-            reporter=self._swarm.node_id,
-            kind="output" if confirmed.by_replay else found.kind,
-            hop_index=found.hop_index,
-            model=transcript.model,
-            prompt=transcript.prompt,
-            tokens=tuple(transcript.tokens),
-            sampling=transcript.sampling,
-            seed=transcript.seed,
-            layers=tuple(transcript.chain_layers),
-            commitment=commitment,
-            links=links,
+        await self._file(
+            Evidence(
+                reporter=self._swarm.node_id,
+                kind="output" if confirmed.by_replay else found.kind,
+                hop_index=found.hop_index,
+                model=transcript.model,
+                prompt=transcript.prompt,
+                tokens=tuple(transcript.tokens),
+                sampling=transcript.sampling,
+                seed=transcript.seed,
+                layers=tuple(transcript.chain_layers),
+                commitment=commitment,
+                links=links,
+            )
         )
+
+    async def _file(self, evidence: Evidence) -> None:
+        """Send the leader ``evidence`` unless this episode of its accused
+        was reported already; the accused is avoided meanwhile."""
+        accused, now = evidence.accused, trio.current_time()
+        if self._reported.get(accused, now) > now:
+            self.counters["already_reported"] += 1
+            return
+        self._distrust(accused)
         reported = await self._report(evidence)
         self.counters["reported" if reported else "report_failed"] += 1
         if reported:
@@ -524,6 +608,8 @@ class Adjudicator:
         a second independent node for the accused's span, both must agree:
         one recomputation on a liar would otherwise convict the honest or
         acquit a liar."""
+        if evidence.kind == "contradiction":
+            return await self._convict(evidence)
         coverage = self._swarm.coverage()
         variant = _variant(coverage, evidence.model, [evidence.accused]) or coverage.best(
             evidence.model
@@ -538,6 +624,20 @@ class Adjudicator:
             self.counters["undecided"] += 1
             log.warning("no verdict on %s: recomputations disagree", node_id_text(evidence.accused))
             return None
+        return await self._commit(evidence, guilty)
+
+    async def _convict(self, evidence: Evidence) -> bool | None:
+        """A contradiction convicts by the accused's own signatures, with no
+        recomputation; one that does not hold is refused (None, counted)."""
+        problem = evidence._problem()
+        if problem:
+            self.counters["refused"] += 1
+            log.warning("contradiction refused: %s", problem)
+            return None
+        return await self._commit(evidence, True)
+
+    async def _commit(self, evidence: Evidence, guilty: bool) -> bool:
+        """Commit the verdict on ``evidence``; return ``guilty``."""
         verdict = Verdict(
             accused=evidence.accused,
             reporter=evidence.reporter,

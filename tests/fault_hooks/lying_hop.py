@@ -10,11 +10,20 @@ issue's cases:
 * ``rare:<p>``: each step lies so with probability p, e.g. ``rare:0.01`` (b);
 * ``swap``: the last hop emits the next token id instead of the one it
   sampled, and signs that (c);
-* ``late:<n>``: honest for its first n served steps, then ``noise`` (d).
+* ``late:<n>``: honest for its first n served steps, then ``noise`` (d);
+* ``transit``: computes and commits every step honestly, then forwards
+  noise in place of the activations it committed (issue 30, item 4);
+* ``mismatch``: the last hop commits the token it sampled, then emits the
+  next token id instead (issue 30, item 4).
+
+The last two lie between the commitment and the wire: whatever the hop
+server sends is sent as it would be, so each is what an attacker gets who
+patches only what goes out.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -46,8 +55,29 @@ class _LyingShard:
         return output + NOISE * float(output.std()) * noise
 
 
+def _lie_in_transit(mode: str) -> None:
+    """Patch what a step sends, after its honest commitment is made."""
+    honest_step = hop_server.HopServer._compute_step
+    rng = np.random.default_rng(11)
+
+    def lying_step(self: Any, session: Any, work: Any) -> Any:
+        result = honest_step(self, session, work)
+        if mode == "transit" and result.hidden is not None:
+            spread = float(result.hidden.std())
+            noise = rng.standard_normal(result.hidden.shape).astype(np.float32)
+            return dataclasses.replace(result, hidden=result.hidden + NOISE * spread * noise)
+        if mode == "mismatch" and result.token is not None:
+            return dataclasses.replace(result, token=(result.token + 1) % self.shard.vocab_size)
+        return result
+
+    hop_server.HopServer._compute_step = lying_step  # type: ignore[method-assign]
+
+
 def install(argument: str) -> None:
     mode, _, value = argument.partition(":")
+    if mode in ("transit", "mismatch"):
+        _lie_in_transit(mode)
+        return
     if mode == "swap":
         honest_sample = hop_server.sample
 
