@@ -129,6 +129,38 @@ class MembershipConfig:
     higher lets a rack, a lab subnet or a cloud region full of honest
     volunteers join faster."""
 
+    introductions_per_member: int
+    """New ids one member may introduce to this node per minute
+    (`mesh.newcomers.IntroductionLimit`): ids it tells us of that we did
+    not know, counted by the authenticated sender, whatever addresses the
+    ids advertise (the per-address and per-prefix bounds do not stop one
+    admitted key that gives each made-up id its own /24). An id that
+    introduces itself is charged to itself.
+
+    Lower is safer against one admitted key flooding the member list, and
+    slower for an honest member that is the first to hear of many
+    joiners at once (a seed): the ids it may not introduce now reach us
+    from the other members that relay them, from full-state syncs, or
+    from the joiners themselves, once budgets allow."""
+
+    introductions_total: int
+    """New ids this node learns per minute from all introducers together:
+    the bound when several admitted keys collude, and on the work a flood
+    costs (a signature check and one probe per id). Lower is safer; higher
+    lets a swarm grow faster (a node learns at most this many newcomers a
+    minute, beyond the ones its join's seed taught it). An id introduced
+    is still not alive until it is verified (`vouches_to_verify`)."""
+
+    vouches_to_verify: int
+    """Independent alive members whose relay of a new id's Alive verifies
+    it without our own probe. A new id is not alive (not routable, not
+    counted) until it answered our own direct ping, or this many members
+    told us of it. Honest members gossip an id only once they verified it
+    themselves, so each relay is one member's word that it did. One
+    admitted key is one voice: at 2 or more it cannot verify its own
+    inventions; more is safer against colluding keys, and slower for an
+    honest newcomer that we cannot ping directly (a one-way link)."""
+
     # --- protocol switches -------------------------------------------------
     # Parts of the protocol a researcher can turn off (or, for eager gossip,
     # on) to measure what each is worth. Every profile runs with the
@@ -178,6 +210,10 @@ class MembershipConfig:
             raise ValueError("fanout, retransmit_mult and suspicion_mult must be >= 1")
         if self.newcomers_per_address < 1 or self.newcomers_per_prefix < 1:
             raise ValueError("newcomers_per_address and newcomers_per_prefix must be >= 1")
+        if self.introductions_per_member < 1 or self.introductions_total < 1:
+            raise ValueError("introductions_per_member and introductions_total must be >= 1")
+        if self.vouches_to_verify < 1:
+            raise ValueError("vouches_to_verify must be >= 1")
 
     # --- profiles -----------------------------------------------------------
 
@@ -207,6 +243,13 @@ class MembershipConfig:
             # still needs 16 minutes for 1,000 keys.
             newcomers_per_address=64,
             newcomers_per_prefix=256,
+            # A lab host starting 40 nodes at once is 40 new ids a minute at
+            # every node, most relayed by the seed: 64 lets them in, while
+            # one admitted key needs 16 minutes to bring in 1,000. A node
+            # learns at most 256 a minute in all, four such bursts.
+            introductions_per_member=64,
+            introductions_total=256,
+            vouches_to_verify=3,
         )
 
     @classmethod
@@ -237,6 +280,12 @@ class MembershipConfig:
             # or CGNAT, or many in one cloud subnet, join 4 (16) a minute.
             newcomers_per_address=4,
             newcomers_per_prefix=16,
+            # Volunteers arrive one by one; a swarm that grows by 64 a
+            # minute at every node is a fast-growing one, and one admitted
+            # key gets 16 a minute in, none of them alive unless it answers.
+            introductions_per_member=16,
+            introductions_total=64,
+            vouches_to_verify=3,
         )
 
     @classmethod
@@ -271,6 +320,14 @@ class MembershipConfig:
             # enough for a needless election at this profile's timeouts.
             newcomers_per_address=64,
             newcomers_per_prefix=256,
+            # Tests start up to a dozen nodes (forty in the core's tests)
+            # within seconds: 64 a minute from one member lets them in. A
+            # flooding key is held to 64 a minute (none alive unless it
+            # answers our ping at the address it advertises). Local swarms
+            # have three or four nodes, so two vouches is most of them.
+            introductions_per_member=64,
+            introductions_total=256,
+            vouches_to_verify=2,
         )
 
     @classmethod

@@ -8,7 +8,9 @@ sent and what changed. It reads no clock and draws randomness only from the
 injected `random.Random`, so the trio node and the simulator drive the same
 object. Every update is signed and every accusation checked against rules
 that hold with Byzantine members (only alive members accuse, never above an
-incarnation the subject signed, acks only from whom we asked).
+incarnation the subject signed, acks only from whom we asked). A new id
+is a member only once it answered our own ping or enough members vouched
+for it, and each member may introduce only so many a minute (`_Candidate`).
 
 The protocol, its trust rules and their reasons: docs/design/membership.md.
 """
@@ -56,7 +58,7 @@ from mesh.messages import (
     record_signing_bytes,
     suspect_signing_bytes,
 )
-from mesh.newcomers import NewcomerLimit
+from mesh.newcomers import IntroductionLimit, NewcomerLimit
 from mesh.sync import bits_for, digest_bits, well_formed_delta
 
 MAX_COUNTER = MAX_UINT
@@ -88,6 +90,10 @@ that is not a power of two of at most 256 fingerprints, or a delta whose
 buckets are not ascending within its bits or that holds a member outside
 them. The wire refuses these too; the core checks again because the
 simulator hands it messages that never were bytes."""
+R_CANDIDATE_SILENT = "candidate_silent"
+"""Drop reason: a new id did not answer our ping in time and too few
+members vouched for it; it is forgotten, and learned again (charged again)
+when news of it comes again. See `_Candidate`."""
 
 # Estimated encoded sizes, used only to keep piggybacked updates within the
 # packet budget without encoding them twice. Generous upper bounds.
@@ -187,6 +193,30 @@ class _Probe:
         self.nacks = 0
 
 
+class _Candidate:
+    """A new id we were told of but have not verified: not a member yet.
+
+    It lives outside the member table, so nothing that reads members (the
+    probe round, gossip targets, the live count that timeouts and
+    retransmits scale with, syncs, status, routes, placement) sees it, and
+    gossip never carries it. It becomes a member when it answers our ping
+    (`seq`) at the address it advertises, or when `vouches_to_verify`
+    alive members relayed its Alive (`vouchers`); else it is dropped at
+    `deadline`. An accusation of it heard meanwhile is held, unchecked,
+    and applied once it is a member (`accusation`), so a sync that brings
+    a new member and its suspicion together ends as it would have before.
+    Details: docs/design/membership.md#introductions."""
+
+    __slots__ = ("accusation", "alive", "deadline", "seq", "vouchers")
+
+    def __init__(self, alive: Alive, seq: int, deadline: float) -> None:
+        self.alive = alive
+        self.seq = seq
+        self.deadline = deadline
+        self.vouchers: tuple[bytes, ...] = ()
+        self.accusation: Suspect | Dead | None = None
+
+
 def _update_size(update: Update) -> int:
     if isinstance(update, Alive):
         return _SIZE_ALIVE + len(update.addr)
@@ -233,6 +263,11 @@ class Membership:
         self._rng = rng
         self._validate_body = validate_record_body
         self._newcomers = NewcomerLimit(config.newcomers_per_address, config.newcomers_per_prefix)
+        self._introductions = IntroductionLimit(
+            config.introductions_per_member, config.introductions_total
+        )
+        # Unverified new ids, oldest first (so by deadline: `_expire_candidates`).
+        self._candidates: dict[bytes, _Candidate] = {}
 
         self._table = MemberTable(self.node_id, starting_view)
         self._probe_order = ProbeOrder(self._table, rng)
@@ -355,10 +390,10 @@ class Membership:
             case Ping():
                 self._on_ping(envelope, message, now)
             case Ack():
-                self._apply_all(message.updates, now)
+                self._apply_all(message.updates, now, envelope.sender)
                 self._on_ack(envelope, message, now)
             case PingReq():
-                self._apply_all(message.updates, now)
+                self._apply_all(message.updates, now, envelope.sender)
                 self._on_ping_req(envelope, message, now)
             case Nack():
                 probe = self._probe
@@ -368,7 +403,7 @@ class Membership:
                     else:
                         self.drops[R_UNASKED_ACK] += 1
             case Gossip():
-                self._apply_all(message.updates, now)
+                self._apply_all(message.updates, now, envelope.sender)
             case PushPull():
                 self._on_push_pull(envelope, message, now)
             case SyncDigest():
@@ -391,6 +426,8 @@ class Membership:
             self._finish_probe(probe, now)
         if now >= self._next_probe:
             self._start_probe(now)
+        if self._candidates:
+            self._expire_candidates(now)
         timers = self._suspicion_timers
         while timers and timers[0][0] <= now:
             deadline, node = heapq.heappop(timers)
@@ -440,6 +477,10 @@ class Membership:
         for _, _, _, nack_at, _ in self._relays.values():
             if nack_at < deadline:
                 deadline = nack_at
+        if self._candidates:
+            oldest = next(iter(self._candidates.values())).deadline
+            if oldest < deadline:
+                deadline = oldest
         return deadline
 
     def take_sends(self) -> list[Send]:
@@ -459,6 +500,12 @@ class Membership:
 
     def record(self, node: bytes) -> Record | None:
         return self._table.record(node)
+
+    @property
+    def candidates(self) -> int:
+        """New ids introduced to us and not verified yet (`_Candidate`):
+        never members, so no `members()` view shows them."""
+        return len(self._candidates)
 
     # --- probing -----------------------------------------------------------------------
 
@@ -548,7 +595,7 @@ class Membership:
         if ping.target != self.node_id:
             self.drops["wrong_target"] += 1
             return
-        self._apply_all(ping.updates, now)
+        self._apply_all(ping.updates, now, envelope.sender)
         updates = self._piggyback()
         if any(self._is_stale_accusation_of_us(u) for u in ping.updates):
             # The prober still suspects an older life of ours: our refutation
@@ -581,6 +628,10 @@ class Membership:
                 return
             del self._relays[ack.seq]
             self._send(relay[0], relay[1], Ack(relay[2]))
+            return
+        candidate = self._candidates.get(envelope.sender)
+        if candidate is not None and candidate.seq == ack.seq:
+            self._on_candidate_ack(candidate, now)
             return
         sender = self._table.get(envelope.sender)
         if sender is not None and sender.state is MemberState.DEAD:
@@ -652,7 +703,7 @@ class Membership:
 
     # --- applying updates --------------------------------------------------------------
 
-    def _apply_all(self, updates: tuple[Update, ...], now: float) -> None:
+    def _apply_all(self, updates: tuple[Update, ...], now: float, sender: bytes) -> None:
         """Apply piggybacked updates in order.
 
         Most are news we already hold: every member sends each update
@@ -662,24 +713,24 @@ class Membership:
         (an Alive not above what we hold; an accusation of a stranger,
         below what we hold, or of a member already gone; a confirmation of
         a suspicion that has it, or needs no more), at the cost of one
-        lookup; everything else takes the full path.
+        lookup; everything else takes the full path. `sender`, who sent
+        them, introduces any new id among them (`_consider`).
         """
         get = self._table.get
         me = self.node_id
         suspicions = self._suspicions
         for update in updates:
             if isinstance(update, Record) or update.node == me:
-                self._apply(update, now)
+                self._apply(update, now, sender)
                 continue
             member = get(update.node)
             if isinstance(update, Alive):
                 if member is None or update.incarnation > member.incarnation:
-                    self._apply_alive(update, now)
-            elif (
-                member is None
-                or update.incarnation < member.incarnation
-                or member.state in GONE_STATES
-            ):
+                    self._apply_alive(update, now, sender)
+            elif member is None:
+                if self._candidates:
+                    self._hold_accusation(update)
+            elif update.incarnation < member.incarnation or member.state in GONE_STATES:
                 continue
             elif isinstance(update, Dead):
                 self._apply_dead(update, now)
@@ -692,10 +743,10 @@ class Membership:
                 ):
                     self._apply_suspect(update, now)
 
-    def _apply(self, update: Update, now: float, relay: bool = True) -> None:
+    def _apply(self, update: Update, now: float, sender: bytes, relay: bool = True) -> None:
         match update:
             case Alive():
-                self._apply_alive(update, now, relay)
+                self._apply_alive(update, now, sender, relay)
             case Suspect():
                 self._apply_suspect(update, now, relay=relay)
             case Dead():
@@ -750,12 +801,17 @@ class Membership:
         return False
 
     def _apply_alive(
-        self, alive: Alive, now: float, relay: bool = True, *, vouched: bool = False
+        self,
+        alive: Alive,
+        now: float,
+        sender: bytes,
+        relay: bool = True,
+        *,
+        vouched: bool = False,
     ) -> None:
-        """Learn or update a member from its own signed Alive. A member new
-        to us is charged to its advertised address's newcomer budget
-        (unless `vouched`: see `_on_push_pull`); over budget it is dropped
-        and counted, and learned when the news comes again."""
+        """Learn or update a member from its own signed Alive, which
+        `sender` passed on. An id new to us is a candidate first
+        (`_consider`), unless `vouched` (our join's seed: `_on_push_pull`)."""
         if alive.node == self.node_id:
             stale_self = alive.incarnation > self._me.incarnation and not self._leaving
             if stale_self and self._authentic(alive):
@@ -764,25 +820,11 @@ class Membership:
             return
         member = self._table.get(alive.node)
         if member is None:
-            # Over budget, refuse before verifying: a flood of new keys
-            # then costs a lookup each, not a signature check each.
-            refused = None if vouched else self._newcomers.refusal(alive.addr, now)
-            if refused is not None:
-                self.drops[refused] += 1
-                return
-            if not self._authentic(alive):
-                return
             if not vouched:
-                refused = self._newcomers.admit(alive.addr, now)
-                if refused is not None:
-                    self.drops[refused] += 1
-                    return
-            self._table.add(MemberEntry(alive, now))
-            self._probe_order.joined(alive.node)
-            self._live_count += 1
-            self._events.append(MemberEvent("joined", alive.node, alive.incarnation, now))
-            if relay:
-                self._queue(alive)
+                self._consider(alive, sender, now)
+            elif self._authentic(alive):
+                self._candidates.pop(alive.node, None)
+                self._learn(alive, now, relay)
             return
         if alive.incarnation <= member.incarnation:
             return
@@ -800,11 +842,113 @@ class Membership:
         if relay:
             self._queue(alive)
 
+    # --- introductions (docs/design/membership.md#introductions) ----------------------
+
+    def _consider(self, alive: Alive, introducer: bytes, now: float) -> None:
+        """An Alive of an id we do not know, from `introducer`: a vouch for
+        a candidate we hold, or a new candidate if the introducer, this
+        node and the id's neighbourhood are all within their bounds (else
+        dropped and counted; learned when the news comes again). Bounds
+        are checked before the signature, so a flood over them costs a
+        lookup per id, not a signature check. A new candidate gets one
+        ping, without piggybacked news: gossip is not spent on an address
+        nobody may listen at."""
+        candidate = self._candidates.get(alive.node)
+        if candidate is not None:
+            self._vouch(candidate, alive, introducer, now)
+            return
+        refused = self._introductions.refusal(introducer, now) or self._newcomers.refusal(
+            alive.addr, now
+        )
+        if refused is not None:
+            self.drops[refused] += 1
+            return
+        if not self._authentic(alive):
+            return
+        self._introductions.admit(introducer, now)
+        self._newcomers.admit(alive.addr, now)
+        self._seq += 1
+        candidate = _Candidate(alive, self._seq, now + self.config.probe_interval)
+        self._candidates[alive.node] = candidate
+        self._send(alive.node, alive.addr, Ping(self._seq, alive.node, ()))
+        self._vouch(candidate, alive, introducer, now)
+
+    def _vouch(self, candidate: _Candidate, alive: Alive, voucher: bytes, now: float) -> None:
+        """`voucher` passed on `candidate`'s Alive: one vouch if it is an
+        alive member other than the candidate (an id's word for itself is
+        no vouch) not counted yet; enough of them verify the candidate."""
+        node = candidate.alive.node
+        if alive.incarnation > candidate.alive.incarnation and self._authentic(alive):
+            candidate.alive = alive
+        member = self._table.get(voucher)
+        if (
+            voucher == node
+            or voucher in candidate.vouchers
+            or member is None
+            or member.state is not MemberState.ALIVE
+        ):
+            return
+        candidate.vouchers += (voucher,)
+        if len(candidate.vouchers) >= self.config.vouches_to_verify:
+            self._promote(candidate, now)
+
+    def _promote(self, candidate: _Candidate, now: float) -> None:
+        """`candidate` is verified: a member now, and its news ours to
+        gossip. A held accusation is then checked like any other; a death
+        as a death we did not witness (`_merge_remote_death`)."""
+        alive = candidate.alive
+        del self._candidates[alive.node]
+        self._learn(alive, now, relay=True)
+        accusation = candidate.accusation
+        if isinstance(accusation, Dead) and accusation.accuser != accusation.node:
+            self._merge_remote_death(accusation, now)
+        elif accusation is not None:
+            self._apply(accusation, now, self.node_id)
+
+    def _hold_accusation(self, accusation: Suspect | Dead) -> None:
+        """Keep the latest accusation of a candidate until it is a member."""
+        candidate = self._candidates.get(accusation.node)
+        if candidate is None:
+            return
+        held = candidate.accusation
+        if held is None or accusation.incarnation >= held.incarnation:
+            candidate.accusation = accusation
+
+    def _on_candidate_ack(self, candidate: _Candidate, now: float) -> None:
+        """The candidate answered our ping: it holds its key and listens
+        where it says."""
+        self._promote(candidate, now)
+        self._table.seen(candidate.alive.node, now)
+
+    def _expire_candidates(self, now: float) -> None:
+        """Drop candidates past their deadline. All share one delay and
+        `now` only grows, so the oldest come first and the scan stops at
+        the first one still waiting."""
+        candidates = self._candidates
+        while candidates:
+            node, candidate = next(iter(candidates.items()))
+            if candidate.deadline > now:
+                return
+            del candidates[node]
+            self.drops[R_CANDIDATE_SILENT] += 1
+
+    def _learn(self, alive: Alive, now: float, relay: bool) -> None:
+        """Make `alive`'s id a member (verified, or from our join's seed)."""
+        self._table.add(MemberEntry(alive, now))
+        self._probe_order.joined(alive.node)
+        self._live_count += 1
+        self._events.append(MemberEvent("joined", alive.node, alive.incarnation, now))
+        if relay:
+            self._queue(alive)
+
     def _apply_suspect(
         self, suspect: Suspect, now: float, *, verified: bool = False, relay: bool = True
     ) -> None:
         member = self._table.get(suspect.node)
-        if member is None or suspect.incarnation < member.incarnation:
+        if member is None:
+            self._hold_accusation(suspect)
+            return
+        if suspect.incarnation < member.incarnation:
             return
         if member.state in GONE_STATES:
             return
@@ -858,7 +1002,10 @@ class Membership:
         self, dead: Dead, now: float, *, verified: bool = False, relay: bool = True
     ) -> None:
         member = self._table.get(dead.node)
-        if member is None or dead.incarnation < member.incarnation:
+        if member is None:
+            self._hold_accusation(dead)
+            return
+        if dead.incarnation < member.incarnation:
             return
         if member.state in GONE_STATES:
             return
@@ -1048,9 +1195,9 @@ class Membership:
             if isinstance(update, Dead) and update.accuser != update.node:
                 self._merge_remote_death(update, now)
             elif isinstance(update, Alive):
-                self._apply_alive(update, now, relay=update.node == sender, vouched=vouched)
+                self._apply_alive(update, now, sender, update.node == sender, vouched=vouched)
             else:
-                self._apply(update, now, relay=update.node == sender)
+                self._apply(update, now, sender, relay=update.node == sender)
         for record in records:
             self._apply_record(record, now, relay=record.node == sender)
 
@@ -1144,7 +1291,10 @@ class Membership:
         if dead.node == self.node_id:
             self._apply_dead(dead, now)
             return
-        if member is None or member.state is not MemberState.ALIVE:
+        if member is None:
+            self._hold_accusation(dead)
+            return
+        if member.state is not MemberState.ALIVE:
             return
         if dead.incarnation < member.incarnation:
             return

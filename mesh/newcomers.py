@@ -1,4 +1,4 @@
-"""Sybil bounds: how fast one network neighbourhood may bring in new identities.
+"""Sybil bounds: how fast one neighbourhood, or one member, may bring in new identities.
 
 A key costs nothing to make, so an open swarm cannot stop one machine from
 presenting a thousand identities; it can make them arrive slowly.
@@ -6,19 +6,22 @@ presenting a thousand identities; it can make them arrive slowly.
 prefix (/24 for IPv4, /48 for IPv6) at the rate the membership profile sets
 (`MembershipConfig.newcomers_per_address`, `newcomers_per_prefix`). The
 membership core applies it to advertised addresses, the planes' handshake
-gate (`mesh.zap.HandshakeGate`) to real source addresses. A refused newcomer
-is counted and learned later, never an error. Sans-IO: time is the caller's
-`now`; no lock (the ZAP wrapper adds one).
+gate (`mesh.zap.HandshakeGate`) to real source addresses. Those say nothing
+when each made-up id advertises an address of its own, so `IntroductionLimit`
+also bounds new ids per introducing member and in all, per minute
+(`MembershipConfig.introductions_per_member`, `introductions_total`). A
+refused newcomer is counted and learned later, never an error. Sans-IO: time
+is the caller's `now`; no lock (the ZAP wrapper adds one).
 
 Where it applies and why each address is good enough:
-docs/design/membership.md#newcomer-limits.
+docs/design/membership.md#newcomer-limits and #introductions.
 """
 
 from __future__ import annotations
 
 import functools
 import ipaddress
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Final
 
 NEWCOMER_WINDOW_S: Final = 60.0
@@ -129,4 +132,93 @@ class NewcomerLimit:
         address, prefix = neighbourhood(addr)
         self._addresses.take(address, now)
         self._prefixes.take(prefix, now)
+        return None
+
+
+R_INTRODUCER: Final = "introducer_rate"
+"""Drop reason: the member that told us of a new id has introduced its
+quota of new ids this minute (`MembershipConfig.introductions_per_member`)."""
+R_INTRODUCTIONS: Final = "introductions_rate"
+"""Drop reason: this node has learned its quota of new ids this minute from
+all introducers together (`MembershipConfig.introductions_total`)."""
+
+MAX_INTRODUCERS: Final = 4_096
+"""Introducers whose windows are kept at most (least recently used go
+first). Introducers are senders the plane authenticated, whose keys the
+handshake gate lets in at a bounded rate; a forgotten window only lets its
+introducer start afresh, still under the total bound."""
+
+
+class _Window:
+    """At most `capacity` takes in any `window` seconds: the times of the
+    takes still inside the window, oldest first. Exact, unlike a token
+    bucket (which lets twice its capacity through in one window): what a
+    flood gets in during any minute is the bound the profile names."""
+
+    __slots__ = ("_capacity", "_times", "_window")
+
+    def __init__(self, capacity: int, window: float) -> None:
+        self._capacity = capacity
+        self._window = window
+        self._times: deque[float] = deque()
+
+    def full(self, now: float) -> bool:
+        times = self._times
+        while times and times[0] <= now - self._window:
+            times.popleft()
+        return len(times) >= self._capacity
+
+    def take(self, now: float) -> None:
+        self._times.append(now)
+
+
+class IntroductionLimit:
+    """New ids learned per introducer, and from all introducers together,
+    per window: the bound on what one admitted key (or a few) can make a
+    node learn, whatever addresses the ids advertise. An introducer is the
+    authenticated sender that told us of the id (the id itself, when it
+    introduces itself). Sans-IO, like `NewcomerLimit`.
+
+    Why and with which trade-offs: docs/design/membership.md#introductions."""
+
+    def __init__(
+        self,
+        per_member: int,
+        total: int,
+        *,
+        window: float = NEWCOMER_WINDOW_S,
+        max_tracked: int = MAX_INTRODUCERS,
+    ) -> None:
+        if per_member < 1 or total < 1 or window <= 0:
+            raise ValueError("introduction limits must be at least 1 per positive window")
+        self._per_member = per_member
+        self._window = window
+        self._max = max_tracked
+        self._total = _Window(total, window)
+        self._by_introducer: OrderedDict[bytes, _Window] = OrderedDict()
+
+    def refusal(self, introducer: bytes, now: float) -> str | None:
+        """The drop reason a new id from `introducer` would get at `now`,
+        taking nothing (checked before any signature is)."""
+        window = self._by_introducer.get(introducer)
+        if window is not None and window.full(now):
+            return R_INTRODUCER
+        if self._total.full(now):
+            return R_INTRODUCTIONS
+        return None
+
+    def admit(self, introducer: bytes, now: float) -> str | None:
+        """Take one new id from `introducer` at `now`: None if admitted,
+        else the drop reason (and nothing taken)."""
+        refused = self.refusal(introducer, now)
+        if refused is not None:
+            return refused
+        window = self._by_introducer.get(introducer)
+        if window is None:
+            window = self._by_introducer[introducer] = _Window(self._per_member, self._window)
+        window.take(now)
+        self._total.take(now)
+        self._by_introducer.move_to_end(introducer)
+        while len(self._by_introducer) > self._max:
+            self._by_introducer.popitem(last=False)
         return None

@@ -32,6 +32,15 @@ def test_every_profile_bounds_newcomers_and_local_stays_permissive(profile: str)
         config.with_overrides(newcomers_per_address=0)
 
 
+@pytest.mark.parametrize("profile", ["lan", "wan", "local"])
+def test_every_profile_bounds_introductions_and_one_key_cannot_vouch_alone(profile: str) -> None:
+    config = MembershipConfig.profile(profile)
+    assert 1 <= config.introductions_per_member <= config.introductions_total
+    assert config.vouches_to_verify >= 2  # one admitted key is one voice
+    # Forty nodes started at once on one host get in (test_membership_trust.py).
+    assert profile == "wan" or config.introductions_per_member >= 40
+
+
 def test_lan_suspects_for_9_s_at_1000_nodes_and_at_most_six_times_that() -> None:
     lan = MembershipConfig.lan()
     assert lan.suspicion_min_timeout(1000) == pytest.approx(9.0)
@@ -79,6 +88,9 @@ def test_the_detection_bound_adds_its_parts() -> None:
         {"retransmit_mult": 0},
         {"suspicion_mult": 0},
         {"newcomers_per_prefix": 0},
+        {"introductions_per_member": 0},
+        {"introductions_total": 0},
+        {"vouches_to_verify": 0},
     ],
 )
 def test_nonsense_is_refused(changes: dict[str, float]) -> None:

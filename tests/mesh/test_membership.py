@@ -51,6 +51,10 @@ class Net:
         self.inflight: list[Send] = []
         self.seed = seed
         self.keep: Callable[[Send], bool] = lambda send: True
+        self.outsiders: dict[bytes, Identity] = {}
+        """Identities no core runs that answer every ping sent to them: a
+        test's third parties, verified as a real member would be (a new id
+        is a member only once it answers: docs/design/membership.md)."""
         for name in names:
             self.start(name)
 
@@ -88,6 +92,9 @@ class Net:
                 return delivered
             batch, self.inflight = self.inflight, []
             for send in batch:
+                if send.node in self.outsiders:
+                    delivered += self._answer(send)
+                    continue
                 to = self.name_of(send.addr)
                 if to not in self.nodes or not self.keep(send):
                     continue
@@ -97,6 +104,25 @@ class Net:
                 self.nodes[to].receive(send.envelope, self.now)
                 delivered += 1
         raise AssertionError("messages never stopped flowing")
+
+    def _answer(self, send: Send) -> int:
+        """An outsider acks a ping sent to it (anything else it ignores)."""
+        message = send.envelope.message
+        if not isinstance(message, Ping) or not self.keep(send):
+            return 0
+        who = self.outsiders[send.node]
+        prober = self.nodes[self.name_of(send.envelope.addr)]
+        prober.receive(Envelope(who.node_id, send.addr, Ack(message.seq, ())), self.now)
+        return 1
+
+    def answer_outsiders(self, name: str) -> None:
+        """Deliver now only the pings node `name` sent to outsiders; the
+        rest of what it sent stays in flight."""
+        for send in self.nodes[name].take_sends():
+            if send.node in self.outsiders:
+                self._answer(send)
+            else:
+                self.inflight.append(send)
 
     def advance(self, seconds: float) -> None:
         """Let time pass, firing timers in order and delivering as we go."""

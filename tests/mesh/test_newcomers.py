@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import pytest
 
-from mesh.newcomers import R_ADDRESS, R_PREFIX, NewcomerLimit, neighbourhood
+from mesh.newcomers import (
+    R_ADDRESS,
+    R_INTRODUCER,
+    R_INTRODUCTIONS,
+    R_PREFIX,
+    IntroductionLimit,
+    NewcomerLimit,
+    neighbourhood,
+)
 
 
 def test_neighbourhoods_are_an_address_and_its_24_or_48() -> None:
@@ -82,3 +90,44 @@ def test_limits_must_admit_someone_per_positive_window(
 ) -> None:
     with pytest.raises(ValueError, match="at least 1 per positive window"):
         NewcomerLimit(per_address, per_prefix, window=window)
+
+
+# --- introductions ---------------------------------------------------------------
+
+
+def test_an_introducer_gets_exactly_its_bound_in_any_window_not_twice_it() -> None:
+    limit = IntroductionLimit(3, 100, window=60.0)
+    assert [limit.admit(b"m", t) for t in (0.0, 10.0, 20.0, 30.0)] == [None] * 3 + [R_INTRODUCER]
+    assert limit.refusal(b"m", 59.9) == R_INTRODUCER  # the first is still in the window
+    assert limit.admit(b"m", 60.0) is None  # ...and now it is out: one more
+    assert limit.admit(b"m", 60.0) == R_INTRODUCER
+    assert limit.admit(b"other", 60.0) is None  # another introducer, its own window
+
+
+def test_all_introducers_together_share_the_total_and_a_refusal_takes_nothing() -> None:
+    limit = IntroductionLimit(2, 3, window=60.0)
+    assert [limit.admit(b"a", 0.0) for _ in range(3)] == [None, None, R_INTRODUCER]
+    assert [limit.admit(b"b", 0.0) for _ in range(2)] == [None, R_INTRODUCTIONS]
+    assert limit.refusal(b"c", 0.0) == R_INTRODUCTIONS
+    # Refusals charged nothing: a minute on, everyone starts afresh.
+    assert [limit.admit(who, 60.0) for who in (b"c", b"c", b"b")] == [None, None, None]
+    assert limit.admit(b"a", 60.0) == R_INTRODUCTIONS
+
+
+def test_only_the_most_recent_introducers_are_kept() -> None:
+    limit = IntroductionLimit(1, 100, max_tracked=2)
+    assert limit.admit(b"a", 0.0) is None
+    assert limit.admit(b"b", 0.0) is None
+    assert limit.admit(b"c", 0.0) is None  # a is forgotten: a fresh window
+    assert limit.admit(b"a", 0.0) is None
+    assert limit.admit(b"c", 0.0) == R_INTRODUCER
+
+
+@pytest.mark.parametrize(
+    ("per_member", "total", "window"), [(0, 1, 60.0), (1, 0, 60.0), (1, 1, 0.0)]
+)
+def test_introduction_limits_must_admit_someone_per_positive_window(
+    per_member: int, total: int, window: float
+) -> None:
+    with pytest.raises(ValueError, match="at least 1 per positive window"):
+        IntroductionLimit(per_member, total, window=window)

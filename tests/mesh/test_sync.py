@@ -21,6 +21,7 @@ from mesh.membership import R_SYNC_MALFORMED, Membership, MemberState
 from mesh.messages import (
     Envelope,
     Gossip,
+    Ping,
     PushPull,
     Record,
     SyncDelta,
@@ -74,6 +75,8 @@ def two_cores(
     (None: never heard of that member)."""
     net = Net("a", "b")
     net.join_all()
+    # Third parties answer pings, so each core verifies them as members.
+    net.outsiders = {who.node_id: who for who in (*MEMBERS, *ACCUSERS)}
     for name in ("a", "b"):
         say(
             net,
@@ -81,11 +84,15 @@ def two_cores(
             name,
             Gossip(tuple(alive(who, 0, "tcp://x") for who in ACCUSERS)),
         )
+        net.answer_outsiders(name)
     for name, view in (("a", view_a), ("b", view_b)):
         teller = net.ids["b" if name == "a" else "a"]
         for who, version in zip(MEMBERS, view, strict=True):
             if version is not None:
-                say(net, teller, name, Gossip(tuple(member_updates(who, version))))
+                first, *rest = member_updates(who, version)
+                say(net, teller, name, Gossip((first,)))
+                net.answer_outsiders(name)
+                say(net, teller, name, Gossip(tuple(rest)))
     for node in net.nodes.values():
         node.take_sends()  # what the telling made them gossip: not part of the sync
     return net
@@ -267,8 +274,10 @@ def test_joins_still_trade_the_full_state() -> None:
     (ask,) = joiner.take_sends()
     assert isinstance(ask.envelope.message, PushPull) and not ask.envelope.message.reply
     seed.receive(ask.envelope, net.now)
+    # Beside its answer, the seed pings the joiner: a new id is a member
+    # only once it answers (docs/design/membership.md#introductions).
     answers = [s.envelope.message for s in seed.take_sends()]
-    assert [type(m) for m in answers] == [PushPull] and answers[0].reply  # type: ignore[union-attr]
+    assert [type(m) for m in answers] == [Ping, PushPull] and answers[1].reply  # type: ignore[union-attr]
 
 
 def test_a_sync_where_one_member_differs_carries_its_bucket_not_the_table() -> None:
