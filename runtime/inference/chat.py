@@ -419,11 +419,36 @@ class ChatSwarm(SwarmReader, Protocol):
     def member_api(self, node: bytes) -> str | None: ...
 
 
+DISTRUSTED: Final = "distrusted"
+"""503 code: every holder of a span is distrusted by this entry's checks."""
+DISTRUSTED_RETRY: Final = "10"
+"""Seconds to wait: about what the leader takes to judge filed evidence."""
+
+
+def _blocked_span(
+    variant: ModelCoverage, distrusted: frozenset[bytes]
+) -> tuple[tuple[int, int], list[bytes]] | None:
+    """The first span of layers whose every holder is in ``distrusted``,
+    and those holders; None when every layer has one trusted holder (or
+    none at all: a gap, not distrust)."""
+    start: int | None = None
+    found: set[bytes] = set()
+    for layer in range(variant.num_layers):
+        holders = {n.node_id for n in variant.nodes if n.layers[0] <= layer < n.layers[1]}
+        if holders and holders <= distrusted:
+            start = layer if start is None else start
+            found |= holders
+        elif start is not None:
+            return (start, layer), sorted(found)
+    return None if start is None else ((start, variant.num_layers), sorted(found))
+
+
 class SpotChecks(Protocol):
     """Spot checks of finished generations (`runtime.node.spot_check`)."""
 
     def consider(self, transcript: Transcript) -> None: ...
     def accuse(self, transcript: Transcript, proof: Contradiction) -> None: ...
+    def blocked(self, nodes: Sequence[bytes]) -> str: ...
     def distrusted(self, now: float) -> frozenset[bytes]: ...
 
 
@@ -598,9 +623,36 @@ class ChatService:
         inputs = self._route_inputs(avoid)
         found = find_route(variant, inputs)
         if isinstance(found, NoRoute):
+            found = self._unblock(variant, avoid) or found
+        if isinstance(found, NoRoute):
             message = f"no chain can serve {variant.model!r} now: {found.message}"
             raise self._loading(variant.model, variant, message)
         return found
+
+    def _unblock(self, variant: ModelCoverage, avoid: frozenset[bytes]) -> Route | None:
+        """No chain, and this entry's spot checks distrust every holder of a
+        span: they ask for verdicts instead of keeping the span dark
+        (`SpotChecks.blocked`), and the route is sought again. None when
+        distrust is not what blocks; a 503 ``distrusted`` naming the span
+        and why when no chain exists even so."""
+        if self.checks is None:
+            return None
+        blocked = _blocked_span(variant, self._distrusted(trio.current_time()))
+        if blocked is None:
+            return None
+        (start, end), holders = blocked
+        said = self.checks.blocked(holders)
+        log.warning(
+            "every holder of %s [%d, %d) is distrusted: %s", variant.model, start, end, said
+        )
+        found = find_route(variant, self._route_inputs(avoid))
+        if isinstance(found, Route):
+            return found
+        message = (
+            f"every node serving layers [{start}, {end}) of {variant.model!r} is distrusted "
+            f"by this node's spot checks: {said}"
+        )
+        raise ChatError(503, message, code=DISTRUSTED, headers={"Retry-After": DISTRUSTED_RETRY})
 
     def _distrusted(self, now: float) -> frozenset[bytes]:
         return frozenset() if self.checks is None else self.checks.distrusted(now)

@@ -326,6 +326,8 @@ class SpotChecker:
         self._random = random or (lambda: secrets.randbelow(2**53) / 2**53)
         self.counters: Counter[str] = Counter()
         self._distrusted: dict[bytes, float] = {}
+        self._why: dict[bytes, str] = {}  # node -> what its latest distrust is for
+        self._held: dict[bytes, Evidence] = {}  # signed evidence not sent (unconfirmed)
         self._reported: dict[bytes, float] = {}  # node -> until when not reported again
         self._send, self._receive = trio.open_memory_channel[Transcript](MAX_PENDING_CHECKS)
         self._proofs, self._proofs_out = trio.open_memory_channel[Evidence](MAX_PENDING_CHECKS)
@@ -337,7 +339,7 @@ class SpotChecker:
         needs no replay. The proof was checked where it was found."""
         accused = proof.accused
         self.counters["contradiction"] += 1
-        self._distrust(accused)
+        self._distrust(accused, why="signed a receipt its commitment contradicts")
         if accused not in transcript.chain_nodes:
             return
         evidence = Evidence(
@@ -362,6 +364,8 @@ class SpotChecker:
         """Nodes this entry's checks caught, still avoided at ``now``."""
         for node in [n for n, until in self._distrusted.items() if until <= now]:
             del self._distrusted[node]
+            self._why.pop(node, None)
+            self._held.pop(node, None)
         return frozenset(self._distrusted)
 
     def stats_json(self) -> dict[str, Any]:
@@ -429,7 +433,8 @@ class SpotChecker:
             found.detail,
         )
         if found.kind in ("transit", "missing") or found.commitment is None:
-            self._distrust(nodes[index], *([nodes[index - 1]] if found.kind == "transit" else []))
+            pair = [nodes[index - 1]] if found.kind == "transit" else []
+            self._distrust(nodes[index], *pair, why=f"{found.kind} at step {found.step}")
             return  # nothing a recomputation can judge: avoided here only
         confirmed = await self._confirm(transcript, variant, own, found, checking, replayed)
         if confirmed is not None:
@@ -456,19 +461,19 @@ class SpotChecker:
             second = await self._replay(transcript, variant, avoid)
         if second is None or not second[1].independent[index]:
             self.counters["unconfirmed"] += 1
-            self._distrust(accused)
+            self._hold(transcript, found)
             return None
         again = second[0]
         if again is None:  # the first replay's hop is the odd one out: it lied to us
             self.counters["replay_disagreed"] += 1
             liar = checking.chain[index].node
             if found.kind != "output":  # its signed rows may agree: only its word differed
-                self._distrust(liar)
+                self._distrust(liar, why="its replay disagreed with two others")
                 return None
             return _Confirmed(liar, replayed.commitments[index], by_replay=True)
         if (again.kind, again.hop_index) != (found.kind, index):
             self.counters["unconfirmed"] += 1
-            self._distrust(accused)
+            self._hold(transcript, found)
             return None
         assert found.commitment is not None  # `check` acts only on a committed divergence
         return _Confirmed(accused, found.commitment, by_replay=False)
@@ -487,22 +492,73 @@ class SpotChecker:
         links = () if confirmed.by_replay else transcript.links(found.hop_index, found.step)
         if not commitment.verified_through(links):
             self.counters["unsigned"] += 1
+            self._why[accused] = f"unsigned {found.kind} divergence at step {found.step}"
             return
-        await self._file(
-            Evidence(
-                reporter=self._swarm.node_id,
-                kind="output" if confirmed.by_replay else found.kind,
-                hop_index=found.hop_index,
-                model=transcript.model,
-                prompt=transcript.prompt,
-                tokens=tuple(transcript.tokens),
-                sampling=transcript.sampling,
-                seed=transcript.seed,
-                layers=tuple(transcript.chain_layers),
-                commitment=commitment,
-                links=links,
-            )
+        kind = "output" if confirmed.by_replay else found.kind
+        await self._file(self._evidence(transcript, found, commitment, links, kind))
+
+    def _evidence(
+        self,
+        transcript: Transcript,
+        found: Divergence,
+        commitment: Commitment,
+        links: tuple[Commitment, ...],
+        kind: str,
+    ) -> Evidence:
+        return Evidence(
+            reporter=self._swarm.node_id,
+            kind=kind,
+            hop_index=found.hop_index,
+            model=transcript.model,
+            prompt=transcript.prompt,
+            tokens=tuple(transcript.tokens),
+            sampling=transcript.sampling,
+            seed=transcript.seed,
+            layers=tuple(transcript.chain_layers),
+            commitment=commitment,
+            links=links,
         )
+
+    def _hold(self, transcript: Transcript, found: Divergence) -> None:
+        """A divergence no second replay confirmed: the hop is avoided here,
+        and its signed commitment kept, to file should the entry run out of
+        other holders of its span (`blocked`): the leader's recomputation
+        then decides, rather than this entry's one replay."""
+        accused = transcript.chain_nodes[found.hop_index]
+        self._distrust(accused, why=f"unconfirmed {found.kind} divergence at step {found.step}")
+        commitment = found.commitment
+        links = transcript.links(found.hop_index, found.step)
+        if commitment is not None and commitment.verified_through(links):
+            self._held[accused] = self._evidence(transcript, found, commitment, links, found.kind)
+
+    def blocked(self, nodes: Sequence[bytes]) -> str:
+        """Every holder of a span, ``nodes``, is distrusted here: rather than
+        go silent for `DISTRUST_S`, ask for verdicts. Signed evidence this
+        entry held back is filed with the leader (its recomputation, not one
+        replay here, decides); a node with evidence at the leader stays
+        avoided until the verdict; a node with no signed evidence against it
+        (a `transit` or `missing` divergence names two nodes or none) is
+        avoided no longer: nothing could ever clear it. Says what it did,
+        node by node, for the error the client gets."""
+        said = []
+        for node in nodes:
+            why = self._why.get(node, "caught by a spot check")
+            held = self._held.pop(node, None)
+            if held is not None:
+                try:
+                    self._proofs.send_nowait(held)
+                    why += ": evidence filed with the leader, awaiting its verdict"
+                except trio.WouldBlock:
+                    self._held[node] = held
+                    why += ": evidence waiting to be filed"
+            elif self._reported.get(node, 0.0) > trio.current_time():
+                why += ": evidence with the leader, awaiting its verdict"
+            else:
+                self._distrusted.pop(node, None)
+                why += ": no signed evidence, so no longer avoided"
+            self.counters["blocked_span"] += 1
+            said.append(f"{node_id_text(node)[:12]} ({why})")
+        return "; ".join(said)
 
     async def _file(self, evidence: Evidence) -> None:
         """Send the leader ``evidence`` unless this episode of its accused
@@ -511,17 +567,19 @@ class SpotChecker:
         if self._reported.get(accused, now) > now:
             self.counters["already_reported"] += 1
             return
-        self._distrust(accused)
+        self._distrust(accused, why=f"{evidence.kind} evidence")
         reported = await self._report(evidence)
         self.counters["reported" if reported else "report_failed"] += 1
         if reported:
             self._reported = {n: u for n, u in self._reported.items() if u > now}
             self._reported[accused] = now + DISTRUST_S
 
-    def _distrust(self, *nodes: bytes) -> None:
+    def _distrust(self, *nodes: bytes, why: str = "") -> None:
         until = trio.current_time() + DISTRUST_S
         for node in nodes:
             self._distrusted[node] = until
+            if why:
+                self._why[node] = why
 
     async def _replay(
         self,

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import trio
 
+from mesh.coverage import ModelCoverage, ServingNode
 from mesh.identity import Identity
+from runtime.inference.chat import _blocked_span
 from runtime.inference.commitment import SKETCH_DIMS, Commitment
 from runtime.inference.transcript import Transcript
 from runtime.model.recipes import get_recipe
@@ -139,3 +141,36 @@ async def test_distrust_lasts_its_time(autojump_clock: object) -> None:
     assert caught.distrusted(start) == frozenset({b"\x05" * 32})
     assert caught.stats_json()["distrusted"] == ["05" * 32]
     assert caught.distrusted(start + DISTRUST_S) == frozenset()
+
+
+async def test_an_entry_that_distrusts_a_whole_span_asks_for_verdicts(
+    autojump_clock: object, accused: Identity
+) -> None:
+    """Every holder of a span distrusted: a node with signed evidence held
+    back has it filed, one with evidence at the leader waits for its
+    verdict, one with no signed evidence (a transit divergence names two
+    nodes) is avoided no longer; and each is named with why."""
+    caught = checker(fraction=1.0)
+    ambiguous, held, reported = b"\x05" * 32, accused.node_id, b"\x06" * 32
+    caught._distrust(ambiguous, why="transit at step 3")
+    caught._distrust(held, why="unconfirmed token divergence at step 1")
+    caught._held[held] = evidence(accused)
+    caught._distrust(reported, why="output evidence")
+    caught._reported[reported] = trio.current_time() + DISTRUST_S
+    said = caught.blocked([ambiguous, held, reported])
+    assert caught.distrusted(trio.current_time()) == {held, reported}
+    assert caught._proofs_out.receive_nowait().digest() == evidence(accused).digest()
+    assert "05" * 6 + " (transit at step 3: no signed evidence, so no longer avoided)" in said
+    assert "unconfirmed token divergence at step 1: evidence filed with the leader" in said
+    assert "output evidence: evidence with the leader, awaiting its verdict" in said
+
+
+def test_a_span_is_blocked_only_when_every_holder_of_it_is_distrusted() -> None:
+    def node(tag: int, layers: tuple[int, int]) -> ServingNode:
+        return ServingNode(bytes([tag]) * 32, "alive", layers, "fp32", 1.0, 1.0)
+
+    nodes = (node(1, (0, 2)), node(2, (0, 2)), node(3, (2, 4)), node(4, (0, 4)))
+    variant = ModelCoverage("m", "d", "fp32", 4, ((0, 4),), (), (3, 3, 2, 2), nodes, True)
+    ids = [n.node_id for n in nodes]
+    assert _blocked_span(variant, frozenset(ids[:3])) is None  # the full-model node holds
+    assert _blocked_span(variant, frozenset([ids[2], ids[3]])) == ((2, 4), sorted(ids[2:]))
