@@ -46,6 +46,7 @@ __all__ = [
     "Receipt",
     "check_emitted",
     "check_handoff",
+    "receipted",
     "row_digests",
     "rows_digest",
     "token_digest",
@@ -252,6 +253,16 @@ def check_emitted(
     if commitment.token != token:
         return Contradiction(commitment, signature, token=token)
     return None
+
+
+def receipted(commitment: Commitment, signature: bytes) -> bool:
+    """A last hop's commitment proven by the receipt for the token it
+    emitted (the entry checked it before emitting, `check_emitted`): every
+    token is signed so, though the hash chain signs only one step in
+    `SIGN_EVERY` and a hop may withhold its seal."""
+    if commitment.token is None:
+        return False
+    return Receipt.of(commitment, token_digest(commitment.token), signature).verified()
 
 
 def _encode(row: np.ndarray) -> str:

@@ -508,6 +508,8 @@ class Pipeline:
                 receipt = _bytes_field(header, "receipt", (SIGNATURE_BYTES,))
                 # Every token, before it is emitted: is it the one signed?
                 checked = check_emitted(commitment, receipt, token)
+                if checked is None:
+                    filing.transcript.receipts[(filing.index, commitment.step)] = receipt
                 reply = _Reply(
                     op,
                     session,

@@ -70,6 +70,10 @@ class Transcript:
     commitments: dict[tuple[int, int], Commitment] = field(default_factory=dict)
     refused: int = 0
     """Commitments not kept: a second one for the same hop and step."""
+    receipts: dict[tuple[int, int], bytes] = field(default_factory=dict)
+    """The last hop's receipt signature for each token it emitted, checked
+    before the token was (`runtime.inference.blame.check_emitted`): it
+    proves that step's commitment (`runtime.inference.blame.receipted`)."""
 
     def begin(
         self, model: str, prompt: tuple[int, ...], sampling: SamplingParams, seed: int
@@ -89,6 +93,7 @@ class Transcript:
         self.chain_layers = list(layers)
         self.sketch_seeds = list(seeds)
         self.commitments.clear()
+        self.receipts.clear()
 
     def add(self, hop_index: int, commitment: Commitment) -> None:
         key = (hop_index, commitment.step)

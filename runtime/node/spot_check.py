@@ -31,7 +31,7 @@ import trio
 from consensus.commands import Verdict
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import Signer, node_id_text
-from runtime.inference.blame import Contradiction
+from runtime.inference.blame import Contradiction, receipted
 from runtime.inference.chain import ChainHop, Pipeline, PipelineError, replay
 from runtime.inference.commitment import SIGN_EVERY, Commitment
 from runtime.inference.swarm import SwarmReader
@@ -118,6 +118,10 @@ class Evidence:
     links: tuple[Commitment, ...] = ()
     """The accused's commitments after ``commitment`` up to a signed one,
     when ``commitment`` itself is an unsigned link of its hash chain."""
+    receipt: bytes = b""
+    """The accused's receipt signature for the token it emitted at this
+    step (a last hop's commitment): it proves ``commitment`` as ``links``
+    would (`runtime.inference.blame.receipted`)."""
     proof: Contradiction | None = None
     """For kind ``contradiction``: the accused's receipt for what it sent,
     which ``commitment`` contradicts (runtime.inference.blame). It needs no
@@ -145,6 +149,7 @@ class Evidence:
             "layers": [list(span) for span in self.layers],
             "commitment": self.commitment.to_json(),
             "links": [link.to_json() for link in self.links],
+            "receipt": self.receipt.hex(),
             "proof": None if self.proof is None else self.proof.to_json(),
         }
 
@@ -177,6 +182,7 @@ class Evidence:
                 layers=tuple((int(a), int(b)) for a, b in value["layers"]),
                 commitment=Commitment.from_json(value["commitment"]),
                 links=tuple(Commitment.from_json(link) for link in value["links"][:SIGN_EVERY]),
+                receipt=bytes.fromhex(value.get("receipt", "")),
                 proof=_proof(value.get("proof")),
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -205,7 +211,7 @@ class Evidence:
             return "the commitment covers positions past the request"
         if len(self.prompt) + len(self.tokens) > MAX_CHECKED_POSITIONS or not self.tokens:
             return "the request is empty or too long to recompute"
-        if not c.verified_through(self.links):
+        if not (c.verified_through(self.links) or receipted(c, self.receipt)):
             return "the commitment's signature does not verify (nor its chain's)"
         return ""
 
@@ -490,12 +496,17 @@ class SpotChecker:
             return
         self._distrust(accused)
         links = () if confirmed.by_replay else transcript.links(found.hop_index, found.step)
-        if not commitment.verified_through(links):
-            self.counters["unsigned"] += 1
+        if confirmed.by_replay:  # the replay hop's own commitment, proven by itself
+            evidence = self._evidence(transcript, found, commitment, (), "output", b"")
+        else:
+            receipt = transcript.receipts.get((found.hop_index, found.step), b"")
+            evidence = self._evidence(transcript, found, commitment, links, found.kind, receipt)
+        problem = evidence._problem()
+        if problem:
+            self.counters["unsigned" if "signature" in problem else "not_evidence"] += 1
             self._why[accused] = f"unsigned {found.kind} divergence at step {found.step}"
             return
-        kind = "output" if confirmed.by_replay else found.kind
-        await self._file(self._evidence(transcript, found, commitment, links, kind))
+        await self._file(evidence)
 
     def _evidence(
         self,
@@ -504,6 +515,7 @@ class SpotChecker:
         commitment: Commitment,
         links: tuple[Commitment, ...],
         kind: str,
+        receipt: bytes,
     ) -> Evidence:
         return Evidence(
             reporter=self._swarm.node_id,
@@ -517,6 +529,7 @@ class SpotChecker:
             layers=tuple(transcript.chain_layers),
             commitment=commitment,
             links=links,
+            receipt=receipt,
         )
 
     def _hold(self, transcript: Transcript, found: Divergence) -> None:
@@ -527,9 +540,13 @@ class SpotChecker:
         accused = transcript.chain_nodes[found.hop_index]
         self._distrust(accused, why=f"unconfirmed {found.kind} divergence at step {found.step}")
         commitment = found.commitment
+        if commitment is None:
+            return
         links = transcript.links(found.hop_index, found.step)
-        if commitment is not None and commitment.verified_through(links):
-            self._held[accused] = self._evidence(transcript, found, commitment, links, found.kind)
+        receipt = transcript.receipts.get((found.hop_index, found.step), b"")
+        evidence = self._evidence(transcript, found, commitment, links, found.kind, receipt)
+        if not evidence._problem():
+            self._held[accused] = evidence
 
     def blocked(self, nodes: Sequence[bytes]) -> str:
         """Every holder of a span, ``nodes``, is distrusted here: rather than

@@ -26,6 +26,7 @@ from runtime.inference.blame import (
     Receipt,
     check_emitted,
     check_handoff,
+    receipted,
     row_digests,
     rows_digest,
     token_digest,
@@ -268,3 +269,30 @@ async def test_a_token_other_than_the_signed_one_is_never_emitted(
     assert got == [] and failure.suspects == {liar.hex()}
     assert failure.proof is not None and failure.proof.token is not None
     assert "emitted token" in failure.proof.fault()
+
+
+def test_a_token_receipt_proves_its_commitment_without_the_chain(rows: np.ndarray) -> None:
+    """Only one commitment in SIGN_EVERY is signed, and a hop may withhold
+    its seal; the receipt for each emitted token proves that step's
+    commitment all the same, so a token lie is signed evidence."""
+    hop, entry = Identity.generate(), Identity.generate()
+    commitment = replace(_commitment(hop, entry.node_id, rows, token=17), pos=0, count=3)
+    receipt = Receipt.of(commitment, token_digest(17)).signed(hop)
+    assert receipted(commitment, receipt.signature)
+    assert not receipted(replace(commitment, token=18), receipt.signature)
+    evidence = Evidence(
+        reporter=entry.node_id,
+        kind="token",
+        hop_index=1,
+        model=MODEL,
+        prompt=(1, 2, 3),
+        tokens=(17,),
+        sampling=SamplingParams(temperature=0.0),
+        seed=0,
+        layers=((0, 3), (3, 6)),
+        commitment=commitment,
+        receipt=receipt.signature,
+    )
+    assert Evidence.from_json(evidence.to_json()).digest() == evidence.digest()
+    with pytest.raises(ValueError, match="signature"):
+        Evidence.from_json({**evidence.to_json(), "receipt": ""})
