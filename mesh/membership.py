@@ -893,12 +893,16 @@ class Membership:
             self._promote(candidate, now)
 
     def _promote(self, candidate: _Candidate, now: float) -> None:
-        """`candidate` is verified: a member now, and its news ours to
-        gossip. A held accusation is then checked like any other; a death
-        as a death we did not witness (`_merge_remote_death`)."""
+        """`candidate` is verified: a member now, and its news (its Alive,
+        its record if we hold one) ours to gossip. A held accusation is
+        then checked like any other; a death as a death we did not witness
+        (`_merge_remote_death`)."""
         alive = candidate.alive
         del self._candidates[alive.node]
         self._learn(alive, now, relay=True)
+        record = self._table.record(alive.node)
+        if record is not None:
+            self._queue(record)
         accusation = candidate.accusation
         if isinstance(accusation, Dead) and accusation.accuser != accusation.node:
             self._merge_remote_death(accusation, now)
@@ -1053,7 +1057,11 @@ class Membership:
             return
         self._table.set_record(record)
         self._events.append(MemberEvent("record", record.node, record.seq, now))
-        if relay:
+        # Only a member's record is gossiped on: one of an id we have not
+        # verified (a candidate, or one we never heard of) would spend the
+        # packet budget that real news needs. A candidate's is gossiped
+        # when it becomes a member (`_promote`).
+        if relay and self._table.get(record.node) is not None:
             self._queue(record)
 
     def _set_state(self, member: MemberEntry, state: MemberState, now: float) -> None:

@@ -103,7 +103,7 @@ def wire_control(
         keys=identity.plane_keys(),
         encrypted=encrypted,
         seeds=seeds,
-        record_of=swarm.record,
+        record_of=swarm.signed_record,
         on_change=on_reach_change,
     )
     return Control(membership, raft, swarm, follower, reachability)

@@ -56,6 +56,15 @@ class SwarmView:
         view = self._membership.member(node)
         return None if view is None else self._decode(view.record)
 
+    def signed_record(self, node: bytes) -> NodeRecord | None:
+        """The record `node` signed, whether or not it is a member: what
+        the reachability prober dials back. A node behind NAT never
+        answers our ping, so it never becomes a member
+        (docs/design/membership.md#introductions), yet must learn that it
+        cannot be dialed; its own signed record still names the only
+        address we dial. Not for routes: those read members only."""
+        return self._decode(self._membership.core.record(node))
+
     def member_state(self, node: bytes) -> str | None:
         view = self._membership.member(node)
         return None if view is None else str(view.state)

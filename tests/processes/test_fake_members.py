@@ -22,6 +22,8 @@ import collections
 import hashlib
 import json
 import signal
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -118,15 +120,13 @@ async def _observe(swarm: LocalSwarm, nodes: list[LocalNode], watch: _Watch) -> 
         await trio.sleep(0.2)
 
 
-@pytest.mark.slow
-async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_death(
-    swarm: LocalSwarm, tmp_path: Path
-) -> None:
-    nodes = await start_swarm(swarm, 4, eligible=False)
-    victim, survivors = nodes[-1], nodes[:-1]
+@asynccontextmanager
+async def _admitted_attacker(
+    swarm: LocalSwarm, nodes: list[LocalNode], folder: Path
+) -> AsyncIterator[tuple[Identity, Plane]]:
+    """A key that really joined, answering probes throughout (as in
+    tests/processes/test_accusations.py): alive on every node."""
     member = Identity.generate()
-    fakes = _fake_ids()
-    watch = _Watch(fakes)
     drops: collections.Counter[str] = collections.Counter()
     async with (
         open_plane(
@@ -138,7 +138,7 @@ async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_
         ) as plane,
         trio.open_nursery() as nursery,
     ):
-        with StateDir(tmp_path / "attacker") as state:
+        with StateDir(folder) as state:
             attacker = MembershipDriver(
                 identity=member,
                 state=state,
@@ -158,33 +158,47 @@ async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_
                 )
 
             await wait_for(swarm, nodes, admitted, CONVERGE_TIMEOUT_S, "the attacker a member")
-            nursery.start_soon(_flood, plane, member, fakes, nodes)
-            nursery.start_soon(_observe, swarm, nodes, watch)
-            await trio.sleep(FLOOD_BEFORE_KILL_S)
-
-            # Four real nodes and the attacker: 7.1 s on the local profile.
-            bound = LOCAL.detection_bound(len(nodes) + 1)
-            t0 = trio.current_time()
-            victim.kill()
-            assert await victim.wait_exit(5) == -signal.SIGKILL
-            await wait_for(
-                swarm,
-                survivors,
-                all_see(survivors, [victim], "dead"),
-                bound + OBSERVATION_SLACK_S + 5.0,  # fail late enough to report the time
-                "every survivor marks the killed node dead during the flood",
-            )
-            took = trio.current_time() - t0
-            views = await swarm.views(survivors)
+            yield member, plane
             nursery.cancel_scope.cancel()
-    print(
-        f"killed node dead everywhere in {took:.2f} s (bound {bound:.2f} s); "
-        f"fakes counted at most {watch.most_counted} over {watch.polls} polls; "
-        f"refused per node: "
-        + ", ".join(
-            f"{name} {(view or {}).get('drops', {}).get(f'membership.{R_INTRODUCER}', 0)}"
-            for name, view in views.items()
+
+
+@pytest.mark.slow
+async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_death(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
+    nodes = await start_swarm(swarm, 4, eligible=False)
+    victim, survivors = nodes[-1], nodes[:-1]
+    fakes = _fake_ids()
+    watch = _Watch(fakes)
+    # Four real nodes and the attacker: 7.1 s on the local profile.
+    bound = LOCAL.detection_bound(len(nodes) + 1)
+    async with (
+        _admitted_attacker(swarm, nodes, tmp_path / "attacker") as (member, plane),
+        trio.open_nursery() as nursery,
+    ):
+        nursery.start_soon(_flood, plane, member, fakes, nodes)
+        nursery.start_soon(_observe, swarm, nodes, watch)
+        await trio.sleep(FLOOD_BEFORE_KILL_S)
+        t0 = trio.current_time()
+        victim.kill()
+        assert await victim.wait_exit(5) == -signal.SIGKILL
+        await wait_for(
+            swarm,
+            survivors,
+            all_see(survivors, [victim], "dead"),
+            bound + OBSERVATION_SLACK_S + 5.0,  # fail late enough to report the time
+            "every survivor marks the killed node dead during the flood",
         )
+        took = trio.current_time() - t0
+        views = await swarm.views(survivors)
+        nursery.cancel_scope.cancel()
+    refused = {
+        name: (view or {}).get("drops", {}).get(f"membership.{R_INTRODUCER}", 0)
+        for name, view in views.items()
+    }
+    print(
+        f"killed node dead everywhere in {took:.2f} s (bound {bound:.2f} s); fake ids counted "
+        f"at most {watch.most_counted} over {watch.polls} polls; refused {refused}"
     )
     assert took <= bound + OBSERVATION_SLACK_S, (
         f"detection took {took:.2f}s during the flood, over the profile's bound {bound:.2f}s"
@@ -192,8 +206,6 @@ async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_
     assert watch.polls > 0
     assert watch.most_counted <= LOCAL.introductions_per_member
     assert watch.routed == set(), f"{len(watch.routed)} fake ids routable"
-    for name, view in views.items():
-        assert view is not None, name
-        refused = view["drops"].get(f"membership.{R_INTRODUCER}", 0)
-        assert refused >= FAKES - LOCAL.introductions_per_member, (name, view["drops"])
+    for name, count in refused.items():
+        assert count >= FAKES - LOCAL.introductions_per_member, (name, views[name])
     await assert_no_internal_errors(swarm, survivors)
