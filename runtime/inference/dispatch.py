@@ -37,8 +37,10 @@ headers of well under a kilobyte, and a step's commitment, whose sketches
 are at most two float32 rows of ``SKETCH_DIMS`` per position of a whole
 budget (a prefill's). A node with a shard takes what its sessions can need
 (`HopServer.max_message_bytes`). Anything bigger is refused before it is
-decoded; the plane's own cap (`mesh.transport.DATA_MAX_MESSAGE_BYTES`)
-bounds what libzmq buffers before that."""
+decoded. Every reply fits one chunk of the data plane
+(`mesh.chunks.SINGLE_MESSAGE_BYTES`), so an entry allows no peer bigger
+messages (`Engine.bulk_allowance`), and libzmq holds at most one chunk of a
+frame before that (docs/design/transport.md#byte-budgets)."""
 
 
 class Engine:

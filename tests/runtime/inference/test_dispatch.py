@@ -13,6 +13,7 @@ from contextlib import asynccontextmanager
 import pytest
 import trio
 
+from mesh.chunks import SINGLE_MESSAGE_BYTES
 from mesh.identity import Identity
 from mesh.transport import Plane, open_planes
 from mesh.wire import decode_tensor
@@ -49,6 +50,9 @@ async def test_what_a_shardless_node_drops_and_why() -> None:
         await nursery.start(engine.run)
         assert (engine.sessions, engine.hop_stats) == (0, None)
         assert engine.max_message_bytes == REPLY_MAX_BYTES
+        # An entry allows nobody big messages: every reply fits one chunk.
+        assert REPLY_MAX_BYTES <= SINGLE_MESSAGE_BYTES
+        assert engine.bulk_allowance(peer.node_id) == 0
         session = new_session_id()
         messages = [
             [b"not cbor", b""],

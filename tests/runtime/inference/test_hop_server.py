@@ -114,6 +114,27 @@ async def test_an_open_for_this_shard_is_opened_and_closed(whole: ShardBackend) 
                 await trio.sleep(0.01)
 
 
+async def test_only_the_node_a_session_takes_forwards_from_may_send_big_messages(
+    whole: ShardBackend,
+) -> None:
+    async with serving(whole) as setup:
+        entry, stranger = setup.entry.node_id, Identity.generate().node_id
+        assert setup.hop.bulk_allowance(entry) == 0  # no session yet: one chunk at most
+        session = new_session_id()
+        assert (await setup.ask(setup.open_header(session)))["op"] == OP_OPENED
+        assert setup.hop.bulk_allowance(entry) == setup.hop.max_message_bytes
+        assert setup.hop.bulk_allowance(stranger) == 0
+        setup.entry_plane.send(
+            setup.hop_plane.address,
+            encode_message({"op": "close", "session": session}),
+            peer=setup.hop_plane.keys.node_id,
+        )
+        with trio.fail_after(10):
+            while setup.hop.sessions:
+                await trio.sleep(0.01)
+        assert setup.hop.bulk_allowance(entry) == 0
+
+
 @pytest.mark.parametrize(
     ("changed", "reason"),
     [
