@@ -36,7 +36,7 @@ import numpy as np
 
 from mesh.identity import SIGNATURE_BYTES, Signer, verify
 from runtime.inference.commitment import Commitment, sketch
-from runtime.inference.transcript import rows_agree
+from runtime.inference.transcript import Transcript, rows_agree
 
 __all__ = [
     "HANDOFF_TOLERANCE",
@@ -46,6 +46,8 @@ __all__ = [
     "Receipt",
     "check_emitted",
     "check_handoff",
+    "find_equivocation",
+    "joined_digest",
     "receipted",
     "row_digests",
     "rows_digest",
@@ -74,14 +76,16 @@ def row_digests(rows: np.ndarray) -> tuple[bytes, ...]:
     )
 
 
-def _combined(digests: Sequence[bytes]) -> bytes:
+def joined_digest(digests: Sequence[bytes]) -> bytes:
+    """The digest of rows from their digests (`rows_digest`)."""
     return hashlib.blake2b(b"".join(digests), digest_size=ROW_DIGEST_BYTES).digest()
 
 
 def rows_digest(rows: np.ndarray) -> bytes:
-    """What a receipt names as sent for activations: the digest of the rows'
-    digests, so a proof can show one row without all the others."""
-    return _combined(row_digests(rows))
+    """What a receipt names as sent for activations, and what the receiver
+    commits as received: the digest of the rows' digests, so a proof can
+    show one row without all the others."""
+    return joined_digest(row_digests(rows))
 
 
 def token_digest(token: int) -> bytes:
@@ -136,10 +140,14 @@ class Receipt:
 class Contradiction:
     """Proof that a hop signed two accounts of one step that cannot both be
     true: its commitment (what it computed) and its receipt for what it
-    sent, which names that commitment. Either the last hop emitted
-    ``token`` where its commitment names another, or a hop forwarded rows
-    (``digests``, one of which, ``row`` at ``index``, is shown) whose sketch
-    is not the one its commitment holds."""
+    sent. Either the receipt names that commitment and what was sent
+    contradicts it (the last hop emitted ``token`` where its commitment
+    names another, or a hop forwarded rows, ``digests``, one of which,
+    ``row`` at ``index``, is shown, whose sketch is not the one committed);
+    or the receipt, which the next hop relayed, names another commitment
+    (``named``) for the same step than the one the hop sent the entry
+    (an equivocation: ``commitment``, proven through ``links``; ``sent`` is
+    what the next hop committed it received)."""
 
     commitment: Commitment
     signature: bytes
@@ -148,14 +156,20 @@ class Contradiction:
     digests: tuple[bytes, ...] = ()
     index: int = 0
     row: np.ndarray | None = None
+    named: bytes = b""
+    sent: bytes = b""
+    links: tuple[Commitment, ...] = ()
 
     @property
     def accused(self) -> bytes:
         return self.commitment.hop
 
     def receipt(self) -> Receipt:
-        sent = token_digest(self.token) if self.token is not None else _combined(self.digests)
-        return Receipt.of(self.commitment, sent, self.signature)
+        c = self.commitment
+        if self.named:
+            return Receipt(c.hop, c.entry, c.session, c.step, self.named, self.sent, self.signature)
+        sent = token_digest(self.token) if self.token is not None else joined_digest(self.digests)
+        return Receipt.of(c, sent, self.signature)
 
     def fault(self) -> str:
         """What the accused did, for the record; ValueError when this is no
@@ -163,6 +177,12 @@ class Contradiction:
         c = self.commitment
         if not self.receipt().verified():
             raise ValueError("the receipt's signature does not verify for this commitment")
+        if self.named:
+            if self.named == c.digest():
+                raise ValueError("the receipt names the commitment itself")
+            if not c.verified_through(self.links):
+                raise ValueError("the commitment's signature does not verify (nor its chain's)")
+            return f"signed another commitment for step {c.step} to the next hop than to the entry"
         if self.token is not None:
             if c.token is None or c.token == self.token:
                 raise ValueError("the emitted token is the committed one")
@@ -188,6 +208,9 @@ class Contradiction:
             "digests": [d.hex() for d in self.digests],
             "index": self.index,
             "row": None if self.row is None else _encode(self.row),
+            "named": self.named.hex(),
+            "sent": self.sent.hex(),
+            "links": [link.to_json() for link in self.links],
         }
 
     @classmethod
@@ -203,6 +226,9 @@ class Contradiction:
                 digests=tuple(bytes.fromhex(d) for d in value["digests"]),
                 index=int(value["index"]),
                 row=None if row is None else _decode(row),
+                named=bytes.fromhex(value.get("named", "")),
+                sent=bytes.fromhex(value.get("sent", "")),
+                links=tuple(Commitment.from_json(link) for link in value.get("links", [])[:16]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed contradiction: {exc}") from None
@@ -212,17 +238,21 @@ class Contradiction:
 
 
 def check_handoff(
-    commitment: Commitment, signature: bytes, rows: np.ndarray
+    commitment: Commitment, signature: bytes, rows: np.ndarray, digests: Sequence[bytes]
 ) -> Contradiction | str | None:
-    """The receiving hop's check of a forward: ``rows`` arrived with the
-    sender's ``commitment`` for the step and its receipt's ``signature``.
-    None: they agree, take the step. A `Contradiction`: the sender signed
-    rows its commitment disagrees with (proof). Text: the step is refused
-    and nothing is provable (the signature does not cover what arrived).
-    The signature is verified only when the rows disagree: an honest
-    sender's is never needed, and a verify costs more than the check."""
+    """The receiving hop's check of a forward: ``rows`` (whose
+    `row_digests` are ``digests``) arrived with the sender's ``commitment``
+    for the step and its receipt's ``signature``. None: they agree, take
+    the step (and relay the receipt to the entry, which compares the
+    commitment it names with the one the sender sent it). A
+    `Contradiction`: the sender signed rows its commitment disagrees with
+    (proof). Text: the step is refused and nothing is provable (the
+    receipt does not cover what arrived). The receipt is verified on every
+    step: a relayed receipt nobody checked would prove nothing later."""
     if commitment.count != rows.shape[0] or commitment.outputs.shape[0] != rows.shape[0]:
         return "the handoff's commitment does not cover the rows sent"
+    if not Receipt.of(commitment, joined_digest(digests), signature).verified():
+        return "the sender's receipt does not cover the rows it sent"
     mine = sketch(rows, commitment.sketch_seed)
     bad = [
         i
@@ -231,12 +261,31 @@ def check_handoff(
     ]
     if not bad:
         return None
-    digests = row_digests(rows)
     row = np.array(rows[bad[0]], dtype=np.float32)
-    proof = Contradiction(commitment, signature, digests=digests, index=bad[0], row=row)
-    if not proof.receipt().verified():
-        return "rows disagree with the sender's commitment and its receipt does not cover them"
-    return proof
+    return Contradiction(commitment, signature, digests=tuple(digests), index=bad[0], row=row)
+
+
+def find_equivocation(transcript: Transcript) -> Contradiction | None:
+    """A hop that sent the entry one commitment for a step and the next hop
+    another, caught by the receipt the next hop relayed (the one it took
+    the step on): proof, once the entry's copy is proven by its chain.
+    None when every relayed receipt names the commitment the entry holds
+    (or cannot be judged yet: a commitment missing, a chain not signed)."""
+    for (index, step), (named, signature) in sorted(transcript.relays.items()):
+        sender = transcript.commitments.get((index - 1, step))
+        received = transcript.commitments.get((index, step))
+        if sender is None or received is None or named == sender.digest():
+            continue
+        links = transcript.links(index - 1, step)
+        proof = Contradiction(
+            sender, signature, named=named, sent=received.inputs_digest, links=links
+        )
+        try:
+            proof.fault()
+        except ValueError:
+            continue
+        return proof
+    return None
 
 
 def check_emitted(

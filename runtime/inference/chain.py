@@ -502,6 +502,9 @@ class Pipeline:
                 )
                 filing.transcript.add(filing.index, commitment)
                 filing.reports.add(filing.index, commitment.step, trio.current_time())
+                relay = _relay(header)
+                if relay is not None and filing.index > 0:
+                    filing.transcript.relays[(filing.index, commitment.step)] = relay
                 if op == OP_COMMIT:
                     return
                 token = uint_field(header, "token")
@@ -762,6 +765,15 @@ def _commitment(
         previous=previous,
         signature=signature,
     )
+
+
+def _relay(header: Mapping[str, Any]) -> tuple[bytes, bytes] | None:
+    """The handoff a hop took its step on (`HopServer`'s relay): the digest
+    of the sender's commitment and its receipt; None when absent."""
+    if header.get("from_digest") is None:
+        return None
+    digest = _bytes_field(header, "from_digest", (CHAIN_DIGEST_BYTES,))
+    return digest, _bytes_field(header, "from_receipt", (SIGNATURE_BYTES,))
 
 
 def _bytes_field(header: Mapping[str, Any], key: str, sizes: tuple[int, ...]) -> bytes:

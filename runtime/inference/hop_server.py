@@ -30,6 +30,8 @@ from runtime.inference.blame import (
     Contradiction,
     Receipt,
     check_handoff,
+    joined_digest,
+    row_digests,
     rows_digest,
     token_digest,
 )
@@ -653,6 +655,7 @@ class HopServer:
                 "receipt": receipt.signature,
                 "compute_us": compute_us,
                 **commitment.header_fields(),
+                **_relay(work),
                 **result.checked,
             }
             self.plane.send(
@@ -675,7 +678,12 @@ class HopServer:
         self.plane.send(
             session.next_addr, encode_message(header, result.hidden), peer=session.next_node
         )
-        commit = {"op": OP_COMMIT, "session": session.id, **commitment.header_fields()}
+        commit = {
+            "op": OP_COMMIT,
+            "session": session.id,
+            **commitment.header_fields(),
+            **_relay(work),
+        }
         self.plane.send(
             session.reply, encode_message(commit, commitment.payload()), peer=session.entry
         )
@@ -703,11 +711,14 @@ class HopServer:
         microseconds the forward took (the commitment is not counted: the
         entry wants the compute's cost, and the benchmark measures the
         commitment's separately)."""
+        received = b""  # what this hop signs it received: the sender's rows' digest
         if work.handoff is not None:
             sender, signature = work.handoff
-            refusal = check_handoff(sender, signature, work.inputs)
+            digests = row_digests(work.inputs)
+            refusal = check_handoff(sender, signature, work.inputs, digests)
             if refusal is not None:
                 return _Result(None, None, 0, None, {}, refusal)
+            received = joined_digest(digests)
         tokens = work.inputs.shape[0]
         positions = np.arange(work.pos, work.pos + tokens, dtype=np.int64)
         began = time.perf_counter()
@@ -739,7 +750,7 @@ class HopServer:
             step=work.step,
             pos=work.pos,
             count=tokens,
-            inputs_digest=ids_digest(work.inputs) if first else b"",
+            inputs_digest=ids_digest(work.inputs) if first else received,
             inputs=_NO_ROWS if first else sketch(work.inputs, session.sketch_seed),
             outputs=committed_out,
             token=token,
@@ -813,6 +824,16 @@ def _handoff_header(commitment: Commitment, receipt: bytes) -> dict[str, Any]:
         "sketches": np.ascontiguousarray(commitment.payload(), dtype="<f4").tobytes(),
         "receipt": receipt,
     }
+
+
+def _relay(work: _Step) -> dict[str, Any]:
+    """What a hop tells the entry of the handoff it took the step on: the
+    digest of the sender's commitment as it came, and the sender's receipt
+    (`runtime.inference.blame.find_equivocation`); nothing on the first hop."""
+    if work.handoff is None:
+        return {}
+    sender, receipt = work.handoff
+    return {"from_digest": sender.digest(), "from_receipt": receipt}
 
 
 def _handoff(

@@ -70,6 +70,11 @@ class Transcript:
     commitments: dict[tuple[int, int], Commitment] = field(default_factory=dict)
     refused: int = 0
     """Commitments not kept: a second one for the same hop and step."""
+    relays: dict[tuple[int, int], tuple[bytes, bytes]] = field(default_factory=dict)
+    """(hop index, step) -> the digest of the commitment the hop before it
+    sent it with that step's rows, and that hop's receipt signature: what
+    `runtime.inference.blame.find_equivocation` compares with the
+    commitment the sender sent the entry."""
     receipts: dict[tuple[int, int], bytes] = field(default_factory=dict)
     """The last hop's receipt signature for each token it emitted, checked
     before the token was (`runtime.inference.blame.check_emitted`): it
@@ -94,6 +99,7 @@ class Transcript:
         self.sketch_seeds = list(seeds)
         self.commitments.clear()
         self.receipts.clear()
+        self.relays.clear()
 
     def add(self, hop_index: int, commitment: Commitment) -> None:
         key = (hop_index, commitment.step)

@@ -31,7 +31,7 @@ import trio
 from consensus.commands import Verdict
 from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import Signer, node_id_text
-from runtime.inference.blame import Contradiction, receipted
+from runtime.inference.blame import Contradiction, find_equivocation, receipted
 from runtime.inference.chain import ChainHop, Pipeline, PipelineError, replay
 from runtime.inference.commitment import SIGN_EVERY, Commitment
 from runtime.inference.swarm import SwarmReader
@@ -89,6 +89,11 @@ every hop's session budget. Longer generations go unchecked (counted)."""
 MAX_PENDING_VERDICTS: Final = 8
 """Evidence waiting for the leader's recomputation; more is refused (429)
 so a flood of reports cannot make the leader recompute without bound."""
+
+MAX_PENDING_SCANS: Final = 16
+"""Finished requests waiting for their equivocation scan (every one is
+scanned: a few digest comparisons once its commitments are in); a burst
+beyond this goes unscanned (counted as ``scan_busy``)."""
 
 COMMITMENTS_WAIT_S: Final = 2.0
 """How long a check waits for commitments still on their way (a middle
@@ -337,6 +342,7 @@ class SpotChecker:
         self._reported: dict[bytes, float] = {}  # node -> until when not reported again
         self._send, self._receive = trio.open_memory_channel[Transcript](MAX_PENDING_CHECKS)
         self._proofs, self._proofs_out = trio.open_memory_channel[Evidence](MAX_PENDING_CHECKS)
+        self._scans, self._scans_out = trio.open_memory_channel[Transcript](MAX_PENDING_SCANS)
 
     def accuse(self, transcript: Transcript, proof: Contradiction) -> None:
         """A generation's hop signed two accounts of one step that cannot
@@ -384,6 +390,10 @@ class SpotChecker:
         """A generation finished: check it with the policy's probability."""
         if not transcript.tokens or not transcript.chain_nodes:
             return
+        try:
+            self._scans.send_nowait(transcript)
+        except trio.WouldBlock:
+            self.counters["scan_busy"] += 1
         if self._random() >= self._fraction():
             self.counters["skipped"] += 1
             return
@@ -398,9 +408,23 @@ class SpotChecker:
     async def run(self) -> None:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._file_proofs)
+            nursery.start_soon(self._scan_all)
             async for transcript in self._receive:
                 await self.check(transcript)
             nursery.cancel_scope.cancel()
+
+    async def _scan_all(self) -> None:
+        """Scan every finished generation, once its commitments are in, for
+        a hop that sent the next hop another commitment than the entry
+        (`runtime.inference.blame.find_equivocation`): proof, no replay."""
+        async for transcript in self._scans_out:
+            with trio.move_on_after(COMMITMENTS_WAIT_S):
+                while not transcript.complete():
+                    await trio.sleep(0.02)
+            proof = find_equivocation(transcript)
+            if proof is not None:
+                self.counters["equivocation"] += 1
+                self.accuse(transcript, proof)
 
     async def _file_proofs(self) -> None:
         """Report each contradiction once per episode, as checks do."""

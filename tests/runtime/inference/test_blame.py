@@ -26,6 +26,7 @@ from runtime.inference.blame import (
     Receipt,
     check_emitted,
     check_handoff,
+    find_equivocation,
     receipted,
     row_digests,
     rows_digest,
@@ -33,7 +34,9 @@ from runtime.inference.blame import (
 )
 from runtime.inference.chain import PipelineError
 from runtime.inference.commitment import Commitment, sketch
-from runtime.inference.hop_server import HopServer
+from runtime.inference.hop_server import HopServer, _handoff_header
+from runtime.inference.protocol import encode_message
+from runtime.inference.transcript import Transcript
 from runtime.model.backends.base import ShardBackend
 from runtime.model.sampling import SamplingParams
 from runtime.node.spot_check import Evidence
@@ -87,14 +90,15 @@ def _noisy(rows: np.ndarray) -> np.ndarray:
     return rows + 0.5 * float(rows.std()) * noise
 
 
-def test_an_honest_handoff_is_taken_without_a_signature_check(rows: np.ndarray) -> None:
+def test_an_honest_handoff_is_taken_and_only_a_signed_one(rows: np.ndarray) -> None:
     hop, entry = Identity.generate(), Identity.generate()
     commitment = _commitment(hop, entry.node_id, rows)
     receipt = Receipt.of(commitment, rows_digest(rows)).signed(hop)
-    assert check_handoff(commitment, receipt.signature, rows) is None
-    # Agreement is all the receiver needs: it verifies the signature only
-    # when the rows disagree (an honest sender's is never used).
-    assert check_handoff(commitment, b"\0" * 64, rows) is None
+    assert check_handoff(commitment, receipt.signature, rows, row_digests(rows)) is None
+    # The receipt is checked on every step: the receiver relays it to the
+    # entry, where an unchecked one would prove nothing.
+    unsigned = check_handoff(commitment, b"\0" * 64, rows, row_digests(rows))
+    assert isinstance(unsigned, str) and "does not cover" in unsigned
 
 
 def test_a_transit_liar_signs_its_own_conviction(rows: np.ndarray) -> None:
@@ -105,7 +109,7 @@ def test_a_transit_liar_signs_its_own_conviction(rows: np.ndarray) -> None:
     commitment = _commitment(liar, entry.node_id, rows)
     sent = _noisy(rows)
     receipt = Receipt.of(commitment, rows_digest(sent)).signed(liar)
-    proof = check_handoff(commitment, receipt.signature, sent)
+    proof = check_handoff(commitment, receipt.signature, sent, row_digests(sent))
     assert isinstance(proof, Contradiction) and proof.accused == liar.node_id
     assert "forwarded other activations" in proof.fault()
     carried = Contradiction.from_json(proof.to_json())
@@ -139,9 +143,10 @@ def test_rows_the_receipt_does_not_cover_are_refused_without_proof(rows: np.ndar
     sender, entry = Identity.generate(), Identity.generate()
     commitment = _commitment(sender, entry.node_id, rows)
     receipt = Receipt.of(commitment, rows_digest(rows)).signed(sender)  # for the honest rows
-    refusal = check_handoff(commitment, receipt.signature, _noisy(rows))
+    noisy = _noisy(rows)
+    refusal = check_handoff(commitment, receipt.signature, noisy, row_digests(noisy))
     assert isinstance(refusal, str) and "does not cover" in refusal
-    short = check_handoff(commitment, receipt.signature, rows[:2])
+    short = check_handoff(commitment, receipt.signature, rows[:2], row_digests(rows[:2]))
     assert isinstance(short, str) and "does not cover the rows" in short
 
 
@@ -296,3 +301,73 @@ def test_a_token_receipt_proves_its_commitment_without_the_chain(rows: np.ndarra
     assert Evidence.from_json(evidence.to_json()).digest() == evidence.digest()
     with pytest.raises(ValueError, match="signature"):
         Evidence.from_json({**evidence.to_json(), "receipt": ""})
+
+
+class Equivocator(HopServer):
+    """Commits each step honestly to the entry, and sends the next hop noise
+    with another commitment, one that agrees with the noise: the next hop's
+    check passes, and only the receipt it relays gives the sender away."""
+
+    def _push(self, session: Any, work: Any, result: Any) -> None:
+        if result.hidden is None or result.commitment is None:
+            super()._push(session, work, result)
+            return
+        honest = result.commitment
+        noisy = _noisy(result.hidden)
+        other = replace(honest, outputs=sketch(noisy, honest.sketch_seed), signature=b"")
+        receipt = Receipt.of(other, rows_digest(noisy)).signed(self.signer)
+        forward = {
+            "op": "forward",
+            "session": session.next_session,
+            "step": work.step,
+            "pos": work.pos,
+            "compute_us": [*work.compute_us, result.took_us],
+            "handoff": _handoff_header(other, receipt.signature),
+        }
+        self.plane.send(session.next_addr, encode_message(forward, noisy), peer=session.next_node)
+        commit = {"op": "commit", "session": session.id, **honest.header_fields()}
+        self.plane.send(session.reply, encode_message(commit, honest.payload()), peer=session.entry)
+
+
+async def _transcript_of(
+    shards: list[ShardBackend], hop_classes: dict[int, type[HopServer]]
+) -> tuple[Transcript, list[bytes]]:
+    async with trio.open_nursery() as nursery:
+        entry = await start_node(nursery, "entry")
+        hops = []
+        for i, shard in enumerate(shards):
+            kind = {"hop_class": hop_classes[i]} if i in hop_classes else {}
+            hops.append(await start_node(nursery, f"hop{i}", shard, **kind))
+        chain = [node.as_hop() for node in hops]
+        transcript = Transcript()
+        stream = entry.engine.pipeline.generate(
+            MODEL, chain, PROMPT, GREEDY, seed=SEED, deadlines=FAST, transcript=transcript
+        )
+        async with aclosing(stream) as tokens:
+            async for _ in tokens:
+                pass
+        with trio.fail_after(5):
+            while not transcript.complete():
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+    return transcript, [hop.node for hop in chain]
+
+
+async def test_a_hop_that_tells_the_entry_one_thing_and_the_next_hop_another_is_named(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+) -> None:
+    """Every hop signs what it received too (its input digest) and relays
+    the sender's receipt; on an honest chain every relayed receipt names the
+    commitment the entry holds, and an equivocating sender is named alone."""
+    shards = [torch_shards[s] for s in SPANS]
+    honest, _ = await _transcript_of(shards, {})
+    assert find_equivocation(honest) is None
+    assert len(honest.relays) == (len(SPANS) - 1) * len(honest.steps())
+    for (index, step), (_, _) in honest.relays.items():
+        assert honest.commitments[(index, step)].inputs_digest  # what it signs it received
+    lied, nodes = await _transcript_of(shards, {0: Equivocator})
+    proof = find_equivocation(lied)
+    assert proof is not None and proof.accused == nodes[0]
+    assert "another commitment for step 0" in proof.fault()
+    carried = Contradiction.from_json(proof.to_json())
+    assert carried.fault() == proof.fault()
