@@ -15,8 +15,8 @@ import hashlib
 
 from mesh.config import MembershipConfig
 from mesh.identity import Identity
-from mesh.membership import R_CANDIDATE_SILENT, MemberState
-from mesh.messages import Alive, Gossip, Ping, Record
+from mesh.membership import R_CANDIDATE_SILENT, MemberState, Send
+from mesh.messages import Alive, Gossip, Ping, Record, record_signing_bytes
 from mesh.newcomers import R_INTRODUCER, R_INTRODUCTIONS
 from tests.mesh.test_membership import CONFIG, Net, identity
 from tests.mesh.test_membership_trust import alive, say, suspect
@@ -56,10 +56,10 @@ def test_one_member_introduces_at_most_its_bound_a_minute_and_none_is_alive() ->
     assert a.candidates == bound
     assert a.drops[R_INTRODUCER] == len(FAKES) - bound
     assert fake_members(net, "a") == []  # introduced is not alive
-    pings = [s for s in a.take_sends() if isinstance(s.envelope.message, Ping)]
+    pings = [(s.addr, m) for s in a.take_sends() if isinstance(m := s.envelope.message, Ping)]
     assert len(pings) == bound  # one ping each, to the address it advertises...
-    assert {s.addr for s in pings} <= {fake_addr(i) for i in range(len(FAKES))}
-    assert all(s.envelope.message.updates == () for s in pings)  # ...carrying no news
+    assert {addr for addr, _ in pings} <= {fake_addr(i) for i in range(len(FAKES))}
+    assert all(ping.updates == () for _, ping in pings)  # ...carrying no news
     # Nobody answers: a probe interval later they are gone, counted.
     net.advance(CONFIG.probe_interval * 1.5)
     assert a.candidates == 0 and a.drops[R_CANDIDATE_SILENT] == bound
@@ -190,3 +190,31 @@ def test_a_real_death_during_a_flood_is_found_within_the_profiles_bound() -> Non
     assert most <= config.introductions_per_member
     # ...nor ride on anything a node sends (the attacker's flood is `say`s).
     assert sent and not _carries_fakes(sent)
+
+
+def test_a_candidates_record_is_gossiped_only_once_it_is_a_member() -> None:
+    net = Net("a", "b")
+    net.join_all()
+    a = net.nodes["a"]
+    newcomer = FAKES[3]
+    body = b"{}"
+    signed = Record(newcomer.node_id, 1, body, newcomer.sign(record_signing_bytes(
+        newcomer.node_id, 1, body)))  # fmt: skip
+    say(net, net.ids["b"], "a", Gossip((alive(newcomer, 0, fake_addr(3)), signed)))
+    assert a.record(newcomer.node_id) == signed  # held, for when it is verified
+    sent: list[object] = []
+
+    def watch(send: Send) -> bool:
+        sent.append(send.envelope.message)
+        return True
+
+    net.keep = watch
+    a.take_sends()  # its ping: lost
+    net.advance(CONFIG.probe_interval * 1.5)  # forgotten, its record kept
+    assert a.candidates == 0 and not _carries_fakes(sent), "nothing about it went out"
+    net.outsiders[newcomer.node_id] = newcomer
+    say(net, net.ids["b"], "a", Gossip((alive(newcomer, 1, fake_addr(3)),)))
+    net.deliver()  # it answers the ping this time
+    net.advance(CONFIG.gossip_interval * 3)
+    gossiped = [u for m in sent for u in getattr(m, "updates", ()) if u.node == newcomer.node_id]
+    assert signed in gossiped and any(isinstance(u, Alive) for u in gossiped)
