@@ -106,6 +106,9 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         "uptime_s": round(now - source.started_mono, 3),
         "leaving": membership.leaving,
         "health": membership.core.health,
+        # New ids introduced and not verified yet: never in `members`
+        # (docs/design/membership.md#introductions).
+        "candidates": membership.core.candidates,
         "members": members,
         **source.raft.status(),
         "coverage": coverage_to_json(coverage),

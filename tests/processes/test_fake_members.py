@@ -82,6 +82,7 @@ class _Watch:
     def __init__(self, fakes: list[Identity]) -> None:
         self.fakes = {who.node_id.hex() for who in fakes}
         self.most_counted = 0
+        self.most_candidates = 0
         self.routed: set[str] = set()
         self.polls = 0
 
@@ -96,6 +97,7 @@ class _Watch:
                 if m["node_id"] in self.fakes and m["state"] in ("alive", "suspect")
             ]
             self.most_counted = max(self.most_counted, len(counted))
+            self.most_candidates = max(self.most_candidates, view.get("candidates", 0))
             text = json.dumps(view.get("coverage", {}))
             self.routed |= {fake for fake in self.fakes if fake in text}
 
@@ -198,13 +200,15 @@ async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_
     }
     print(
         f"killed node dead everywhere in {took:.2f} s (bound {bound:.2f} s); fake ids counted "
-        f"at most {watch.most_counted} over {watch.polls} polls; refused {refused}"
+        f"at most {watch.most_counted} over {watch.polls} polls (introduced, unverified: at "
+        f"most {watch.most_candidates}); refused {refused}"
     )
     assert took <= bound + OBSERVATION_SLACK_S, (
         f"detection took {took:.2f}s during the flood, over the profile's bound {bound:.2f}s"
     )
     assert watch.polls > 0
     assert watch.most_counted <= LOCAL.introductions_per_member
+    assert 0 < watch.most_candidates <= LOCAL.introductions_per_member
     assert watch.routed == set(), f"{len(watch.routed)} fake ids routable"
     for name, count in refused.items():
         assert count >= FAKES - LOCAL.introductions_per_member, (name, views[name])
