@@ -371,3 +371,55 @@ async def test_a_hop_that_tells_the_entry_one_thing_and_the_next_hop_another_is_
     assert "another commitment for step 0" in proof.fault()
     carried = Contradiction.from_json(proof.to_json())
     assert carried.fault() == proof.fault()
+
+
+class WrongKey(HopServer):
+    """Signs its receipts with a key that is not its node's: its rows are
+    covered by no receipt anyone can check."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.signer = Identity.generate()
+
+
+class Framer(HopServer):
+    """A middle hop that refuses an honest sender's rows with a proof it made
+    up: the sender's real commitment and receipt, and a row it altered."""
+
+    def _compute_step(self, session: Any, work: Any) -> Any:
+        if work.handoff is None:
+            return super()._compute_step(session, work)
+        sender, signature = work.handoff
+        altered = work.inputs[0] + 1.0
+        made_up = Contradiction(
+            sender, signature, digests=row_digests(work.inputs), index=0, row=altered
+        )
+        return replace(super()._compute_step(session, work), refusal=made_up)
+
+    def _refuse(self, session: Any, step: int, refusal: Any) -> None:
+        header = {"op": "error", "session": session.id, "step": step, "reason": "wrong_sent"}
+        self._send(session.reply, session.entry, {**header, "proof": refusal.to_json()})
+        self._close(session)
+
+
+async def test_rows_no_receipt_covers_blame_both_hops_and_prove_nothing(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+) -> None:
+    """Either the sender sent bytes its key never signed, or the receiver
+    says so falsely: the entry cannot tell, so it reroutes around both, and
+    files nothing."""
+    got, error, liar = await _first_failure([torch_shards[s] for s in SPANS], 0, WrongKey)
+    failure = error.failure
+    assert got == [] and failure.proof is None and "bad_handoff" in failure.reason
+    assert liar.hex() in failure.suspects and len(failure.suspects) == 2
+
+
+async def test_a_made_up_proof_blames_the_hop_that_made_it(
+    torch_shards: dict[tuple[int, int], ShardBackend],
+) -> None:
+    """A receiver that frames its honest sender with a proof that does not
+    hold is the one the entry suspects, and nothing is filed."""
+    got, error, framer = await _first_failure([torch_shards[s] for s in SPANS], 1, Framer)
+    failure = error.failure
+    assert got == [] and failure.proof is None
+    assert failure.suspects == {framer.hex()}
