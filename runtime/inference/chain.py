@@ -264,6 +264,10 @@ class _StepFailed(Exception):
         self.stall = stall
         self.proof = proof
 
+    def failure(self, nodes: frozenset[str], step: int) -> Failure:
+        """This failure of a step towards token ``step`` on ``nodes``."""
+        return Failure(nodes, self.suspects, self.reason, step, self.stall, self.proof)
+
 
 class _Attempt:
     """Sessions on one chain: opened together, closed together."""
@@ -507,24 +511,7 @@ class Pipeline:
                     filing.transcript.relays[(filing.index, commitment.step)] = relay
                 if op == OP_COMMIT:
                     return
-                token = uint_field(header, "token")
-                receipt = _bytes_field(header, "receipt", (SIGNATURE_BYTES,))
-                # Every token, before it is emitted: is it the one signed?
-                checked = check_emitted(commitment, receipt, token)
-                if checked is None:
-                    filing.transcript.receipts[(filing.index, commitment.step)] = receipt
-                reply = _Reply(
-                    op,
-                    session,
-                    step=commitment.step,
-                    token=token,
-                    compute_us=compute_us_field(header),
-                    commitment=commitment,
-                    picks=_ints(header.get("picks", [])),
-                    margins=_floats(header.get("margins", [])),
-                    proof=checked if isinstance(checked, Contradiction) else None,
-                    unsigned=checked if isinstance(checked, str) else "",
-                )
+                reply = _token_reply(filing, session, commitment, header)
             elif op in (OP_BUSY, OP_ERROR):
                 reason = header.get("reason")
                 if type(reason) is not str:
@@ -639,9 +626,7 @@ class Pipeline:
                     if len(tokens) == limit:
                         return
             except _StepFailed as exc:
-                failure = Failure(
-                    attempt.nodes, exc.suspects, exc.reason, len(tokens), exc.stall, exc.proof
-                )
+                failure = exc.failure(attempt.nodes, len(tokens))
             finally:
                 attempt.close()
             reroutes += 1
@@ -706,8 +691,7 @@ async def replay(
             while len(collector.commitments) < len(chain):
                 await trio.sleep(COMMIT_POLL_S)
     except _StepFailed as exc:
-        failure = Failure(attempt.nodes, exc.suspects, exc.reason, 0, exc.stall)
-        raise PipelineError(failure) from None
+        raise PipelineError(exc.failure(attempt.nodes, 0)) from None
     finally:
         attempt.close()
     missing = [hop.node_id for i, hop in enumerate(chain) if (i, 0) not in collector.commitments]
@@ -764,6 +748,32 @@ def _commitment(
         token=token if isinstance(token, int) and not isinstance(token, bool) else None,
         previous=previous,
         signature=signature,
+    )
+
+
+def _token_reply(
+    filing: _Filing, session: str, commitment: Commitment, header: Mapping[str, Any]
+) -> _Reply:
+    """A ``token`` message as the generation sees it, checked before its
+    token may be emitted: is it the one the last hop signed
+    (`runtime.inference.blame.check_emitted`)? A checked receipt is kept:
+    it proves the step's commitment for a spot check."""
+    token = uint_field(header, "token")
+    receipt = _bytes_field(header, "receipt", (SIGNATURE_BYTES,))
+    checked = check_emitted(commitment, receipt, token)
+    if checked is None:
+        filing.transcript.receipts[(filing.index, commitment.step)] = receipt
+    return _Reply(
+        OP_TOKEN,
+        session,
+        step=commitment.step,
+        token=token,
+        compute_us=compute_us_field(header),
+        commitment=commitment,
+        picks=_ints(header.get("picks", [])),
+        margins=_floats(header.get("margins", [])),
+        proof=checked if isinstance(checked, Contradiction) else None,
+        unsigned=checked if isinstance(checked, str) else "",
     )
 
 
