@@ -8,6 +8,7 @@ a flaky multi-process failure can be read rather than re-run.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -58,7 +59,6 @@ fixture: marked `lab` with the fixture's users, so `make check` leaves
 them to `make test` (they are real-network tests, not unit tests)."""
 
 LONGEST_FIRST = (
-    "tests/simulations/test_swarm_1000.py",
     SWARMS_GROUP,
     "tests/simulations/test_compiled.py",
     "tests/consensus/test_raft_random.py",
@@ -68,6 +68,11 @@ LONGEST_FIRST = (
 """Groups handed out first, minutes each (measured with `--durations`), so
 that no worker starts one of them while the others are finishing. A prefix
 of the group's name; the Makefile turns xdist's own reordering off."""
+
+HANDED_OUT_LAST = ("tests/simulations/test_swarm_1000.py",)
+"""Groups whose work started right after collection, in the background
+(tests/simulations/thousand_node_pool.py): their tests only read results,
+so a worker takes them when nothing else is left."""
 
 
 def xdist_group(nodeid: str) -> str:
@@ -81,6 +86,8 @@ def xdist_group(nodeid: str) -> str:
 
 def _rank(nodeid: str) -> int:
     group = xdist_group(nodeid)
+    if group.startswith(HANDED_OUT_LAST):
+        return len(LONGEST_FIRST) + 1
     return next(
         (rank for rank, prefix in enumerate(LONGEST_FIRST) if group.startswith(prefix)),
         len(LONGEST_FIRST),
@@ -120,6 +127,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.lab)
     if getattr(config.option, "loadgroup", False) or config.getoption("dist", None) == "loadgroup":
         items.sort(key=lambda item: _rank(item.nodeid))  # stable: in-group order kept
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the 1,000-node runs the selected tests need (HANDED_OUT_LAST).
+    Their module imports the runner's module when it is collected, so a
+    session that collected none has not loaded it, and starts nothing."""
+    runner = sys.modules.get("tests.simulations.thousand_node_pool")
+    if runner is not None:
+        runner.start_for(session)
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
