@@ -99,6 +99,7 @@ async def _caught(
     quarantined: how many requests that took and how many answers were
     wrong. The honest nodes are never quarantined nor distrusted, and serve
     every request throughout."""
+    honest_ids = {node.node_id for node in honest}
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
         right = [(await _ask(client, entry, n))[0] for n in range(PROMPTS)]
         await swarm.start_ready(liar, [entry.seed], timeout=START_TIMEOUT_S)
@@ -112,6 +113,8 @@ async def _caught(
             carried |= liar.node_id in route
             status = await swarm.status(entry)
             assert status is not None
+            avoided = set(status["quarantined"]) | set(status["verify"]["checks"]["distrusted"])
+            assert not honest_ids & avoided, status["verify"]  # throughout, not only at the end
             if liar.node_id in status["quarantined"]:
                 break
         await wait_for(swarm, [entry], _quarantined(entry, liar), VERDICT_WAIT_S, "verdict")
@@ -122,7 +125,6 @@ async def _caught(
     assert status is not None
     record = next(q for q in status["quarantine"] if q["node_id"] == liar.node_id)
     assert record["reason"] == "wrong_output" and record["evidence"], record
-    honest_ids = {node.node_id for node in honest}
     assert not honest_ids & set(status["quarantined"]), status
     assert not honest_ids & set(status["verify"]["checks"]["distrusted"]), status["verify"]
     assert status["verify"]["checks"].get("contradiction", 0) >= 1, status["verify"]
