@@ -979,10 +979,8 @@ async def open_plane(
     the block cancels them, then closes both sockets with LINGER=0 (queued
     outbound messages are discarded, as a crash would).
 
-    ``chunked`` makes it a data plane: libzmq takes frames of at most one
-    chunk, bigger messages travel as chunks and are taken only from peers
-    :meth:`Plane.allow_bulk` allows, and each peer's bytes are charged to a
-    budget (`mesh.chunks`; docs/design/transport.md#byte-budgets).
+    ``chunked`` makes it a data plane, with frames of one chunk at most and
+    byte budgets (see :meth:`Plane.allow_bulk`, `mesh.chunks`).
     """
     if max_message_bytes <= 0:
         raise ValueError("max_message_bytes must be positive")
@@ -992,12 +990,10 @@ async def open_plane(
     if encrypted:
         domain = f"shardmesh.{name}.{next(_zap_domains)}".encode()
         zap = (ZapHandler.register(context, domain, admit), domain)
-    max_frame_bytes = (
-        min(max_message_bytes, chunks.FRAME_LIMIT_BYTES) if chunked else max_message_bytes
-    )
+    frame_limit = min(max_message_bytes, chunks.FRAME_LIMIT_BYTES if chunked else max_message_bytes)
     try:
         inbound, outbound, monitor, address = _make_sockets(
-            context, listen, max_frame_bytes, config, keys, zap[1] if zap else None
+            context, listen, frame_limit, config, keys, zap[1] if zap else None
         )
     except BaseException:
         if zap is not None:
