@@ -22,7 +22,7 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from mesh import chunks
-from mesh.identity import Identity, curve_public_key
+from mesh.identity import Identity, PlaneKeys, curve_public_key
 from mesh.transport import NODE_ID_PROPERTY
 from runtime.cli.localswarm import LocalNode, LocalSwarm
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors
@@ -54,10 +54,9 @@ def _reset_peak(pid: int) -> bool:
 
 
 @contextlib.contextmanager
-def _member(node: LocalNode, hwm: int = 1000) -> Iterator[zmq.Socket[bytes]]:
-    """A CURVE client of `node`'s data plane under a fresh key that names
-    its own id, as any node of an open swarm may be."""
-    keys = Identity.generate().plane_keys()
+def _member(node: LocalNode, keys: PlaneKeys, hwm: int = 1000) -> Iterator[zmq.Socket[bytes]]:
+    """A CURVE client of `node`'s data plane under `keys`, naming its own
+    id, as any node of an open swarm may be."""
     server_key = curve_public_key(bytes.fromhex(node.node_id))
     assert server_key is not None
     sock = zmq.Context.instance().socket(zmq.DEALER)
@@ -74,10 +73,10 @@ def _member(node: LocalNode, hwm: int = 1000) -> Iterator[zmq.Socket[bytes]]:
         sock.close(linger=0)
 
 
-async def _single_frame(node: LocalNode, payload: memoryview) -> None:
+async def _single_frame(node: LocalNode, keys: PlaneKeys, payload: memoryview) -> None:
     """One 250 MiB frame: libzmq must drop the connection before it
     allocates the frame, so the sender sees it go."""
-    with _member(node) as sock:
+    with _member(node, keys) as sock:
         monitor = sock.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         try:
             sock.send(payload, zmq.NOBLOCK, copy=False)
@@ -92,11 +91,11 @@ async def _single_frame(node: LocalNode, payload: memoryview) -> None:
             monitor.close(linger=0)
 
 
-async def _chunked(node: LocalNode, payload: memoryview, key: int) -> None:
+async def _chunked(node: LocalNode, keys: PlaneKeys, payload: memoryview) -> None:
     """The same 250 MiB in the chunk format, from a key with no session on
     the node; the socket stays open until the node has counted them all."""
-    with _member(node, hwm=CHUNKS_PER_MESSAGE + 1) as sock:
-        for chunk in chunks.split(key, [b"header", payload]):
+    with _member(node, keys, hwm=CHUNKS_PER_MESSAGE + 1) as sock:
+        for chunk in chunks.split(1, [b"header", payload]):
             sock.send_multipart(chunk, zmq.NOBLOCK, copy=False)
         await trio.sleep_forever()
 
@@ -123,6 +122,7 @@ async def test_eight_keys_sending_250_mib_messages_grow_a_node_by_at_most_64_mib
     await trio.sleep(0.5)  # past start-up's own allocations
     before = _status_kib(pid, "VmRSS") * 1024
     exact_peak = _reset_peak(pid)
+    keys = [Identity.generate().plane_keys() for _ in range(KEYS)]
     payload = memoryview(bytearray(MESSAGE_BYTES))
     started = trio.current_time()
     phase = "single frames"
@@ -141,13 +141,13 @@ async def test_eight_keys_sending_250_mib_messages_grow_a_node_by_at_most_64_mib
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(watch)
-        for _ in range(KEYS):  # one after another: this process holds one at a time
-            await _single_frame(node, payload)
+        for key in keys:  # one after another: this process holds one at a time
+            await _single_frame(node, key, payload)
         singles = trio.current_time() - started
         phase = "chunks"
         async with trio.open_nursery() as flood:  # all eight keys at once
-            for key in range(KEYS):
-                flood.start_soon(_chunked, node, payload, key)
+            for key in keys:
+                flood.start_soon(_chunked, node, key, payload)
             await _all_dropped(swarm, node, KEYS * CHUNKS_PER_MESSAGE)
             flood.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
