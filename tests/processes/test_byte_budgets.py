@@ -159,4 +159,6 @@ async def test_eight_keys_sending_250_mib_messages_grow_a_node_by_at_most_64_mib
     )
     assert grown <= MAX_GROWTH_BYTES, f"RSS grew by {grown / 2**20:.0f} MiB"
     assert node.running, node.log_tail()
+    # Every chunk was dropped and counted, none delivered.
+    assert _dropped_chunks(await swarm.status(node)) == KEYS * CHUNKS_PER_MESSAGE
     await assert_no_internal_errors(swarm, [node])  # it answers its status, and no 500
