@@ -462,6 +462,8 @@ class SpotChecker:
             found.step,
             found.detail,
         )
+        if found.kind == "transit" and self._equivocated(transcript, nodes[index - 1]):
+            return  # the sender lied to the next hop, and signed it: blamed alone
         if found.kind in ("transit", "missing") or found.commitment is None:
             pair = [nodes[index - 1]] if found.kind == "transit" else []
             self._distrust(nodes[index], *pair, why=f"{found.kind} at step {found.step}")
@@ -469,6 +471,17 @@ class SpotChecker:
         confirmed = await self._confirm(transcript, variant, own, found, checking, replayed)
         if confirmed is not None:
             await self._report_once(transcript, found, confirmed)
+
+    def _equivocated(self, transcript: Transcript, sender: bytes) -> bool:
+        """A transit divergence whose sender gave the next hop another
+        commitment than this entry (the receipt the next hop relayed): the
+        sender alone is to blame, with proof (`accuse`, as the scan of every
+        generation does; a second accusation is not reported twice)."""
+        proof = find_equivocation(transcript)
+        if proof is None or proof.accused != sender:
+            return False
+        self.accuse(transcript, proof)
+        return True
 
     async def _confirm(
         self,

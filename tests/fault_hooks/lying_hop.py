@@ -14,7 +14,10 @@ issue's cases:
 * ``transit``: computes and commits every step honestly, then forwards
   noise in place of the activations it committed (issue 30, item 4);
 * ``mismatch``: the last hop commits the token it sampled, then emits the
-  next token id instead (issue 30, item 4).
+  next token id instead (issue 30, item 4);
+* ``equivocate``: commits every step honestly to the entry, and sends the
+  next hop noise with another commitment, one that agrees with the noise
+  (issue 30, item 4: only the receipt the next hop relays gives it away).
 
 The last two lie between the commitment and the wire: whatever the hop
 server sends is sent as it would be, so each is what an attacker gets who
@@ -29,6 +32,8 @@ from typing import Any
 import numpy as np
 
 from runtime.inference import hop_server
+from runtime.inference.commitment import sketch
+from runtime.inference.protocol import encode_message
 
 NOISE = 0.5
 """Relative to the output's own spread: garbage text, as in the issue."""
@@ -73,10 +78,51 @@ def _lie_in_transit(mode: str) -> None:
     hop_server.HopServer._compute_step = lying_step  # type: ignore[method-assign]
 
 
+def _equivocate() -> None:
+    """Patch what a middle step sends: noise and a commitment to it for the
+    next hop, the honest commitment for the entry."""
+    honest_push = hop_server.HopServer._push
+    rng = np.random.default_rng(13)
+
+    def lying_push(self: Any, session: Any, work: Any, result: Any) -> None:
+        honest = result.commitment
+        if result.hidden is None or honest is None:
+            honest_push(self, session, work, result)
+            return
+        noise = rng.standard_normal(result.hidden.shape).astype(np.float32)
+        noisy = result.hidden + NOISE * float(result.hidden.std()) * noise
+        seed = honest.sketch_seed
+        other = dataclasses.replace(honest, outputs=sketch(noisy, seed), signature=b"")
+        send = self.plane.send
+
+        def split(address: str, message: Any, *, peer: bytes) -> None:
+            if peer == session.entry:  # the commit: the honest one
+                header = {
+                    "op": "commit",
+                    "session": session.id,
+                    **honest.header_fields(),
+                    **hop_server._relay(work),
+                }
+                message = encode_message(header, honest.payload())
+            send(address, message, peer=peer)
+
+        self.plane.send = split
+        lying = dataclasses.replace(result, hidden=noisy, commitment=other)
+        try:
+            honest_push(self, session, work, lying)
+        finally:
+            self.plane.send = send
+
+    hop_server.HopServer._push = lying_push  # type: ignore[method-assign]
+
+
 def install(argument: str) -> None:
     mode, _, value = argument.partition(":")
     if mode in ("transit", "mismatch"):
         _lie_in_transit(mode)
+        return
+    if mode == "equivocate":
+        _equivocate()
         return
     if mode == "swap":
         honest_sample = hop_server.sample

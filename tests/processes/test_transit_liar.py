@@ -32,6 +32,10 @@ MAX_REQUESTS = 20
 """The acceptance bound: quarantined within this many requests."""
 MAX_WRONG = 2
 """The acceptance bound on wrong answers served while the liar was in."""
+EQUIVOCATION_MAX_WRONG = 3
+"""An equivocation is found after its answer, once the request's
+commitments are in; the client's next request may already be on the liar
+before the entry avoids it, so one more wrong answer than the bound."""
 PROMPTS = 3
 """Distinct questions, asked in turn; their honest answers are learnt
 before the liar joins (greedy sampling: one right answer each)."""
@@ -150,3 +154,15 @@ async def test_a_last_hop_that_emits_another_token_than_it_signed_is_quarantined
     entry, honest, liar = await _swarm(swarm, tmp_path, ["0:4"], "0:4", "mismatch")
     requests, wrong = await _caught(swarm, entry, honest, liar)
     assert requests <= MAX_REQUESTS and wrong <= MAX_WRONG
+
+
+async def test_a_hop_that_tells_its_next_hop_another_story_is_quarantined(
+    swarm: LocalSwarm, tmp_path: Path
+) -> None:
+    """The liar sends the next hop noise with a commitment that agrees with
+    it, and the entry its honest commitment: the next hop takes the step (the
+    rows match what it was told), so this one may cost a wrong answer; the
+    receipt the next hop relays, against the entry's copy, convicts it."""
+    entry, honest, liar = await _swarm(swarm, tmp_path, ["0:2", "2:4"], "0:2", "equivocate")
+    requests, wrong = await _caught(swarm, entry, honest, liar)
+    assert requests <= MAX_REQUESTS and wrong <= EQUIVOCATION_MAX_WRONG
