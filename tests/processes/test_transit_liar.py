@@ -1,9 +1,12 @@
 """Blame the liar, not its neighbours (issue 30, item 4), on real node processes.
 
-Two liars that lie between their commitment and the wire, planted with
+Liars that lie between their commitment and the wire, planted with
 tests/fault_hooks/lying_hop.py: a *transit liar* (a first hop that commits
-its honest output and forwards noise) and a *token-mismatch liar* (a last
-hop that commits the token it sampled and emits the next one). Before this
+its honest output and forwards noise), a *token-mismatch liar* (a last
+hop that commits the token it sampled and emits the next one), and an
+*equivocator* (a first hop that gives the next hop noise with a commitment
+to match, and the entry its honest commitment; found after the answer, by
+the receipt the next hop relays). Before this
 item the first served wrong answers and was never quarantined, while the
 entry distrusted it and every honest node of the model (they were the ones
 whose inputs disagreed); the second was caught by spot checks with unsigned
