@@ -10,7 +10,10 @@ import pytest
 from mesh.chunks import (
     MAGIC,
     MAX_FRAMES,
+    PIECE_BYTES,
+    SINGLE_MESSAGE_BYTES,
     ByteBudgets,
+    Intake,
     Reassembly,
     decode,
     is_chunk,
@@ -147,3 +150,23 @@ def test_byte_budgets_refill_at_their_rate_up_to_the_burst() -> None:
     assert budgets.take(b"c" * 32, 1000, 100.0)  # a third peer evicts the oldest
     with pytest.raises(ValueError):
         ByteBudgets(rate=0)
+
+
+def test_the_intake_charges_every_message_and_lets_only_allowed_peers_past_their_budget() -> None:
+    drops: collections.Counter[str] = collections.Counter()
+    intake = Intake(
+        lambda reason: drops.update([reason]),
+        max_message=10**7,
+        budgets=ByteBudgets(rate=1, burst=3 * PIECE_BYTES),
+    )
+    intake.allowance = lambda peer: 10**7 if peer == ALICE else 0
+    big = [b"h", os.urandom(2 * PIECE_BYTES + 5)]
+    assert intake.take(BOB, [b"small", b"frames"], 0.0) == [b"small", b"frames"]
+    assert intake.take(BOB, [bytes(SINGLE_MESSAGE_BYTES + 1)], 0.0) is None
+    assert [intake.take(BOB, chunk, 0.0) for chunk in split(1, big)] == [None] * 4
+    # Refused at every chunk, and the one that did not fit the budget as such.
+    assert drops == {"oversized": 1, "bulk_refused": 3, "over_budget": 1}
+    results = [intake.take(ALICE, chunk, 0.0) for chunk in split(2, big)]
+    assert results[:-1] == [None] * 3 and results[-1] == big
+    assert intake.take(ALICE, [bytes(PIECE_BYTES)], 0.0) == [bytes(PIECE_BYTES)]  # over, allowed
+    assert drops == {"oversized": 1, "bulk_refused": 3, "over_budget": 1}
