@@ -2,19 +2,32 @@
 
 from __future__ import annotations
 
+import collections
 import os
-from collections.abc import Callable, Sequence
+import signal
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+import trio
 
-from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see
+from mesh.config import MembershipConfig
+from mesh.identity import Identity
+from mesh.transport import CONTROL_MAX_MESSAGE_BYTES, Plane, open_plane
+from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see, member_field
 from runtime.model.tiny import make_tiny_model
+from runtime.node.membership_driver import MembershipDriver
+from runtime.node.state_dir import StateDir
 
 START_TIMEOUT_S = 30.0
 CONVERGE_TIMEOUT_S = 15.0
 ADMIT_TIMEOUT_S = 60.0
 """Load and the doctor of a tiny model, on a loaded machine."""
+OBSERVATION_SLACK_S = 0.5
+"""A detection is observed by polling every node's API, so it is seen up to
+one poll round (sleep + concurrent HTTP fetches) after it happened."""
 
 
 async def wait_for(
@@ -92,3 +105,67 @@ def fault_env(module: str, argument: str = "") -> dict[str, str]:
     tests/fault_hooks) in one node's process; see its sitecustomize."""
     path = os.pathsep.join(filter(None, [str(FAULT_HOOKS), os.environ.get("PYTHONPATH")]))
     return {"PYTHONPATH": path, "SHARDMESH_TEST_FAULT": f"{module}:{argument}"}
+
+
+def control_plane(identity: Identity, drops: collections.Counter[str]) -> Any:
+    """An attacker's own control plane on loopback (an async context)."""
+    return open_plane(
+        "tcp://127.0.0.1:0",
+        name="control",
+        max_message_bytes=CONTROL_MAX_MESSAGE_BYTES,
+        drops=drops,
+        keys=identity.plane_keys(),
+    )
+
+
+@asynccontextmanager
+async def joined_attacker(
+    swarm: LocalSwarm, nodes: Sequence[LocalNode], folder: Path
+) -> AsyncIterator[tuple[Identity, Plane]]:
+    """A fresh key that really joined through `nodes[0]` and answers probes
+    throughout (a member attacker): alive on every node when this yields
+    its identity and control plane."""
+    member = Identity.generate()
+    drops: collections.Counter[str] = collections.Counter()
+    async with control_plane(member, drops) as plane, trio.open_nursery() as nursery:
+        with StateDir(folder) as state:
+            attacker = MembershipDriver(
+                identity=member,
+                state=state,
+                config=MembershipConfig.local(),
+                plane=plane,
+                address=plane.address,
+                incarnation=0,
+                on_consensus=lambda sender, payload: None,
+            )
+            nursery.start_soon(attacker.run)
+            attacker.join([(bytes.fromhex(nodes[0].node_id), nodes[0].info["control"])])
+
+            def admitted(views: Views) -> bool:
+                return all(
+                    member_field(view, member.node_id.hex(), "state") == "alive"
+                    for view in views.values()
+                )
+
+            await wait_for(swarm, nodes, admitted, CONVERGE_TIMEOUT_S, "the attacker a member")
+            yield member, plane
+            nursery.cancel_scope.cancel()
+
+
+async def crash_and_time_death(
+    swarm: LocalSwarm, victim: LocalNode, survivors: Sequence[LocalNode], bound: float, what: str
+) -> float:
+    """SIGKILLs `victim` (no leave announced) and waits until every survivor
+    holds it dead: the seconds that took, failing late enough past `bound`
+    to report the time."""
+    t0 = trio.current_time()
+    victim.kill()
+    assert await victim.wait_exit(5) == -signal.SIGKILL
+    await wait_for(
+        swarm,
+        survivors,
+        all_see(survivors, [victim], "dead"),
+        bound + OBSERVATION_SLACK_S + 5.0,
+        what,
+    )
+    return float(trio.current_time() - t0)

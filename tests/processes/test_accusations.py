@@ -24,17 +24,16 @@ from mesh.config import MembershipConfig
 from mesh.identity import Identity
 from mesh.membership import R_ABOVE_SIGNED, R_ACCUSER_UNKNOWN
 from mesh.messages import Dead, Envelope, Gossip, Suspect, dead_signing_bytes, suspect_signing_bytes
-from mesh.transport import CONTROL_MAX_MESSAGE_BYTES, Plane, open_plane
+from mesh.transport import Plane
 from mesh.wire import encode_envelope
 from runtime.cli.localswarm import LocalNode, LocalSwarm, Views, all_see, member_field
 from runtime.model.tiny import make_tiny_model
-from runtime.node.membership_driver import MembershipDriver
-from runtime.node.state_dir import StateDir
 from tests.swarm_helpers import (
     ADMIT_TIMEOUT_S,
-    CONVERGE_TIMEOUT_S,
     START_TIMEOUT_S,
     assert_no_internal_errors,
+    control_plane,
+    joined_attacker,
     wait_for,
 )
 
@@ -127,73 +126,35 @@ async def test_a_forged_death_is_ignored_or_refuted_within_one_suspicion_timeout
     victim, nodes = await _swarm_with_victim(swarm, tmp_path / "models")
     victim_id = bytes.fromhex(victim.node_id)
     drops: collections.Counter[str] = collections.Counter()
-    stranger, member = Identity.generate(), Identity.generate()
+    stranger = Identity.generate()
     async with (
         httpx.AsyncClient(timeout=30) as client,
-        open_plane(
-            "tcp://127.0.0.1:0",
-            name="control",
-            max_message_bytes=CONTROL_MAX_MESSAGE_BYTES,
-            drops=drops,
-            keys=stranger.plane_keys(),
-        ) as stranger_plane,
-        open_plane(
-            "tcp://127.0.0.1:0",
-            name="control",
-            max_message_bytes=CONTROL_MAX_MESSAGE_BYTES,
-            drops=drops,
-            keys=member.plane_keys(),
-        ) as member_plane,
-        trio.open_nursery() as nursery,
-    ):
+        control_plane(stranger, drops) as stranger_plane,
         # The member attacker joins for real and answers probes throughout.
-        with StateDir(tmp_path / "attacker") as state:
-            attacker = MembershipDriver(
-                identity=member,
-                state=state,
-                config=LOCAL,
-                plane=member_plane,
-                address=member_plane.address,
-                incarnation=0,
-                on_consensus=lambda sender, payload: None,
-            )
-            nursery.start_soon(attacker.run)
-            attacker.join([(bytes.fromhex(nodes[0].node_id), nodes[0].info["control"])])
+        joined_attacker(swarm, nodes, tmp_path / "attacker") as (member, member_plane),
+    ):
+        assert await _chat(client, nodes[2]) == 200
+        incarnation = member_field(await swarm.status(victim), victim.node_id, "incarnation")
 
-            def attacker_alive(views: Views) -> bool:
-                return all(
-                    member_field(view, member.node_id.hex(), "state") == "alive"
-                    for view in views.values()
-                )
+        # Ignored: a stranger at the largest and at the current incarnation,
+        # and a member at the largest (the attack of the issue).
+        _send_to_all(stranger_plane, stranger, _accusations(stranger, victim_id, FORGED_MAX), nodes)
+        _send_to_all(
+            stranger_plane, stranger, _accusations(stranger, victim_id, incarnation), nodes
+        )
+        _send_to_all(member_plane, member, _accusations(member, victim_id, FORGED_MAX), nodes)
+        await _victim_stays_alive(swarm, nodes, victim, refuted_above=None)
+        assert await _chat(client, nodes[2]) == 200
+        for name, view in (await swarm.views(nodes)).items():
+            assert view is not None
+            counted = view["drops"]
+            # 2 from the stranger at the largest, 2 from the member.
+            assert counted.get(f"membership.{R_ABOVE_SIGNED}", 0) >= 4, (name, counted)
+            assert counted.get(f"membership.{R_ACCUSER_UNKNOWN}", 0) >= 2, (name, counted)
 
-            await wait_for(
-                swarm, nodes, attacker_alive, CONVERGE_TIMEOUT_S, "the attacker a member"
-            )
-            assert await _chat(client, nodes[2]) == 200
-            incarnation = member_field(await swarm.status(victim), victim.node_id, "incarnation")
-
-            # Ignored: a stranger at the largest and at the current incarnation,
-            # and a member at the largest (the attack of the issue).
-            _send_to_all(
-                stranger_plane, stranger, _accusations(stranger, victim_id, FORGED_MAX), nodes
-            )
-            _send_to_all(
-                stranger_plane, stranger, _accusations(stranger, victim_id, incarnation), nodes
-            )
-            _send_to_all(member_plane, member, _accusations(member, victim_id, FORGED_MAX), nodes)
-            await _victim_stays_alive(swarm, nodes, victim, refuted_above=None)
-            assert await _chat(client, nodes[2]) == 200
-            for name, view in (await swarm.views(nodes)).items():
-                assert view is not None
-                counted = view["drops"]
-                # 2 from the stranger at the largest, 2 from the member.
-                assert counted.get(f"membership.{R_ABOVE_SIGNED}", 0) >= 4, (name, counted)
-                assert counted.get(f"membership.{R_ACCUSER_UNKNOWN}", 0) >= 2, (name, counted)
-
-            # Refuted: a member may accuse at the incarnation the victim
-            # signed; the victim outbids it within one suspicion timeout.
-            _send_to_all(member_plane, member, _accusations(member, victim_id, incarnation), nodes)
-            await _victim_stays_alive(swarm, nodes, victim, refuted_above=incarnation)
-            assert await _chat(client, nodes[2]) == 200
-            nursery.cancel_scope.cancel()
+        # Refuted: a member may accuse at the incarnation the victim
+        # signed; the victim outbids it within one suspicion timeout.
+        _send_to_all(member_plane, member, _accusations(member, victim_id, incarnation), nodes)
+        await _victim_stays_alive(swarm, nodes, victim, refuted_above=incarnation)
+        assert await _chat(client, nodes[2]) == 200
     await assert_no_internal_errors(swarm, nodes)

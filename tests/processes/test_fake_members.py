@@ -18,12 +18,8 @@ local profile's detection bound. Design: docs/design/membership.md,
 
 from __future__ import annotations
 
-import collections
 import hashlib
 import json
-import signal
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -33,12 +29,16 @@ from mesh.config import MembershipConfig
 from mesh.identity import Identity
 from mesh.messages import Alive, Envelope, Gossip, alive_signing_bytes
 from mesh.newcomers import R_INTRODUCER
-from mesh.transport import CONTROL_MAX_MESSAGE_BYTES, Plane, open_plane
+from mesh.transport import Plane
 from mesh.wire import encode_envelope
-from runtime.cli.localswarm import LocalNode, LocalSwarm, Views, all_see, member_field
-from runtime.node.membership_driver import MembershipDriver
-from runtime.node.state_dir import StateDir
-from tests.swarm_helpers import CONVERGE_TIMEOUT_S, assert_no_internal_errors, start_swarm, wait_for
+from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
+from tests.swarm_helpers import (
+    OBSERVATION_SLACK_S,
+    assert_no_internal_errors,
+    crash_and_time_death,
+    joined_attacker,
+    start_swarm,
+)
 
 LOCAL = MembershipConfig.local()
 FAKES = 1_000
@@ -46,8 +46,6 @@ CHUNK = 100
 """Fake Alives per gossip message (a message of 1,000 would do as well)."""
 FLOOD_EVERY_S = 0.5
 FLOOD_BEFORE_KILL_S = 3.0
-OBSERVATION_SLACK_S = 0.5
-"""Status polls are this far apart at worst (as in tests/processes/test_node.py)."""
 
 
 def _fake_ids() -> list[Identity]:
@@ -122,48 +120,6 @@ async def _observe(swarm: LocalSwarm, nodes: list[LocalNode], watch: _Watch) -> 
         await trio.sleep(0.2)
 
 
-@asynccontextmanager
-async def _admitted_attacker(
-    swarm: LocalSwarm, nodes: list[LocalNode], folder: Path
-) -> AsyncIterator[tuple[Identity, Plane]]:
-    """A key that really joined, answering probes throughout (as in
-    tests/processes/test_accusations.py): alive on every node."""
-    member = Identity.generate()
-    drops: collections.Counter[str] = collections.Counter()
-    async with (
-        open_plane(
-            "tcp://127.0.0.1:0",
-            name="control",
-            max_message_bytes=CONTROL_MAX_MESSAGE_BYTES,
-            drops=drops,
-            keys=member.plane_keys(),
-        ) as plane,
-        trio.open_nursery() as nursery,
-    ):
-        with StateDir(folder) as state:
-            attacker = MembershipDriver(
-                identity=member,
-                state=state,
-                config=LOCAL,
-                plane=plane,
-                address=plane.address,
-                incarnation=0,
-                on_consensus=lambda sender, payload: None,
-            )
-            nursery.start_soon(attacker.run)
-            attacker.join([(bytes.fromhex(nodes[0].node_id), nodes[0].info["control"])])
-
-            def admitted(views: Views) -> bool:
-                return all(
-                    member_field(view, member.node_id.hex(), "state") == "alive"
-                    for view in views.values()
-                )
-
-            await wait_for(swarm, nodes, admitted, CONVERGE_TIMEOUT_S, "the attacker a member")
-            yield member, plane
-            nursery.cancel_scope.cancel()
-
-
 @pytest.mark.slow
 async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_death(
     swarm: LocalSwarm, tmp_path: Path
@@ -175,23 +131,19 @@ async def test_one_key_introducing_1000_fake_ids_gets_none_counted_and_masks_no_
     # Four real nodes and the attacker: 7.1 s on the local profile.
     bound = LOCAL.detection_bound(len(nodes) + 1)
     async with (
-        _admitted_attacker(swarm, nodes, tmp_path / "attacker") as (member, plane),
+        joined_attacker(swarm, nodes, tmp_path / "attacker") as (member, plane),
         trio.open_nursery() as nursery,
     ):
         nursery.start_soon(_flood, plane, member, fakes, nodes)
         nursery.start_soon(_observe, swarm, nodes, watch)
         await trio.sleep(FLOOD_BEFORE_KILL_S)
-        t0 = trio.current_time()
-        victim.kill()
-        assert await victim.wait_exit(5) == -signal.SIGKILL
-        await wait_for(
+        took = await crash_and_time_death(
             swarm,
+            victim,
             survivors,
-            all_see(survivors, [victim], "dead"),
-            bound + OBSERVATION_SLACK_S + 5.0,  # fail late enough to report the time
+            bound,
             "every survivor marks the killed node dead during the flood",
         )
-        took = trio.current_time() - t0
         views = await swarm.views(survivors)
         nursery.cancel_scope.cancel()
     refused = {
