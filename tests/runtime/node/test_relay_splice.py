@@ -1,0 +1,139 @@
+"""A relay on real sockets, on loopback: a node "behind" it holds a
+reservation, a third party dials the relayed addresses with CURVE ZeroMQ
+and its messages arrive on the node's own planes with the third party's
+proved id; what the relay forwarded is ciphertext; a relay that dies ends
+the reservation; bad input is refused, counted, and the relay keeps serving."""
+
+from __future__ import annotations
+
+import collections
+
+import trio
+
+from mesh.identity import Identity
+from mesh.relay import MAX_LINE_BYTES, Plane, encode_line
+from mesh.transport import open_planes
+from runtime.node.hostport import HostPort, parse_hostport
+from runtime.node.relay_client import RelayRefused, hold_reservation
+from runtime.node.relay_server import RelayServer
+
+SECRET = b"only the two peers may read this " * 8
+TIMEOUT_S = 10.0
+
+
+async def test_a_third_party_speaks_curve_zeromq_to_a_relayed_node_end_to_end() -> None:
+    behind, dialer = Identity.generate(), Identity.generate()
+    relay = RelayServer("127.0.0.1", 0)
+    drops: collections.Counter[str] = collections.Counter()
+    counters: collections.Counter[str] = collections.Counter()
+    async with (
+        trio.open_nursery() as nursery,
+        open_planes(
+            "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=behind.plane_keys()
+        ) as (control, data),
+        open_planes(
+            "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=dialer.plane_keys()
+        ) as (their_control, their_data),
+    ):
+        port = await nursery.start(relay.run)
+        relayed: dict[str, str] = {}
+        local: dict[Plane, HostPort] = {
+            "control": parse_hostport(control.address),
+            "data": parse_hostport(data.address),
+        }
+
+        def reserved(c: str, d: str) -> None:
+            relayed.update(control=c, data=d)
+
+        nursery.start_soon(
+            hold_reservation, behind, f"tcp://127.0.0.1:{port}", local, reserved, counters
+        )
+        with trio.fail_after(TIMEOUT_S):
+            while not relayed:
+                await trio.sleep(0.01)
+        assert relayed["control"] != control.address
+        with trio.fail_after(TIMEOUT_S):
+            their_control.send(relayed["control"], [b"hello", SECRET], peer=behind.node_id)
+            got = await control.receive()
+            their_data.send(relayed["data"], [SECRET], peer=behind.node_id)
+            got_data = await data.receive()
+        assert got.peer == dialer.node_id, "the id the CURVE handshake proved, through the relay"
+        assert got.frames == [b"hello", SECRET]
+        assert got_data.peer == dialer.node_id and got_data.frames[-1].endswith(SECRET)
+        status = relay.status()
+        assert status["reservations"] == 1 and status["sessions"] == 2
+        assert status["forwarded_bytes"] > len(SECRET)
+        nursery.cancel_scope.cancel()
+
+
+async def read_to_end(stream: trio.SocketStream) -> None:
+    """HELLO, perhaps REFUSED, then the relay closes (a reset, if it left
+    our garbage unread)."""
+    try:
+        while await stream.receive_some(1024):
+            pass
+    except trio.BrokenResourceError:
+        pass
+
+
+def nowhere() -> dict[Plane, HostPort]:
+    """Local planes for a reservation nobody dials."""
+    return {"control": HostPort("127.0.0.1", 1), "data": HostPort("127.0.0.1", 1)}
+
+
+async def test_garbage_oversized_and_unknown_tokens_are_refused_and_counted() -> None:
+    relay = RelayServer("127.0.0.1", 0)
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(relay.run)
+        for payload in (
+            b"\xff\x00garbage\n",
+            b"A" * (MAX_LINE_BYTES + 10),
+            encode_line("ACCEPT", bytes(16)),
+            encode_line("RESERVE", bytes(32), bytes(64)),
+        ):
+            stream = await trio.open_tcp_stream("127.0.0.1", port)
+            await stream.send_all(payload)
+            with trio.fail_after(TIMEOUT_S):
+                await read_to_end(stream)
+            await stream.aclose()
+        counters = relay.book.counters
+        assert counters["refused_garbage"] == 1
+        assert counters["refused_oversized"] == 1
+        assert counters["refused_unknown_token"] == 1
+        assert counters["refused_bad_signature"] == 1
+        # Still serving: a real reservation goes through.
+        got: list[str] = []
+        identity = Identity.generate()
+        nursery.start_soon(
+            hold_reservation,
+            identity,
+            f"tcp://127.0.0.1:{port}",
+            nowhere(),
+            lambda c, d: got.append(c),
+            collections.Counter(),
+        )
+        with trio.fail_after(TIMEOUT_S):
+            while not got:
+                await trio.sleep(0.01)
+        nursery.cancel_scope.cancel()
+
+
+async def test_a_full_relay_refuses_a_reservation_with_its_reason() -> None:
+    relay = RelayServer("127.0.0.1", 0)
+    relay.book.max_reservations = 0
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(relay.run)
+        try:
+            with trio.fail_after(TIMEOUT_S):
+                await hold_reservation(
+                    Identity.generate(),
+                    f"tcp://127.0.0.1:{port}",
+                    nowhere(),
+                    lambda c, d: None,
+                    collections.Counter(),
+                )
+        except RelayRefused as exc:
+            assert "reservations_full" in str(exc)
+        else:
+            raise AssertionError("a full relay took a reservation")
+        nursery.cancel_scope.cancel()
