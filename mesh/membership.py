@@ -17,6 +17,7 @@ The protocol, its trust rules and their reasons: docs/design/membership.md.
 
 from __future__ import annotations
 
+import collections
 import heapq
 import math
 import random
@@ -64,6 +65,10 @@ from mesh.sync import bits_for, digest_bits, well_formed_delta
 MAX_COUNTER = MAX_UINT
 """Incarnations and record sequence numbers stay below 2**63 (wire limit)."""
 
+MAX_FORMER_ADDRS = 8
+"""Former addresses of this life remembered (`Membership.set_address`): a
+node moves between a few relays, and an Alive older than eight moves has
+been outbid everywhere long since."""
 JOIN_BACKOFF_MAX_FACTOR = 8
 """Join retries back off up to this many `join_retry_interval`s apart (8 s
 on a LAN): a seed that comes up late is still found within seconds, and a
@@ -260,6 +265,9 @@ class Membership:
         self.twin_addr: str | None = None
         """Where another live process holding our key says it is (see
         `_apply_alive`); None while no such process has been heard of."""
+        self._former_addrs: collections.deque[str] = collections.deque(maxlen=MAX_FORMER_ADDRS)
+        """Addresses this life advertised before (`set_address`): an old
+        Alive of ours naming one is news of us, not of a twin."""
         self._rng = rng
         self._validate_body = validate_record_body
         self._newcomers = NewcomerLimit(config.newcomers_per_address, config.newcomers_per_prefix)
@@ -361,6 +369,20 @@ class Membership:
         # process is about to exit and may not get another round.
         for node in self._random_peers(2 * self.config.gossip_fanout, now):
             self._send(node, self._table.entry(node).addr, Gossip((farewell,)))
+
+    def set_address(self, addr: str, now: float) -> None:
+        """Our advertised control address is now `addr` (a node behind NAT
+        reached through a relay, or through another one, or directly again):
+        an Alive at the next incarnation names it and rides out on the next
+        messages, and a join not answered yet is sent again at once (its
+        seed could not answer the old address)."""
+        if addr == self.addr:
+            return
+        self._former_addrs.append(self.addr)
+        self.addr = addr
+        self._refute(self._me.incarnation, now)
+        if not self._joined:
+            self._next_join = now
 
     def publish_record(self, body: bytes, now: float) -> Record:
         """Sign `body` as our new node record (seq + 1) and disseminate it."""
@@ -765,6 +787,7 @@ class Membership:
         must find out within moments of its start (`runtime.node.daemon`)."""
         if (
             alive.addr != self.addr
+            and alive.addr not in self._former_addrs
             and alive.incarnation >= self._first_incarnation
             and alive.addr != self.twin_addr
             and self._authentic(alive)

@@ -100,9 +100,9 @@ Tier = Literal["operator", "bootstrap", "managed"]
 CapabilityResult = Literal["admitted", "failed"]
 Reach = Literal["direct", "relayed", "unknown"]
 """How peers reach the node (`mesh.reachability`): `direct` at its
-advertised addresses, `relayed` through relays it names (issue 29's relay
-work), `unknown` until a check says so, and for a node found behind NAT
-until relays exist."""
+advertised addresses, `relayed` through a relay whose ports it advertises
+(`mesh.relay`), `unknown` until a check says so, and for a node found
+behind NAT that holds no relay yet."""
 
 BACKEND_KINDS: frozenset[BackendKind] = frozenset(get_args(BackendKind))
 RECIPES: frozenset[Recipe] = frozenset(get_args(Recipe))
@@ -164,18 +164,22 @@ def _address(value: object, name: str) -> str:
 @dataclass(frozen=True, slots=True)
 class Addresses:
     """Where to reach the node: control plane (gossip, Raft), data plane
-    (activations) and, if it serves one, the HTTP API."""
+    (activations), if it serves one, the HTTP API, and, if it relays for
+    nodes behind NAT, where they reserve (`mesh.relay`). A node reached
+    through a relay advertises the relay's ports as `control` and `data`."""
 
     control: str
     data: str
     api: str | None = None
+    relay: str | None = None
 
     @_as_record_error
     def __post_init__(self) -> None:
         _address(self.control, "addresses.control")
         _address(self.data, "addresses.data")
-        if self.api is not None:
-            _address(self.api, "addresses.api")
+        for name in ("api", "relay"):
+            if getattr(self, name) is not None:
+                _address(getattr(self, name), f"addresses.{name}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -401,7 +405,12 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
     assignment = record.assignment
     capability = record.capability
     return {
-        "addresses": {"control": addresses.control, "data": addresses.data, "api": addresses.api},
+        "addresses": {
+            "control": addresses.control,
+            "data": addresses.data,
+            "api": addresses.api,
+            "relay": addresses.relay,
+        },
         "backend": None
         if backend is None
         else {"kind": backend.kind, "device": backend.device, "memory_bytes": backend.memory_bytes},
@@ -523,6 +532,7 @@ def _decode_addresses(value: Any) -> Addresses:
         control=_field(obj, "control", "addresses."),
         data=_field(obj, "data", "addresses."),
         api=_field(obj, "api", "addresses.", nullable=True),
+        relay=_field(obj, "relay", "addresses.", nullable=True),
     )
 
 

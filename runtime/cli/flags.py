@@ -84,6 +84,20 @@ def _address_flags(parser: argparse.ArgumentParser, *, serving: bool) -> None:
         metavar="HOST",
         help="host peers should dial, required when --listen is a wildcard like 0.0.0.0",
     )
+    parser.add_argument(
+        "--no-relay",
+        action="store_true",
+        help="do not relay for nodes behind NAT (a reachable node does by default, at its "
+        "control port + 100)",
+    )
+    parser.add_argument(
+        "--relay-port",
+        type=argtypes.positive_int,
+        default=None,
+        metavar="P",
+        help="the port nodes behind NAT reserve relayed addresses at (default: the control "
+        "port + 100)",
+    )
 
 
 def _swarm_flags(parser: argparse.ArgumentParser) -> None:

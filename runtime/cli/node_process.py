@@ -48,9 +48,10 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
     if args.models is not None and not args.models.is_dir():
         raise ValueError(f"--models {args.models}: not a directory")
     serve = None
+    state_dir = args.state_dir or default_state_dir()
     if args.model is not None:
         serve = ServeOptions(
-            model_dir=model_folder(args.model).resolve(),
+            model_dir=model_folder(args.model, state_dir).resolve(),
             layers=args.layers,
             recipe=args.recipe or DEFAULT_RECIPE,
             backend=args.backend,
@@ -61,7 +62,7 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
     return NodeOptions(
         listen=args.listen,
         api=args.api,
-        state_dir=args.state_dir or default_state_dir(),
+        state_dir=state_dir,
         joins=tuple(args.join),
         profile=args.profile,
         data_listen=args.data_listen,
@@ -77,6 +78,8 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
         swarm=args.swarm,
         invite=args.invite,
         max_chats_per_client=args.max_chats_per_client,
+        relay=not args.no_relay,
+        relay_port=args.relay_port,
     )
 
 

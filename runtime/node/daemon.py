@@ -40,6 +40,7 @@ from runtime.node.provision import Provisioner
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.reachability_driver import ReachabilityDriver
 from runtime.node.record_publisher import RecordPublisher
+from runtime.node.relays import NodeRelays
 from runtime.node.state_dir import StateDir
 from runtime.node.status import status_document
 from runtime.node.swarm_view import SwarmView
@@ -95,6 +96,7 @@ class Node:
         self.access: SwarmAccess
         self.records: RecordPublisher
         self.reachability: ReachabilityDriver
+        self.relays: NodeRelays  # reached through relays behind NAT; offers one if not
 
     def _wire(self, control: Plane, data: Plane) -> None:
         options = self.options
@@ -158,6 +160,7 @@ class Node:
             artifacts=ArtifactStore(self.state.path / "artifacts", self.store.by_digest),
             checks=self.spot_checks,
         )
+        self.relays = NodeRelays(self, control, data)
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the sockets, join, serve until SIGTERM/SIGINT, leave, return.
@@ -179,11 +182,7 @@ class Node:
                         advertise=options.advertise,
                         shutdown=self._http_shutdown,
                     )
-                    self.addresses = {
-                        "control": self.membership.address,
-                        "data": options.advertised(data.address),
-                        "api": api_url,
-                    }
+                    self.addresses = await self.relays.start(nursery, api_url)
                     self.republish()
                     if options.joins:
                         self.membership.join(options.seed_addresses())

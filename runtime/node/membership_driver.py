@@ -192,6 +192,12 @@ class MembershipDriver:
             state = "no peer reached"
         return {"state": state, "seeds": self._seeds, "attempts": attempts}
 
+    def set_address(self, address: str) -> None:
+        """Peers reach us at `address` from now (`Membership.set_address`)."""
+        self.address = address
+        self.core.set_address(address, trio.current_time())
+        self.flush()
+
     def publish_record(self, body: bytes) -> None:
         """Re-sign and gossip this node's record body."""
         self.core.publish_record(body, trio.current_time())

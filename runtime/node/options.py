@@ -116,6 +116,12 @@ class NodeOptions:
     max_chats_per_client: int | None = None
     """`--max-chats-per-client`: chats one HTTP client may run at once on
     this node (None: `runtime.api.quota.MAX_CONCURRENT_PER_CLIENT`)."""
+    relay: bool = True
+    """Offer to relay for nodes behind NAT (`--no-relay` turns it off;
+    `runtime.node.relays`)."""
+    relay_port: int | None = None
+    """`--relay-port`: where reservations come in (None: the control port
+    plus `mesh.relay.RELAY_PORT_OFFSET`, so seeds are found without it)."""
 
     def __post_init__(self) -> None:
         if self.swarm not in SWARM_MODES:

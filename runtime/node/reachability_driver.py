@@ -58,15 +58,15 @@ FLUSH_LINGER_MS: Final = 1_000
 TEXT_CHECKING: Final = "checking reachability…"
 
 
-def reachability_text(verdict: Verdict, address: str | None) -> str:
-    """The verdict in the words the status page and `shardmesh status` show."""
+def reachability_text(verdict: Verdict, address: str | None, relay: str | None = None) -> str:
+    """The verdict in the words the status page and `shardmesh status` show
+    (`relay`: the relay this node is reached through, if any)."""
     if verdict == "direct":
         return f"reachable at {address}"
+    if verdict == "unreachable" and relay is not None:
+        return f"behind NAT: serving through relay {relay} (peers cannot dial {address})"
     if verdict == "unreachable":
-        return (
-            f"behind NAT: peers cannot dial {address} back; it cannot serve until relays "
-            "land (issue 29)"
-        )
+        return f"behind NAT: peers cannot dial {address} back; looking for a relay"
     return TEXT_CHECKING
 
 
@@ -153,15 +153,26 @@ class ReachabilityDriver:
         self._serving = 0
         self._nursery: trio.Nursery | None = None
         self._verdict: Verdict = "unknown"
+        self.relay: str | None = None
+        """The relay this node is reached through (`runtime.node.relays`
+        sets it): while one holds, the verdict stands unchecked, since the
+        advertised address is the relay's and a dial-back would prove only
+        that the relay works."""
         self.counters: Counter[str] = Counter()
         membership.on_dial = self.handle
 
     # --- what others read ---------------------------------------------------------
 
     @property
+    def verdict(self) -> Verdict:
+        return self._verdict
+
+    @property
     def reach(self) -> Reach:
-        """What the record says: `direct`, or `unknown` (a node behind NAT
-        too, until relays exist)."""
+        """What the record says: `direct`, `relayed` (through `relay`), or
+        `unknown` (a node behind NAT that holds no relay yet)."""
+        if self.relay is not None:
+            return "relayed"
         return "direct" if self._verdict == "direct" else "unknown"
 
     def status(self) -> dict[str, Any]:
@@ -170,7 +181,8 @@ class ReachabilityDriver:
         return {
             "verdict": self._verdict,
             "address": address,
-            "says": reachability_text(self._verdict, address),
+            "says": reachability_text(self._verdict, address, self.relay),
+            "relay": self.relay,
             "answers": self.core.answers(),
             "counters": dict(self.counters),
         }
@@ -204,6 +216,8 @@ class ReachabilityDriver:
                 await trio.sleep(TICK_S)
 
     def _step(self, nursery: trio.Nursery) -> None:
+        if self.relay is not None:
+            return  # the advertised address is the relay's (see `relay`)
         self.core.set_address(self._membership.address)
         self.core.tick(trio.current_time(), self._candidates())
         for ask in self.core.take_asks():

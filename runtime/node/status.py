@@ -25,6 +25,7 @@ from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import Placement
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.reachability_driver import ReachabilityDriver
+from runtime.node.relays import NodeRelays
 from runtime.node.spot_check import Adjudicator, SpotChecker
 from runtime.node.swarm_view import SwarmView
 
@@ -52,6 +53,7 @@ class StatusSources(Protocol):
     spot_checks: SpotChecker
     adjudicator: Adjudicator
     reachability: ReachabilityDriver
+    relays: NodeRelays
 
 
 def merged_drops(
@@ -101,6 +103,8 @@ def status_document(source: StatusSources, now: float) -> dict[str, Any]:
         "join": membership.join_status(),
         # Whether peers can dial this node back (runtime.node.reachability_driver).
         "reachability": source.reachability.status(),
+        # The relay it offers, the ones it is reached through (runtime.node.relays).
+        "relays": source.relays.status(),
         "addresses": dict(source.addresses),
         "started_at": source.started_at,
         "uptime_s": round(now - source.started_mono, 3),

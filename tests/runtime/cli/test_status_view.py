@@ -225,8 +225,8 @@ def test_json_is_the_raw_document_for_scripts() -> None:
     "says",
     [
         "reachable at tcp://10.77.1.2:7001",
-        "behind NAT: peers cannot dial tcp://192.168.3.2:7001 back; it cannot serve until "
-        "relays land (issue 29)",
+        "behind NAT: serving through relay tcp://10.77.1.2:7101 (peers cannot dial "
+        "tcp://192.168.3.2:7001)",
         "checking reachability…",
     ],
 )

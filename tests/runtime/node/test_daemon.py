@@ -37,7 +37,7 @@ async def test_a_node_comes_up_serves_its_status_and_leaves_on_sigterm(tmp_path:
             await nursery.start(node.run)
             ready = read_ready(tmp_path, os.getpid())
             assert ready is not None and ready["node_id"] == node_id_text(identity.node_id)
-            assert set(node.addresses) == {"control", "data", "api"}
+            assert set(node.addresses) == {"control", "data", "api", "relay"}, "it offers a relay"
             assert ready["api"] == node.addresses["api"]
             async with httpx.AsyncClient(timeout=10) as client:
                 reply = await client.get(node.addresses["api"] + "/v1/network/status")
@@ -48,6 +48,8 @@ async def test_a_node_comes_up_serves_its_status_and_leaves_on_sigterm(tmp_path:
             assert "ledger_follower" in status and isinstance(status["drops"], dict)
             own = next(m for m in status["members"] if m["self"])
             assert own["record"]["addresses"]["api"] == node.addresses["api"], "record published"
+            assert own["record"]["addresses"]["relay"] == node.addresses["relay"]
+            assert status["relays"]["offered"]["reservations"] == 0
             # A founder alone has nobody to dial it back yet.
             assert status["reachability"]["says"] == "checking reachability…"
             assert own["record"]["reach"] == "unknown"

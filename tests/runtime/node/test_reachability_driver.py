@@ -164,10 +164,9 @@ async def test_a_node_whose_advertised_address_nobody_can_dial_learns_it_is_unre
             status = b.reach.status()
             assert status["verdict"] == "unreachable"
             assert status["says"] == (
-                f"behind NAT: peers cannot dial {hidden} back; it cannot serve until relays "
-                "land (issue 29)"
+                f"behind NAT: peers cannot dial {hidden} back; looking for a relay"
             )
-            assert b.reach.reach == "unknown", "no relays yet: the record says unknown"
+            assert b.reach.reach == "unknown", "no relay yet: the record says unknown"
             assert a.reach.counters["dial_back_failed"] == 1
             nursery.cancel_scope.cancel()
 
@@ -221,6 +220,9 @@ def test_the_verdicts_in_words() -> None:
     assert reachability_text("unknown", None) == "checking reachability…"
     assert "behind NAT: peers cannot dial tcp://x:1 back" in reachability_text(
         "unreachable", "tcp://x:1"
+    )
+    assert reachability_text("unreachable", "tcp://x:1", "tcp://r:7101") == (
+        "behind NAT: serving through relay tcp://r:7101 (peers cannot dial tcp://x:1)"
     )
 
 
