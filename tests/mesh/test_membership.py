@@ -451,3 +451,24 @@ def test_two_live_processes_with_one_key_learn_of_each_other_and_a_restart_does_
     # its next full-state sync with a at the latest, then tells the copy.
     net.advance(2 * CONFIG.push_pull_period(2))
     assert reborn.twin_addr == "tcp://b3" and copy.twin_addr == "tcp://b2"
+
+
+def test_a_node_nobody_can_dial_becomes_a_member_once_it_advertises_a_relayed_address() -> None:
+    net = Net("a")
+    home = net.start("home")
+    # Behind NAT: what home sends goes out, nothing sent to its own address arrives.
+    net.keep = lambda send: send.addr != "tcp://home"
+    home.join([(net.ids["a"].node_id, "tcp://a")], net.now)
+    net.advance(3.0)
+    assert net.nodes["a"].member(home.node_id) is None, "its ping never answered: no member"
+    assert not home.joining[0]
+    # A relay gives it another address that reaches it (the relay splices).
+    net.nodes["relayed-home"] = home
+    before = home.incarnation
+    home.set_address("tcp://relayed-home", net.now)
+    assert home.incarnation == before + 1, "a new Alive names the new address"
+    net.advance(3.0)
+    seen = net.nodes["a"].member(home.node_id)
+    assert seen is not None and seen.addr == "tcp://relayed-home"
+    assert seen.state is MemberState.ALIVE and home.joining[0]
+    assert home.twin_addr is None, "its own former address is no twin"

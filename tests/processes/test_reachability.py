@@ -7,8 +7,9 @@ lets an unasked connection in).
 The founder is in `a`; `b`, `c` and `d` join it. The public nodes learn
 they are reachable at their own address; each home node, whose requests go
 out through its router but whose private address no peer can dial, learns
-it is behind NAT, and `shardmesh status` says so in words. The lab test
-needs root: elsewhere it skips, saying why.
+it is behind NAT, and `shardmesh status` says so in words, and then which
+relay it is served through (`runtime.node.relays`). The lab test needs
+root: elsewhere it skips, saying why.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from mesh.relay import RELAY_PORT_OFFSET
 from runtime.cli.localswarm import LocalSwarm, Views
 from runtime.lab.netns import Lab
 from runtime.node.state_dir import READY_FILE
@@ -119,6 +121,18 @@ def wait_verdicts(lab: Lab, want: dict[str, str]) -> dict[str, Any]:
     pytest.fail(f"verdicts not reached in {VERDICT_TIMEOUT_S}s: want {want}, saw {seen}")
 
 
+def wait_relayed(lab: Lab, site: str) -> dict[str, Any]:
+    """`site`'s status once its own record says it is reached through a relay."""
+    deadline = time.monotonic() + VERDICT_TIMEOUT_S
+    while time.monotonic() < deadline:
+        document = status(lab, site, as_json=True)
+        own = next((m for m in (document or {}).get("members", []) if m["self"]), None)
+        if own is not None and (own["record"] or {}).get("reach") == "relayed":
+            return dict(document)
+        time.sleep(0.5)
+    pytest.fail(f"{site} not relayed within {VERDICT_TIMEOUT_S}s")
+
+
 def test_public_nodes_learn_they_are_direct_and_a_home_node_that_it_is_behind_nat(
     make_lab: MakeLab,  # noqa: F811 - the fixture
     tmp_path: Path,
@@ -138,15 +152,15 @@ def test_public_nodes_learn_they_are_direct_and_a_home_node_that_it_is_behind_na
         assert seen[site]["says"] == f"reachable at {address}"
     for site in ("c", "d"):
         home = f"tcp://{lab.address(site)}:{CONTROL_PORT}"
-        says = (
-            f"behind NAT: peers cannot dial {home} back; it cannot serve until relays land "
-            "(issue 29)"
-        )
-        assert seen[site]["says"] == says
+        says = seen[site]["says"]
+        assert says.startswith("behind NAT: "), says
+        assert f"peers cannot dial {home}" in says
+        document = wait_relayed(lab, site)
+        relay = document["reachability"]["relay"]
+        says = f"behind NAT: serving through relay {relay} (peers cannot dial {home})"
+        assert document["reachability"]["says"] == says
+        assert relay in {f"tcp://{lab.address(s)}:{CONTROL_PORT + RELAY_PORT_OFFSET}" for s in "ab"}
         assert f"reachability: {says}" in status(lab, site, as_json=False)
-        document = status(lab, site, as_json=True)
-        own = next(m for m in document["members"] if m["self"])
-        assert own["record"]["reach"] == "unknown", "no relays yet: its record says unknown"
     public = status(lab, "b", as_json=True)
     own = next(m for m in public["members"] if m["self"])
     assert own["record"]["reach"] == "direct"
