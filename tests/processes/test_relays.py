@@ -1,27 +1,33 @@
 """Relays with real `shardmesh node` processes in the WAN lab (issue 29, item 3).
 
-Two public sites, `a` and `b`, run bare nodes (the founder in `a`); two home
-sites, `c` behind a port-preserving NAT router and `d` behind a symmetric
-one, serve the model's two halves. Nothing can dial `c` or `d`: each learns
-it is behind NAT, reserves at the public nodes' relays, and advertises the
-relayed ports, so the swarm's own ping reaches it and it becomes a member
-(docs/design/membership.md#introductions). A greedy chat entered at `a`
-streams, over the chain c -> d (both reached only through relays), the text
-transformers' greedy `generate` gives in this process. Root only: elsewhere
-it skips, saying why no lab can be built.
+Three public sites run bare nodes: the founder and entry in `a`, relays in
+`b` and `e`; two home sites, `c` behind a port-preserving NAT router and
+`d` behind a symmetric one, serve the model's two halves. Nothing can dial
+`c` or `d`: each learns it is behind NAT, reserves at two relays (its seed
+`b` first, then `e`) and advertises `b`'s ports, so the swarm's own ping
+reaches it and it becomes a member (docs/design/membership.md#introductions).
+A greedy chat entered at `a` streams, over the chain c -> d (both reached
+only through relays), the text transformers' greedy `generate` gives in
+this process; a longer one still does when relay `b` is SIGKILLed after a
+few chunks (the home nodes move to `e`). Root only: elsewhere it skips,
+saying why no lab can be built.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+import trio
 
 from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see
 from runtime.lab.netns import Lab
 from runtime.model.tiny import make_tiny_model
-from tests.processes.test_inference import MODEL, model_ready, reference_text
+from tests.processes.test_inference import MESSAGES, MODEL, model_ready, reference_text
 from tests.processes.test_wan import print_logs, streamed_text
 from tests.runtime.lab.fixtures import MakeLab, make_lab  # noqa: F401 - the fixture
 from tests.swarm_helpers import wait_for
@@ -32,14 +38,19 @@ SPEC = {
     "sites": [
         {"name": "a"},
         {"name": "b"},
+        {"name": "e"},
         {"name": "c", "nat": "port-preserving"},
         {"name": "d", "nat": "symmetric"},
     ],
 }
+"""2 ms one way on every access link."""
 SPANS = {"c": "0:4", "d": "4:8"}
 MAX_TOKENS = 24
+LONG_TOKENS = 200
+"""Long enough that the stream is still running when its relay is killed."""
+KILL_AFTER_CHUNKS = 4
 START_TIMEOUT_S = 40.0
-"""Four interpreters starting at once on a loaded 2-core machine, two of
+"""Five interpreters starting at once on a loaded 2-core machine, two of
 them importing torch."""
 RELAYED_TIMEOUT_S = 30.0
 """The reachability verdict (a first round after a second, a silent
@@ -52,66 +63,113 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_tiny_model(tmp_path_factory.mktemp("models") / MODEL, layers=8, name=MODEL)
 
 
+def node_args(site: str, model_dir: Path) -> list[str]:
+    """`a` is the entry: no relay (so the relay killed is not the entry) and
+    its own copy of the tokenizer (a home node's API is not relayed); `b`
+    and `e` relay; `c` and `d` serve."""
+    if site == "a":
+        return ["--no-relay", "--models", str(model_dir.parent)]
+    if site in SPANS:
+        return ["--model", str(model_dir), "--layers", SPANS[site]]
+    return []
+
+
 async def start_sites(swarm: LocalSwarm, model_dir: Path) -> list[LocalNode]:
-    nodes = []
-    for site in ("a", "b", "c", "d"):
-        args = ["--model", str(model_dir), "--layers", SPANS[site]] if site in SPANS else []
-        if site == "a":  # the entry: its own copy of the tokenizer (APIs are not relayed)
-            args = ["--models", str(model_dir.parent)]
-        nodes.append(swarm.new_node(site, args=args, site=site))
+    """a, b, e, c, d; the home nodes join through a and b (a offers no relay)."""
+    nodes = [swarm.new_node(site, args=node_args(site, model_dir), site=site) for site in "abecd"]
     try:
         await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
-        await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=START_TIMEOUT_S)
+        await swarm.start_many(nodes[1:3], [nodes[0].seed], timeout=START_TIMEOUT_S)
+        await swarm.start_many(nodes[3:], [nodes[0].seed, nodes[1].seed], timeout=START_TIMEOUT_S)
     except SwarmError as exc:
         pytest.fail(str(exc))
     return nodes
 
 
-def relayed(home: list[LocalNode], lab: Lab) -> Callable[[Views], bool]:
-    """A check: each home node's own record says `relayed`, at a public relay."""
-    public = {lab.address("a"), lab.address("b")}
+def own_record(document: dict[str, Any] | None) -> dict[str, Any]:
+    own = next((m for m in (document or {}).get("members", []) if m["self"]), None)
+    return dict((own or {}).get("record") or {})
+
+
+def relayed_twice(home: list[LocalNode], lab: Lab) -> Callable[[Views], bool]:
+    """A check: each home node holds two relays, and its own record says
+    `relayed` at `b`'s ports (the first relay it reserved at: its seed)."""
 
     def check(views: Views) -> bool:
         for node in home:
             document = views.get(node.name) or {}
-            own = next((m for m in document.get("members", []) if m["self"]), None)
-            record = (own or {}).get("record") or {}
+            record = own_record(document)
             control = (record.get("addresses") or {}).get("control", "")
-            if record.get("reach") != "relayed" or not any(h in control for h in public):
+            if record.get("reach") != "relayed" or f"//{lab.address('b')}:" not in control:
+                return False
+            if len(document.get("relays", {}).get("held", [])) < 2:
                 return False
         return True
 
     return check
 
 
-async def test_two_home_nodes_behind_nat_serve_a_chat_through_relays(
+async def stream_killing(entry: LocalNode, victim: LocalNode, tokens: int) -> str:
+    """A greedy streamed chat at `entry`; `victim` SIGKILLed after a few chunks."""
+    body = {"model": MODEL, "messages": MESSAGES, "max_tokens": tokens, "temperature": 0}
+    parts: list[str] = []
+    async with (
+        httpx.AsyncClient(timeout=120) as client,
+        client.stream(
+            "POST", entry.api + "/v1/chat/completions", json={**body, "stream": True}
+        ) as r,
+    ):
+        assert r.status_code == 200, await r.aread()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            assert "error" not in chunk, chunk
+            parts.extend(c["delta"].get("content") or "" for c in chunk["choices"])
+            if len(parts) == KILL_AFTER_CHUNKS:
+                victim.kill()
+    return "".join(parts)
+
+
+async def test_home_nodes_behind_nat_serve_through_relays_and_survive_a_relay_killed(
     make_lab: MakeLab,  # noqa: F811 - the fixture
     model_dir: Path,
     tmp_path: Path,
 ) -> None:
     lab = make_lab(SPEC)
     text, _ = reference_text(model_dir, MAX_TOKENS)
+    long_text, _ = reference_text(model_dir, LONG_TOKENS)
     async with LocalSwarm(tmp_path / "swarm", profile="local", lab=lab) as swarm:
         nodes: list[LocalNode] = []
         try:
             nodes = await start_sites(swarm, model_dir)
-            home = nodes[2:]
-            took = await wait_for(swarm, nodes, relayed(home, lab), RELAYED_TIMEOUT_S, "relayed")
-            print(f"relayed {took:.1f} s after start")
+            entry, relay, home = nodes[0], nodes[1], nodes[3:]
+            took = await wait_for(
+                swarm, nodes, relayed_twice(home, lab), RELAYED_TIMEOUT_S, "relayed"
+            )
             alive = all_see(nodes, nodes, "alive")
             joined = await wait_for(swarm, nodes, alive, RELAYED_TIMEOUT_S, "all members")
-            print(f"all members {joined:.1f} s later")
             ready = model_ready(MODEL, nodes)
             covered = await wait_for(swarm, nodes, ready, COVERAGE_TIMEOUT_S, "cover")
+            print(f"relayed {took:.1f} s after start; members {joined:.1f} s later")
             print(f"covered {covered:.1f} s later")
-            assert await streamed_text(nodes[0]) == text
+            assert await streamed_text(entry) == text
             for node in home:
-                document = await swarm.status(node)
-                assert document is not None
-                says = document["reachability"]["says"]
-                assert says.startswith("behind NAT: serving through relay tcp://10.77."), says
-            relay = (await swarm.status(nodes[0]) or {})["relays"]["offered"]
-            assert relay["sessions"] > 0 and relay["forwarded_bytes"] > 0
+                says = (await swarm.status(node) or {})["reachability"]["says"]
+                assert says.startswith(
+                    f"behind NAT: serving through relay tcp://{lab.address('b')}:"
+                )
+            offered = (await swarm.status(relay) or {})["relays"]["offered"]
+            assert offered["reservations"] == 2 and offered["sessions"] > 0
+            began = trio.current_time()
+            assert await stream_killing(entry, relay, LONG_TOKENS) == long_text
+            took = trio.current_time() - began
+            chat = (await swarm.status(entry) or {})["chat"]
+            print(f"the long stream, relay b killed mid-way: {took:.1f} s; entry's chat: {chat}")
+            moved = await swarm.views(home)
+            for node in home:
+                control = own_record(moved[node.name])["addresses"]["control"]
+                assert f"//{lab.address('e')}:" in control, "moved to its other relay"
         except BaseException:
             print_logs(nodes)
             raise
