@@ -2,7 +2,8 @@
 
 Every node answers the same API: a client can point at any node. The routes
 live by audience, each module a few small classes of routes:
-`runtime.api.openai` (chat, for OpenAI clients), `runtime.api.network` (the
+`runtime.api.openai` (chat, for OpenAI clients) and `runtime.api.completions`
+(their legacy text completions), `runtime.api.network` (the
 swarm's status, placement and files), `runtime.api.metrics` (`GET /metrics`,
 Prometheus text) and `runtime.api.page` (`GET /`, the web page); the last two
 are views of the status document. This module puts them in one app, with the
@@ -17,6 +18,7 @@ from typing import Protocol
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 
+from runtime.api.completions import completion_routes
 from runtime.api.http import BadRequest, bad_request, chat_error, http_error, server_error
 from runtime.api.metrics import MetricsRoutes
 from runtime.api.network import NetworkNode, network_routes
@@ -38,9 +40,11 @@ def create_app(node: NodeAPI, *, chats_per_client: int | None = None) -> Starlet
     Nothing of `node` but `chat` is read here: the routes read the rest per
     request, so the app can be made before the node is fully wired."""
     quota = ChatQuota(chats_per_client or MAX_CONCURRENT_PER_CLIENT)
+    openai = OpenAIRoutes(node.chat, quota)
     return Starlette(
         routes=[
-            *OpenAIRoutes(node.chat, quota).routes(),
+            *openai.routes(),
+            *completion_routes(openai),
             *network_routes(node),
             *MetricsRoutes(node).routes(),
             *PageRoutes().routes(),

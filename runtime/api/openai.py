@@ -15,7 +15,7 @@ the route returns or raises, a stream when it is over.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from contextlib import aclosing
 from functools import partial
 from typing import Any, Final
@@ -57,10 +57,16 @@ class OpenAIRoutes:
         ]
 
     async def chat_completions(self, request: Request) -> Response:
-        """`answer`, with the request counted once by how it ended."""
+        """A chat completion (`serve` of `answer_chat`)."""
+        return await self.serve(request, self.answer_chat)
+
+    async def serve(self, request: Request, respond: Respond) -> Response:
+        """`respond`'s answer to the request's JSON body (a chat, or a text
+        completion: `runtime.api.completions`), served under the client's
+        quota and counted once by how it ended."""
         outcomes = self.chat.outcomes
         try:
-            response = await self.answer(request)
+            response = await self._answer(request, respond)
         except Exception as exc:
             outcomes[request_outcome(exc)] += 1
             raise
@@ -71,28 +77,33 @@ class OpenAIRoutes:
             outcomes[OUTCOME_OK] += 1
         return response
 
-    async def answer(self, request: Request) -> Response:
-        """A completion (JSON, or a stream that holds the client's quota slot
-        until it is over); 429 when the client has no slot left."""
+    async def _answer(self, request: Request, respond: Respond) -> Response:
+        """`respond`'s answer (JSON, or a stream that holds the client's
+        quota slot until it is over); 429 when the client has no slot left."""
         # Before the body is read: a slow upload holds a slot too.
         client = client_key(request.client.host if request.client else None)
         self._acquire(client)
         streaming = False
         try:
-            request_ = parse_chat_request(await json_object(request))
-            generation, deltas = await self.chat.start(request_)
-            if not request_.stream:
-                async with aclosing(deltas):
-                    text = "".join([delta async for delta in deltas])
-                return JSONResponse(_completion_json(generation, text))
-            ending = _Ending()
-            events = _events(generation, deltas, request_.include_usage, ending)
+            answer = await respond(await json_object(request))
+            if isinstance(answer, Response):
+                return answer
+            events, ending = answer
             response = _SlotStream(events, release=partial(self._stream_over, client, ending))
             streaming = True  # the response releases the slot once it is over
             return response
         finally:
             if not streaming:
                 self.quota.release(client)
+
+    async def answer_chat(self, body: dict[str, Any]) -> Response | Streamed:
+        """A chat completion of `body`: JSON, or its stream's events."""
+        request = parse_chat_request(body)
+        generation, deltas = await self.chat.start(request)
+        if not request.stream:
+            return JSONResponse(_completion_json(generation, await collect(deltas)))
+        ending = Ending()
+        return _events(generation, deltas, request.include_usage, ending), ending
 
     def _acquire(self, client: str) -> None:
         """Take one of `client`'s quota slots, or raise the 429 that says why not."""
@@ -109,7 +120,7 @@ class OpenAIRoutes:
             extra={"reason": refusal.reason},
         )
 
-    def _stream_over(self, client: str, ending: _Ending) -> None:
+    def _stream_over(self, client: str, ending: Ending) -> None:
         """A stream is over: count how it ended and give its slot back."""
         self.chat.outcomes[ending.outcome] += 1
         self.quota.release(client)
@@ -129,13 +140,36 @@ def request_outcome(exc: Exception) -> str:
     return OUTCOME_SERVER_ERROR
 
 
-class _Ending:
+class Ending:
     """How a stream ended, as far as it got: cancelled until it says otherwise."""
 
     __slots__ = ("outcome",)
 
     def __init__(self) -> None:
         self.outcome = OUTCOME_CANCELLED
+
+
+Streamed = tuple[AsyncGenerator[str, None], Ending]
+"""A streamed answer: its server-sent events, and how it ended."""
+Respond = Callable[[dict[str, Any]], Awaitable[Response | Streamed]]
+"""What answers one request's JSON body (`OpenAIRoutes.serve`)."""
+
+
+async def collect(deltas: AsyncGenerator[str, None]) -> str:
+    """A whole completion's text, its generator closed at once."""
+    async with aclosing(deltas):
+        return "".join([delta async for delta in deltas])
+
+
+def sse(value: dict[str, Any]) -> str:
+    """One server-sent event of JSON."""
+    return f"data: {json.dumps(value)}\n\n"
+
+
+def stream_error(exc: ChatError, ending: Ending) -> str:
+    """A stream's in-band error (headers are gone), as OpenAI sends one."""
+    ending.outcome = exc.outcome
+    return sse({"error": {"message": exc.message, "type": "server_error", "code": exc.code}})
 
 
 STREAM_CLOSE_TIMEOUT_S: Final = 5.0
@@ -174,7 +208,7 @@ async def _events(
     generation: Generation,
     deltas: AsyncGenerator[str, None],
     include_usage: bool,
-    ending: _Ending,
+    ending: Ending,
 ) -> AsyncGenerator[str, None]:
     """The server-sent events of one streamed completion; `ending` says how
     it ended (left cancelled when the client goes away first)."""
@@ -186,15 +220,12 @@ async def _events(
             async for delta in deltas:
                 yield _chunk(generation, {"content": delta}, None)
     except ChatError as exc:
-        ending.outcome = exc.outcome
-        # Headers are gone: report in-band, as OpenAI does mid-stream.
-        error = {"message": exc.message, "type": "server_error", "code": exc.code}
-        yield f"data: {json.dumps({'error': error})}\n\n"
+        yield stream_error(exc, ending)
         return
     ending.outcome = OUTCOME_OK  # the answer is whole; what follows only closes it
     last = _chunk_json(generation, {}, generation.finish_reason)
-    last["shardmesh"] = _shardmesh_json(generation)
-    yield f"data: {json.dumps(last)}\n\n"
+    last["shardmesh"] = shardmesh_json(generation)
+    yield sse(last)
     if include_usage:
         usage = {
             "id": generation.id,
@@ -202,9 +233,9 @@ async def _events(
             "created": generation.created,
             "model": generation.model,
             "choices": [],
-            "usage": _usage(generation),
+            "usage": usage_json([generation]),
         }
-        yield f"data: {json.dumps(usage)}\n\n"
+        yield sse(usage)
     yield "data: [DONE]\n\n"
 
 
@@ -221,12 +252,12 @@ def _completion_json(generation: Generation, text: str) -> dict[str, Any]:
                 "finish_reason": generation.finish_reason,
             }
         ],
-        "usage": _usage(generation),
-        "shardmesh": _shardmesh_json(generation),
+        "usage": usage_json([generation]),
+        "shardmesh": shardmesh_json(generation),
     }
 
 
-def _shardmesh_json(generation: Generation) -> dict[str, Any]:
+def shardmesh_json(generation: Generation) -> dict[str, Any]:
     """Our extension to a completion (OpenAI clients ignore unknown fields):
     the chain it ran through, its failovers, and where its time went."""
     return {
@@ -236,16 +267,19 @@ def _shardmesh_json(generation: Generation) -> dict[str, Any]:
     }
 
 
-def _usage(generation: Generation) -> dict[str, int]:
+def usage_json(generations: Sequence[Generation]) -> dict[str, int]:
+    """The tokens of one answer's generations (one per prompt), OpenAI's `usage`."""
+    prompt = sum(g.prompt_tokens for g in generations)
+    completion = sum(g.completion_tokens for g in generations)
     return {
-        "prompt_tokens": generation.prompt_tokens,
-        "completion_tokens": generation.completion_tokens,
-        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+        "prompt_tokens": prompt,
+        "completion_tokens": completion,
+        "total_tokens": prompt + completion,
     }
 
 
 def _chunk(generation: Generation, delta: dict[str, Any], finish: str | None) -> str:
-    return f"data: {json.dumps(_chunk_json(generation, delta, finish))}\n\n"
+    return sse(_chunk_json(generation, delta, finish))
 
 
 def _chunk_json(

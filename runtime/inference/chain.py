@@ -57,8 +57,10 @@ from runtime.inference.protocol import (
     R_NOT_SESSION_PEER,
     R_WRONG_SENT,
     BadMessage,
+    LogprobRow,
     compute_us_field,
     encode_message,
+    logprob_rows,
     new_session_id,
     sampling_header,
     session_field,
@@ -73,6 +75,7 @@ __all__ = [
     "ChainHop",
     "ChainTiming",
     "Failure",
+    "Logprobs",
     "Pipeline",
     "PipelineError",
     "Reroute",
@@ -188,6 +191,36 @@ class ChainTiming:
         self.decode_steps += 1
 
 
+@dataclass
+class Logprobs:
+    """The logprobs a generation asked the last hop for (``top``
+    alternatives per token; the prompt's too with ``echo``), filled in as
+    tokens arrive: ``prompt`` the rows of the prompt's tokens after its
+    first (once the first step brought them), ``tokens`` one row per
+    generated token."""
+
+    top: int
+    echo: bool = False
+    prompt: list[LogprobRow] | None = None
+    tokens: list[LogprobRow] = field(default_factory=list)
+
+    def asked(self, prompt: Sequence[int]) -> dict[str, Any]:
+        """The ``open``'s ``logprobs`` for the last hop: the prompt's
+        tokens are echoed until a step brought their rows."""
+        echo = list(prompt[1:]) if self.echo and self.prompt is None else []
+        return {"top": self.top, "echo": echo}
+
+    def file(self, rows: Sequence[LogprobRow], echoed: int) -> bool:
+        """A token's rows: ``echoed`` prompt rows first, then its own; False
+        (nothing filed) when they are not that many."""
+        if len(rows) != echoed + 1:
+            return False
+        if echoed:
+            self.prompt = list(rows[:echoed])
+        self.tokens.append(rows[-1])
+        return True
+
+
 class PipelineError(Exception):
     """Generation stopped: a step failed and no new chain was found (or the
     reroute budget ran out). ``failure`` is the last failure."""
@@ -208,6 +241,7 @@ class _Reply:
     commitment: Commitment | None = None
     picks: tuple[int, ...] = ()
     margins: tuple[float, ...] = ()
+    logprobs: tuple[LogprobRow, ...] = ()
     proof: Contradiction | None = None
     """An error's proof against the hop before its sender, or a token's
     against its own sender (already checked: `Contradiction.fault`)."""
@@ -248,6 +282,7 @@ class _Filing:
     sketch_seed: int
     budget: int  # positions the session may use: no step or position lies beyond
     reports: _StepReports
+    logprobs_top: int | None = None  # the last hop's, when the generation asked
 
 
 class _StepFailed(Exception):
@@ -285,8 +320,10 @@ class _Attempt:
         *,
         check: dict[str, Any] | None = None,
         sketch_seeds: Sequence[int] | None = None,
+        logprobs: dict[str, Any] | None = None,
     ) -> None:
         self.pipeline = pipeline
+        self.logprobs = logprobs  # the last hop's open asks for them (Logprobs.asked)
         self.chain = chain
         self.model = model
         self.budget = budget
@@ -306,8 +343,9 @@ class _Attempt:
         for index, (session, hop) in enumerate(zip(self.sessions, chain, strict=True)):
             seed_of_hop = self.sketch_seeds[index]
             filing = _Filing(
-                transcript, index, hop.node, model, hop.layers, seed_of_hop, budget, self.reports
-            )
+                transcript, index, hop.node, model, hop.layers, seed_of_hop, budget, self.reports,
+                None if logprobs is None or index < len(chain) - 1 else logprobs["top"],
+            )  # fmt: skip
             pipeline.file_commitments(session, filing)
         self.node_of = {s: hop.node_id for s, hop in zip(self.sessions, chain, strict=True)}
         self.nodes = frozenset(hop.node_id for hop in chain)
@@ -337,6 +375,7 @@ class _Attempt:
                 "seed": self.seed,
                 "sketch_seed": self.sketch_seeds[i],
                 "check": self.check if i == last else None,
+                "logprobs": self.logprobs if i == last else None,
             }
             plane.send(hop.address, encode_message(header), peer=hop.node)
         waiting = set(self.sessions)
@@ -419,6 +458,15 @@ class _Attempt:
         if reply.reason.startswith(R_BAD_HANDOFF) and index > 0:
             return _StepFailed(frozenset({node, self.chain[index - 1].node_id}), reason)
         return _StepFailed(frozenset({node}), reason)
+
+    def file_logprobs(self, record: Logprobs, reply: _Reply, *, first: bool) -> None:
+        """File a token's logprobs in ``record`` (the echoed prompt's with
+        the chain's first); a last hop whose rows do not fit the step fails it."""
+        assert self.logprobs is not None
+        echoed = len(self.logprobs["echo"]) if first else 0
+        if not record.file(reply.logprobs, echoed):
+            reason = "the last hop's logprobs do not fit the step"
+            raise _StepFailed(frozenset({self.chain[-1].node_id}), reason)
 
     def sender_of(self, session: str) -> tuple[bytes, str] | None:
         """The hop that forwards into ``session`` and its own session (what
@@ -566,6 +614,7 @@ class Pipeline:
         max_reroutes: int = MAX_REROUTES,
         timing: ChainTiming | None = None,
         transcript: Transcript | None = None,
+        logprobs: Logprobs | None = None,
     ) -> AsyncGenerator[int, None]:
         """Yield the token ids generated from ``prompt_ids`` through ``chain``
         (hops in layer order, covering every layer).
@@ -585,7 +634,9 @@ class Pipeline:
 
         ``timing``, when given, is kept up to date as tokens arrive, and so
         is ``transcript``: the chain, the tokens and every hop's signed
-        commitment, for a spot check (:mod:`runtime.inference.transcript`).
+        commitment, for a spot check (:mod:`runtime.inference.transcript`);
+        and ``logprobs``: the last hop's, one row per token yielded (filed
+        before it is).
 
         Raises :class:`PipelineError` when a step fails and ``reroute`` is
         absent, returns ``None``, or has been asked ``max_reroutes`` times
@@ -601,9 +652,11 @@ class Pipeline:
         timing = timing or ChainTiming()
         while len(tokens) < limit:
             budget = len(prompt) + limit
+            asked = None if logprobs is None else logprobs.asked(prompt)
             attempt = _Attempt(
-                self, chain, model, budget, params, transcript.seed, transcript, deadlines
-            )
+                self, chain, model, budget, params, transcript.seed, transcript, deadlines,
+                logprobs=asked,
+            )  # fmt: skip
             timing.restart(chain)
             try:
                 await attempt.open()
@@ -611,9 +664,10 @@ class Pipeline:
                 pending = attempt.send_step(prompt, tokens)
                 while True:
                     reply = await attempt.receive_token(*pending)
-                    attempt.time_step(
-                        timing, reply, len(prompt) + start, first=len(tokens) == start
-                    )
+                    first = len(tokens) == start
+                    attempt.time_step(timing, reply, len(prompt) + start, first=first)
+                    if logprobs is not None:
+                        attempt.file_logprobs(logprobs, reply, first=first)
                     assert reply.token is not None
                     tokens.append(reply.token)
                     if len(tokens) < limit:
@@ -772,6 +826,7 @@ def _token_reply(
         commitment=commitment,
         picks=_ints(header.get("picks", [])),
         margins=_floats(header.get("margins", [])),
+        logprobs=() if filing.logprobs_top is None else logprob_rows(header, filing.logprobs_top),
         proof=checked if isinstance(checked, Contradiction) else None,
         unsigned=checked if isinstance(checked, str) else "",
     )

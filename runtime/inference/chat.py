@@ -38,14 +38,17 @@ from runtime.inference.chain import (
     ChainHop,
     ChainTiming,
     Failure,
+    Logprobs,
     Pipeline,
     PipelineError,
     Reroute,
 )
 from runtime.inference.deadlines import expected_pace
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
+from runtime.inference.protocol import LogprobRow, max_logprob_rows
 from runtime.inference.swarm import SwarmReader
 from runtime.inference.transcript import Transcript
+from runtime.model.manifest import has_chat_template
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
 
 log = logging.getLogger("shardmesh.chat")
@@ -144,6 +147,41 @@ class ChatError(Exception):
         return OUTCOME_CLIENT_ERROR if self.status < 500 else OUTCOME_SERVER_ERROR
 
 
+NO_CHAT_TEMPLATE: Final = "no_chat_template"
+"""The 400's code for chat messages to a model that has no chat template."""
+
+
+class PromptRequest(Protocol):
+    """What `ChatService.start` generates from: a chat's messages
+    (`ChatRequest`) or a text completion's prompt
+    (`runtime.inference.completion.PromptCompletion`)."""
+
+    @property
+    def model(self) -> str: ...
+    @property
+    def params(self) -> SamplingParams: ...
+    @property
+    def logprobs(self) -> int | None:
+        """How many alternatives each token's logprobs name; None: no logprobs."""
+        ...
+
+    @property
+    def echo(self) -> bool:
+        """Logprobs of the prompt's own tokens too (with `logprobs`)."""
+        ...
+
+    @property
+    def id_prefix(self) -> str: ...
+    @property
+    def prompt_param(self) -> str:
+        """The request field the prompt came in, for a 400 about its length."""
+        ...
+
+    def encode(self, tokenizer: ModelTokenizer) -> list[int]:
+        """The prompt's token ids; ChatError(400) when it cannot be encoded."""
+        ...
+
+
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
@@ -151,6 +189,13 @@ class ChatRequest:
     params: SamplingParams
     stream: bool
     include_usage: bool
+    logprobs: None = None
+    echo: bool = False
+    id_prefix: str = "chatcmpl"
+    prompt_param: str = "messages"
+
+    def encode(self, tokenizer: ModelTokenizer) -> list[int]:
+        return tokenizer.encode_chat(self.messages)
 
 
 def _bad(message: str, param: str) -> ChatError:
@@ -249,8 +294,20 @@ class ModelTokenizer:
             eos.add(int(self._tok.eos_token_id))
         self.eos_ids = frozenset(eos)
         self.context_window = int(config.get("max_position_embeddings") or 0) or None
+        self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
+        self.vocab_size = len(self._tok)
 
     def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
+        """The chat's token ids by the model's own template; a 400 naming
+        `/v1/completions` when the model has none (a base model)."""
+        if not self.has_chat_template:
+            raise ChatError(
+                400,
+                "this model has no chat template, so it cannot take chat messages; "
+                "send its prompt as text to /v1/completions instead",
+                param="messages",
+                code=NO_CHAT_TEMPLATE,
+            )
         ids = self._tok.apply_chat_template(
             list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
         )
@@ -258,8 +315,17 @@ class ModelTokenizer:
             ids = ids["input_ids"]
         return [int(t) for t in ids]
 
+    def encode_text(self, text: str) -> list[int]:
+        """A completion's prompt as token ids (with the model's special
+        tokens, a BOS where it has one)."""
+        return [int(t) for t in self._tok(text)["input_ids"]]
+
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode(list(ids), skip_special_tokens=True)
+
+    def token_text(self, token: int) -> str:
+        """One token's own text, special tokens included (logprobs name them)."""
+        return str(self._tok.decode([token]))
 
 
 def _read_json(path: Path) -> dict[str, Any]:
@@ -294,6 +360,15 @@ class ArtifactStore:
                 found = await trio.to_thread.run_sync(ModelTokenizer, directory)
                 self._tokenizers[digest] = found
             return found
+
+    def chat_template(self, digest: str) -> bool | None:
+        """Whether the model whose manifest digest is `digest` has a chat
+        template, where this node knows without a fetch (None otherwise)."""
+        found = self._tokenizers.get(digest)
+        if found is not None:
+            return found.has_chat_template
+        local = self.local(digest)
+        return None if local is None else has_chat_template(local)
 
     async def _fetch(self, digest: str, sources: Sequence[str]) -> Path:
         from runtime.model.manifest import ManifestError, artifact_files, verify_artifacts
@@ -345,6 +420,18 @@ def _remove_tree(path: Path) -> None:
     path.rmdir()
 
 
+@dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """One token's text and log-probability under the model (the last hop's
+    log-softmax of its logits, before any sampling parameter), and its
+    `top` alternatives; both None for a prompt's first token, which nothing
+    before it predicts."""
+
+    text: str
+    logprob: float | None
+    top: dict[str, float] | None
+
+
 @dataclass
 class Generation:
     """One completion in progress: what the API layer streams or collects."""
@@ -363,6 +450,11 @@ class Generation:
     first_token_at: float | None = None
     last_token_at: float | None = None
     hops: ChainTiming = field(default_factory=ChainTiming)
+    prompt_text: str = ""
+    """The prompt as text, when the request echoes it."""
+    logprobs: list[TokenLogprob] | None = None
+    """Each token's logprobs as they come (the prompt's first with `echo`),
+    when the request asked for them."""
 
     def timing_json(self) -> dict[str, Any]:
         """The response's `shardmesh.timing`: time to the first token and per
@@ -523,23 +615,26 @@ class ChatService:
     def models(self) -> list[dict[str, Any]]:
         """`GET /v1/models`: every model with complete admitted coverage
         (`ready`), and every model some node is assigned but that cannot be
-        routed yet (`loading`)."""
+        routed yet (`loading`); with `chat_template` false for a model that
+        takes text completions only (null where this node cannot tell yet)."""
         coverage = self.swarm.coverage()
         listed: dict[str, dict[str, Any]] = {}
         for name in sorted({key.model for key in coverage.models}):
             best = coverage.best(name)
             assert best is not None
             listed[name] = _model_json(name, "ready" if best.complete else "loading", best)
+            listed[name]["chat_template"] = self.artifacts.chat_template(best.manifest_digest)
         for name in sorted(self.swarm.assigned_models()):
             listed.setdefault(name, _model_json(name, "loading", None))
         return list(listed.values())
 
     # --- completions ----------------------------------------------------------------
 
-    async def start(self, request: ChatRequest) -> tuple[Generation, AsyncGenerator[str, None]]:
-        """Route and start one completion; the generation record and an
-        iterator of text deltas (the iterator sets finish_reason and counts
-        tokens as it goes). Raises ChatError before anything is generated."""
+    async def start(self, request: PromptRequest) -> tuple[Generation, AsyncGenerator[str, None]]:
+        """Route and start one completion (of a chat, or of a text prompt);
+        the generation record and an iterator of text deltas (the iterator
+        sets finish_reason, counts tokens and files their logprobs as it
+        goes). Raises ChatError before anything is generated."""
         accepted_at = trio.current_time()
         coverage = self.swarm.coverage()
         try:
@@ -553,23 +648,18 @@ class ChatService:
         tokenizer = await self.artifacts.tokenizer(
             variant.manifest_digest, self._artifact_sources(variant)
         )
-        prompt = await trio.to_thread.run_sync(tokenizer.encode_chat, request.messages)
-        window = tokenizer.context_window
-        if window is not None and len(prompt) >= window:
-            raise ChatError(
-                400,
-                f"the prompt is {len(prompt)} tokens; this model's context window is {window}",
-                param="messages",
-                code="context_length_exceeded",
-            )
+        prompt = await trio.to_thread.run_sync(request.encode, tokenizer)
+        _check_prompt(request, prompt, tokenizer.context_window)
         generation = Generation(
-            id=f"chatcmpl-{uuid.uuid4().hex}",
+            id=f"{request.id_prefix}-{uuid.uuid4().hex}",
             model=request.model,
             created=int(time.time()),
             prompt_tokens=len(prompt),
             route=[node_id_text(n) for n in route.node_ids],
             accepted_at=accepted_at,
         )
+        if request.echo:
+            generation.prompt_text = tokenizer.decode(prompt)
         deltas = self._deltas(request, variant, route, tokenizer, prompt, generation)
         return generation, deltas
 
@@ -697,7 +787,7 @@ class ChatService:
 
     async def _deltas(
         self,
-        request: ChatRequest,
+        request: PromptRequest,
         variant: ModelCoverage,
         route: Route,
         tokenizer: ModelTokenizer,
@@ -716,6 +806,7 @@ class ChatService:
         ids: list[int] = []
         emitted = ""
         transcript = Transcript()  # the hops' commitments, for a spot check
+        record = None if request.logprobs is None else Logprobs(request.logprobs, request.echo)
         stream = self._pipeline.generate(
             variant.model,
             self._chain(route, slowed),
@@ -726,6 +817,7 @@ class ChatService:
             reroute=self._failover(variant.model, route, generation, slowed, transcript),
             timing=generation.hops,
             transcript=transcript,
+            logprobs=record,
         )
         try:
             async with aclosing(stream) as tokens:
@@ -735,6 +827,8 @@ class ChatService:
                         generation.finish_reason = "stop"
                         break
                     ids.append(token)
+                    if record is not None:
+                        _file_logprobs(generation, record, prompt, token, tokenizer)
                     text = tokenizer.decode(ids)
                     if text.endswith(HOLD_BACK_REPLACEMENT):
                         continue
@@ -893,6 +987,59 @@ class ChatService:
         return declared
 
 
+def _file_logprobs(
+    generation: Generation,
+    record: Logprobs,
+    prompt: Sequence[int],
+    token: int,
+    tokenizer: ModelTokenizer,
+) -> None:
+    """File the logprobs of the token just generated (and, before the first,
+    the prompt's when echoed) as the client reads them: by token text."""
+    filed = generation.logprobs
+    if filed is None:
+        filed = generation.logprobs = []
+    if not filed and record.echo:
+        filed.append(TokenLogprob(tokenizer.token_text(prompt[0]), None, None))
+        for prompt_token, row in zip(prompt[1:], record.prompt or [], strict=True):
+            filed.append(_token_logprob(prompt_token, row, tokenizer))
+    filed.append(_token_logprob(token, record.tokens[-1], tokenizer))
+
+
+def _token_logprob(token: int, row: LogprobRow, tokenizer: ModelTokenizer) -> TokenLogprob:
+    """`row` by token text; of alternatives whose texts are alike (byte
+    tokens that each decode to U+FFFD) the best is kept."""
+    top: dict[str, float] = {}
+    for alternative, logprob in zip(row.top_ids, row.top_logprobs, strict=True):
+        top.setdefault(tokenizer.token_text(alternative), logprob)  # best first
+    return TokenLogprob(tokenizer.token_text(token), row.logprob, top)
+
+
+def _check_prompt(request: PromptRequest, prompt: Sequence[int], window: int | None) -> None:
+    """A 400 for a prompt that cannot be generated from: empty, over the
+    model's context window, or too long for its echoed logprobs to fit
+    one reply (`runtime.inference.protocol.max_logprob_rows`)."""
+    param = request.prompt_param
+    if not prompt:
+        raise ChatError(400, "the prompt has no tokens", param=param, code="invalid_value")
+    if window is not None and len(prompt) >= window:
+        raise ChatError(
+            400,
+            f"the prompt is {len(prompt)} tokens; this model's context window is {window}",
+            param=param,
+            code="context_length_exceeded",
+        )
+    top = request.logprobs
+    if request.echo and top is not None and len(prompt) - 1 > max_logprob_rows(top):
+        raise ChatError(
+            400,
+            f"echo with logprobs={top} takes prompts of at most "
+            f"{max_logprob_rows(top) + 1} tokens; this one is {len(prompt)}",
+            param=param,
+            code="context_length_exceeded",
+        )
+
+
 def _all_gap(layers: int | None) -> list[list[int]] | None:
     return None if layers is None else [[0, layers]]
 
@@ -908,6 +1055,7 @@ def _model_json(name: str, status: str, variant: ModelCoverage | None) -> dict[s
         "layers": variant.num_layers if variant else None,
         "covered": [list(s) for s in variant.covered] if variant else [],
         "gaps": [list(s) for s in variant.gaps] if variant else None,
+        "chat_template": None,
     }
 
 

@@ -15,7 +15,8 @@ docs/design/inference-protocol.md#the-data-plane-protocol.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Final
 
 import numpy as np
@@ -24,14 +25,16 @@ from mesh.fields import MAX_UINT, FieldError, hex_text, is_uint, sequence, text,
 from mesh.identity import NODE_ID_BYTES
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS, encode_tensor
-from runtime.model.sampling import SamplingParams
+from runtime.model.sampling import SamplingParams, token_logprobs
 
 __all__ = [
     "ENTRY_OPS",
     "HOP_OPS",
     "MAX_CHAIN_HOPS",
+    "MAX_LOGPROB_BYTES",
     "MAX_NAME_CHARS",
     "MAX_REASON_CHARS",
+    "MAX_TOP_LOGPROBS",
     "OP_BUSY",
     "OP_CLOSE",
     "OP_COMMIT",
@@ -56,10 +59,15 @@ __all__ = [
     "R_WRONG_SHARD",
     "SESSION_ID_BYTES",
     "BadMessage",
+    "LogprobRow",
     "check_field",
     "compute_us_field",
     "encode_message",
     "error_header",
+    "logprob_header",
+    "logprob_rows",
+    "logprobs_field",
+    "max_logprob_rows",
     "new_session_id",
     "node_field",
     "refuse_open",
@@ -95,6 +103,13 @@ MAX_REASON_CHARS: Final = 300
 MAX_CHAIN_HOPS: Final = 256
 """Most per-hop timings a step may carry: a hop holds at least one layer and
 no model we know of has more layers; bounds what a header makes us parse."""
+
+MAX_TOP_LOGPROBS: Final = 5
+"""Most alternatives a token's logprobs name (OpenAI's legacy completions
+take at most 5)."""
+MAX_LOGPROB_BYTES: Final = 48 * 1024
+"""What a `token` reply's logprobs may take of its header
+(`mesh.wire.MAX_TENSOR_HEADER_BYTES`, 64 KiB, less room for the rest)."""
 
 # --- drop reasons (counted as "engine.<reason>" in the node's drops) ----------
 
@@ -254,3 +269,85 @@ def sampling_from_header(value: object) -> SamplingParams:
         return SamplingParams(**value)
     except ValueError as exc:  # SamplingParams checks types and ranges
         raise BadMessage(R_BAD_FIELD, f"sampling.{exc}") from None
+
+
+# --- logprobs -------------------------------------------------------------------
+# An entry that wants logprobs asks the last hop in its ``open``:
+# ``logprobs: {top, echo}``, ``top`` alternatives per token, and ``echo``
+# the prompt's tokens after its first, scored from the logits of the step
+# at position 0 (empty: only generated tokens). Each ``token`` reply then
+# carries ``lp`` (float32 [rows, 1 + top]: each row's token's log-softmax,
+# then its alternatives') and ``lp_ids`` (int32 [rows, top]): the echo
+# rows first, then the sampled token's. Raw little-endian bytes, not CBOR
+# lists: a prompt's rows fit one header.
+
+
+@dataclass(frozen=True, slots=True)
+class LogprobRow:
+    """One token's log-probability and its ``top`` alternatives, best first."""
+
+    logprob: float
+    top_ids: tuple[int, ...]
+    top_logprobs: tuple[float, ...]
+
+
+LOGPROB_SLACK: Final = 1e-3
+"""A log-softmax is at most 0; float rounding may put one a hair above."""
+
+
+def max_logprob_rows(top: int) -> int:
+    """How many rows of ``top`` alternatives one reply carries."""
+    return MAX_LOGPROB_BYTES // (4 * (2 * top + 1))
+
+
+def logprobs_field(header: Mapping[str, Any], budget: int) -> tuple[int, tuple[int, ...]] | None:
+    """An ``open``'s ``logprobs``: null, or ``top`` and the echoed tokens."""
+    value = header.get("logprobs")
+    if value is None:
+        return None
+    if not isinstance(value, dict) or set(value) != {"top", "echo"}:
+        raise BadMessage(R_BAD_FIELD, "logprobs must be null or {top, echo}")
+    top = uint_field(value, "top", high=MAX_TOP_LOGPROBS)
+    try:
+        listed = sequence(value["echo"], "logprobs.echo", max_items=budget)
+        echo = tuple([uint(t, "logprobs.echo[]") for t in listed])
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
+    if len(echo) > max_logprob_rows(top):
+        raise BadMessage(R_BAD_FIELD, "logprobs.echo does not fit one reply")
+    return top, echo
+
+
+def logprob_header(
+    asked: tuple[int, tuple[int, ...]], pos: int, logits: np.ndarray, token: int
+) -> dict[str, Any]:
+    """The last hop's ``lp`` and ``lp_ids`` for a step from ``pos`` whose
+    ``logits`` sampled ``token`` (``asked`` as `logprobs_field` read it)."""
+    top, echo = asked
+    rows = min(len(echo), logits.shape[0] - 1) if pos == 0 else 0
+    scored = np.concatenate([logits[:rows], logits[-1:]])
+    values, ids = token_logprobs(scored, [*echo[:rows], token], top)
+    return {"lp": values.astype("<f4").tobytes(), "lp_ids": ids.astype("<i4").tobytes()}
+
+
+def logprob_rows(header: Mapping[str, Any], top: int) -> tuple[LogprobRow, ...]:
+    """A ``token`` reply's logprobs (none when it carries none); BadMessage
+    when they are malformed."""
+    raw, raw_ids = header.get("lp"), header.get("lp_ids")
+    if raw is None and raw_ids is None:
+        return ()
+    if type(raw) is not bytes or type(raw_ids) is not bytes:
+        raise BadMessage(R_BAD_FIELD, "lp and lp_ids must be bytes")
+    width = 4 * (1 + top)
+    rows = len(raw) // width
+    if rows < 1 or len(raw) != rows * width or len(raw_ids) != rows * 4 * top:
+        raise BadMessage(R_BAD_FIELD, "lp and lp_ids do not fit the logprobs asked")
+    values = np.frombuffer(raw, dtype="<f4").reshape(rows, 1 + top).astype(float)
+    ids = np.frombuffer(raw_ids, dtype="<i4").reshape(rows, top)
+    if np.isnan(values).any() or (values > LOGPROB_SLACK).any() or (ids < 0).any():
+        raise BadMessage(R_BAD_FIELD, "logprobs must be at most 0, token ids at least 0")
+    return tuple(_row(v, i) for v, i in zip(values.tolist(), ids.tolist(), strict=True))
+
+
+def _row(values: Sequence[float], ids: Sequence[int]) -> LogprobRow:
+    return LogprobRow(values[0], tuple(ids), tuple(values[1:]))

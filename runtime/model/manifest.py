@@ -48,6 +48,21 @@ TOKENIZER_FILES = (
     "merges.txt",
 )
 
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+
+
+def has_chat_template(folder: Path) -> bool:
+    """Whether the model in `folder` has a chat template: transformers'
+    own file for it, or the `chat_template` of its tokenizer config."""
+    if (folder / CHAT_TEMPLATE_FILE).is_file():
+        return True
+    try:
+        config = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and bool(config.get("chat_template"))
+
+
 # The probe: 8 tokens, enough for attention to mix positions (a 1-token
 # probe would not test the causal mask or rotary embedding) yet cheap on
 # any model. Ids are derived from a fixed seed string so every manifest

@@ -325,6 +325,28 @@ def token_margin(
     return needed / scale
 
 
+def token_logprobs(
+    logits: np.ndarray, tokens: Sequence[int], top: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """OpenAI's logprobs of each row of `logits` [rows, vocab]: the
+    log-softmax (float64, of the model's logits before any sampling
+    parameter) of the row's token in `tokens`, then of its `top` best
+    tokens (ties to the lowest id); those tokens' ids. Returns
+    values [rows, 1 + top] and ids [rows, top]."""
+    values = np.asarray(logits, dtype=np.float64)
+    if values.ndim != 2 or values.shape[0] != len(tokens):
+        raise ValueError(f"need one token per row of logits, got {values.shape} and {len(tokens)}")
+    peak = values.max(axis=1, keepdims=True)
+    logsum = peak + np.log(np.exp(values - peak).sum(axis=1, keepdims=True))
+    logprobs = values - logsum
+    ids = np.zeros((len(tokens), top), dtype=np.int64)
+    for i, row in enumerate(logprobs if top else ()):
+        ids[i] = _best(row, top)
+    chosen = logprobs[np.arange(len(tokens)), np.asarray(tokens, dtype=np.int64)]
+    best = np.take_along_axis(logprobs, ids, axis=1)
+    return np.concatenate([chosen[:, None], best], axis=1), ids
+
+
 class StopResult(NamedTuple):
     """What a `StopScanner.feed` allows out: `text` to emit now, and whether
     a stop sequence ended the generation (`text` then stops right before it)."""

@@ -180,6 +180,7 @@ def make_tiny_model(
     intermediate_size: int = INTERMEDIATE_SIZE,
     vocab_size: int | None = None,
     progress: Progress | None = None,
+    chat_template: bool = True,
 ) -> Path:
     """Write a tiny random model to `out_dir` and return the directory.
 
@@ -197,7 +198,8 @@ def make_tiny_model(
     `vocab_size` (default: the tokenizer's) pads the embedding and LM head
     to more rows than there are tokens, as real checkpoints do (Qwen3 has
     151936 rows for 151669 tokens), so that a benchmark's LM head costs
-    what a real one does. `progress` hears of each phase.
+    what a real one does. `progress` hears of each phase. Without
+    `chat_template` the tokenizer has none, as base models' often have not.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; choose from {sorted(FAMILIES)}")
@@ -213,7 +215,7 @@ def make_tiny_model(
 
     if progress:
         progress.phase("tokenizer and config")
-    tokens = write_tokenizer(out)
+    tokens = write_tokenizer(out, chat_template)
     if vocab_size is not None and vocab_size < tokens:
         raise ValueError(f"vocab_size {vocab_size} is below the tokenizer's {tokens} tokens")
     config = _config(
@@ -230,11 +232,11 @@ def make_tiny_model(
     return out
 
 
-def write_tokenizer(out: Path) -> int:
+def write_tokenizer(out: Path, chat_template: bool = True) -> int:
     """Write the tiny tokenizer (tokenizer.json, tokenizer_config.json with
-    the chat template, generation_config.json) to `out`; returns its
-    number of tokens. Any model directory may use it: the tests write it
-    beside models that transformers itself saved."""
+    the chat template unless `chat_template` is False, generation_config.json)
+    to `out`; returns its number of tokens. Any model directory may use it:
+    the tests write it beside models that transformers itself saved."""
     tokenizer = _build_tokenizer()
     _write_json(
         out / "generation_config.json",
@@ -254,7 +256,7 @@ def write_tokenizer(out: Path) -> int:
             "pad_token": PAD_TOKEN,
             "bos_token": None,
             "model_max_length": MAX_POSITIONS,
-            "chat_template": CHAT_TEMPLATE,
+            **({"chat_template": CHAT_TEMPLATE} if chat_template else {}),
         },
     )
     return int(tokenizer.get_vocab_size())

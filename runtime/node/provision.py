@@ -32,6 +32,7 @@ from runtime.model.manifest import (
     ManifestError,
     build_manifest,
     file_sha256,
+    has_chat_template,
     install_manifest,
     load_manifest,
     manifest_digest,
@@ -59,6 +60,8 @@ before giving up on the members' manifests and building one here."""
 FETCH_TIMEOUT_S: Final = 120.0
 """One manifest or golden file from a member: the goldens of an 80-layer
 model are tens of MB, a minute on a slow volunteer's uplink."""
+NO_TEMPLATE_NOTE: Final = "no chat template: text completions only (/v1/completions)"
+"""What the serving line says instead of "chat" for a model without a chat template."""
 NO_GAP_GRACE_S: Final = 3.0
 """The swarm must show no gap for this long before the node says it stays
 spare: a gap it is about to take can look taken for a placement round."""
@@ -301,12 +304,13 @@ class Provisioner:
                 a, b = admission.options.layers
                 whole = (a, b) == (0, int(stored.manifest["num_layers"]))
                 log.info(
-                    "serving %s layers %d:%d%s (%s); chat at %s/v1 (OpenAI API, model %r)",
+                    "serving %s layers %d:%d%s (%s); %s at %s/v1 (OpenAI API, model %r)",
                     stored.name,
                     a,
                     b,
                     "" if whole else f" of {stored.manifest['num_layers']}",
                     admission.options.recipe,
+                    "chat" if has_chat_template(stored.path) else NO_TEMPLATE_NOTE,
                     self._api(),
                     stored.name,
                 )

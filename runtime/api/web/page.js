@@ -508,6 +508,8 @@ function fillModels(models) {
   let state = models.length ? "" : "no model in this swarm yet";
   if (current && current.status !== "ready") {
     state = `loading: ${spansText(current.gaps || [])} not served yet`;
+  } else if (current && current.chat_template === false) {
+    state = "this model has no chat template: it takes text completions only (POST /v1/completions)";
   }
   $("model-state").textContent = state;
 }

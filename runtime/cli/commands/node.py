@@ -44,7 +44,8 @@ def register(commands: Commands) -> None:
         default=None,
         metavar=MODEL_METAVAR,
         help="serve a shard of this model (pinned, operator tier; needs --layers): a folder, "
-        "or a Hugging Face Hub model, of which only the shard's weight files are fetched",
+        "a GGUF file (imported once into the node's store), or a Hugging Face Hub model, of "
+        "which only the shard's weight files are fetched",
     )
     node.add_argument(
         "--layers", type=argtypes.layer_span, default=None, metavar="A:B", help="the shard to serve"
@@ -75,21 +76,22 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if options.serve is not None:
         if (mistaken := mistaken_hub_id(args.model)) is not None:
             parser.error(mistaken)
-        refused = check_shard(args.model, options.serve)
+        refused = check_shard(args.model, options.serve, options.state_dir)
         if refused is not None:
             return refused
     return run_node(options, "node")
 
 
-def check_shard(source: Path | HubSource, serve: ServeOptions) -> int | None:
+def check_shard(source: Path | HubSource, serve: ServeOptions, state_dir: Path) -> int | None:
     """The pinned shard checked before anything starts, as the doctor's
     preflight sees it (a hub model's metadata fetched first, its span's
-    weight files once it passes); the exit code of a refusal, else None."""
+    weight files once it passes; a GGUF file imported into `state_dir`'s
+    store first); the exit code of a refusal, else None."""
     from runtime.model.backends.base import BackendError  # NumPy: only for a shard
     from runtime.model.doctor import preflight
 
     try:
-        folder = fetch_model(source, "node")
+        folder = fetch_model(source, "node", state_dir=state_dir)
         require_manifest(source, folder)
         checked = preflight(serve.model_dir, *serve.layers, serve.recipe, serve.backend)
         if not checked.admitted:

@@ -1,7 +1,8 @@
-"""`shardmesh serve`: from a model folder (or a hub model) to serving it, in one command.
+"""`shardmesh serve`: from a model folder (a GGUF file, a hub model) to serving it, in one command.
 
-It checks the model before anything joins (and fetches a hub model's
-metadata), then runs a node that stocks its store with the model and
+It checks the model before anything joins (fetches a hub model's metadata,
+imports a GGUF file once into the node's store), then runs a node that
+stocks its store with the model and
 auto-joins: the swarm's bootstrap suggestion picks the layers it lacks
 (`runtime.node.provision`). It shares `node`'s flags (`runtime.cli.flags`),
 but never pins a shard.
@@ -17,13 +18,20 @@ from typing import TYPE_CHECKING
 from runtime.cli.command import Commands, fail
 from runtime.cli.config_file import subcommand
 from runtime.cli.flags import node_flags
-from runtime.cli.model_source import MODEL_METAVAR, fetch_model, mistaken_hub_id, model_source
+from runtime.cli.model_source import (
+    MODEL_METAVAR,
+    ModelSourceError,
+    fetch_model,
+    is_gguf,
+    mistaken_hub_id,
+    model_source,
+)
 from runtime.cli.node_process import configure_node_process, node_options, run_node
 
 if TYPE_CHECKING:
     from runtime.node.options import Provision
 
-NO_MODEL = "name a MODEL_DIR, or a hub model with --model hf:REPO[@REVISION]"
+NO_MODEL = "name a MODEL_DIR or FILE.gguf, or a hub model with --model hf:REPO[@REVISION]"
 TWO_FOLDERS = "name the model folder once: MODEL_DIR or --model DIR"
 
 
@@ -34,14 +42,17 @@ class Unservable(Exception):
 def register(commands: Commands) -> None:
     serve = commands.add_parser(
         "serve",
-        help="serve a model folder (or a hub model): from nothing to serving in one command",
+        help="serve a model folder (a GGUF file, a hub model): from nothing to serving in one "
+        "command",
         description=(
             "Put MODEL_DIR in this node's store (its manifest taken from a swarm member that "
             "has the same model, verified against the files, else built here), join the "
             "swarm (or found one, without --join), take the layers the swarm lacks (the "
             "leader's bootstrap suggestion: a founder takes the whole model, or as much as "
             "fits), run the doctor, and serve them. With --model hf:REPO[@REVISION] the "
-            "files come from the Hugging Face Hub, and only those of the layers taken."
+            "files come from the Hugging Face Hub, and only those of the layers taken. A "
+            "FILE.gguf is imported into the node's store first (once: the same file again "
+            "serves that import), its chat template kept."
         ),
     )
     serve.add_argument(
@@ -50,8 +61,8 @@ def register(commands: Commands) -> None:
         nargs="?",
         default=None,
         metavar="MODEL_DIR",
-        help="the model folder (config.json, tokenizer, safetensors); with --model hf:, "
-        "where its files go (default: a folder in the user cache)",
+        help="the model folder (config.json, tokenizer, safetensors) or a GGUF file; with "
+        "--model hf:, where its files go (default: a folder in the user cache)",
     )
     serve.add_argument(
         "--model",
@@ -86,6 +97,8 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(NO_MODEL)
     if isinstance(args.source, Path) and args.model_dir is not None:
         parser.error(TWO_FOLDERS)
+    if is_gguf(args.model_dir) and args.source is not None:
+        parser.error(TWO_FOLDERS)
     if (mistaken := mistaken_hub_id(args.source)) is not None:
         parser.error(mistaken)
     try:
@@ -93,19 +106,21 @@ def run(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     try:
-        provision = preflight(args)
-    except Unservable as exc:
+        provision = preflight(args, options.state_dir)
+    except (Unservable, ModelSourceError) as exc:
         return fail("serve", str(exc), code=2)
     except BackendError as exc:  # the hub could not give the model's files
         return fail("serve", str(exc))
     return run_node(replace(options, provision=provision), "serve")
 
 
-def preflight(args: argparse.Namespace) -> Provision:
+def preflight(args: argparse.Namespace, state_dir: Path) -> Provision:
     """What `serve` checks before it joins: the backend is installed, the
     folder is a model of a supported architecture (for a hub model, once
     its config, tokenizer and index are fetched: BackendError if they
-    cannot be), and an existing manifest is readable. Unservable says why not."""
+    cannot be; a GGUF file once imported into `state_dir`'s store:
+    ModelSourceError if it cannot be), and an existing manifest is
+    readable. Unservable says why not."""
     from runtime.model.doctor import backend_refusal
     from runtime.model.manifest import MANIFEST_FILE, ManifestError, load_manifest
     from runtime.model.weights import SafetensorsReader, ShardLoadError, read_config
@@ -115,7 +130,10 @@ def preflight(args: argparse.Namespace) -> Provision:
     if refusal is not None:
         raise Unservable(refusal)
     hub = None if isinstance(args.source, Path) else args.source
-    folder = fetch_model(args.source or args.model_dir, "serve", folder=args.model_dir)
+    source = args.source or args.model_dir
+    folder = fetch_model(
+        source, "serve", folder=args.model_dir, state_dir=state_dir, name=args.name
+    )
     if hub is None and not folder.is_dir():
         raise Unservable(f"{folder}: no such model folder")
     try:

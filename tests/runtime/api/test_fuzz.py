@@ -76,7 +76,7 @@ FIELDS = sorted(
         *("max_completion_tokens", "memory_bytes", "models", "node_id", "layers", "recipe"),
         *("count", "invitation", "at", "signature", "voter", "expires_s", "uses", "isolate"),
         *("reporter", "kind", "hop_index", "prompt", "tokens", "sampling", "commitment"),
-        *("links", "pos", "entry", "digest"),
+        *("links", "pos", "entry", "digest", "echo", "logprobs", "suffix", "best_of"),
         *(knob.name for knob in fields(PlacementSettings)),
     }
 )
@@ -233,6 +233,20 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
             "temperature": 0.5,
             "seed": 1,
             "stop": ["x"],
+        },
+        "/v1/completions": {
+            "model": "tiny",
+            "prompt": ["once upon", [1, 2, 3]],
+            "stream": False,
+            "stream_options": {"include_usage": True},
+            "max_tokens": 4,
+            "temperature": 0.5,
+            "top_p": 0.9,
+            "seed": 1,
+            "stop": ["x"],
+            "echo": True,
+            "logprobs": 2,
+            "suffix": None,
         },
         "/v1/network/policy": {"idle_release_s": 600, "cooldown_s": 30},
         "/v1/network/voters": {"node_id": node_id},
@@ -408,6 +422,7 @@ def test_every_route_is_fuzzed_but_those_named() -> None:
     """A new route is fuzzed by the properties without a change here; a new
     POST route needs its valid body in `valid_bodies`."""
     paths = dict(route_paths())
-    assert {"/v1/chat/completions", "/v1/network/join", "/v1/network/policy"} <= paths.keys()
+    routes = {"/v1/chat/completions", "/v1/completions", "/v1/network/join", "/v1/network/policy"}
+    assert routes <= paths.keys()
     assert len(paths) >= 20 and not paths.keys() & NOT_FUZZED.keys()
     assert VALID.keys() == {path for path, methods in paths.items() if "POST" in methods}

@@ -6,18 +6,23 @@ and across processes in tests/processes/test_inference.py.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from runtime.inference.chat import (
     MAX_MESSAGES,
+    NO_CHAT_TEMPLATE,
     ChatError,
     Generation,
+    ModelTokenizer,
     _held_back,
     parse_chat_request,
 )
+from runtime.model.manifest import has_chat_template
 from runtime.model.sampling import StopScanner
+from runtime.model.tiny import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -88,3 +93,18 @@ def test_a_stop_in_the_held_back_text_ends_the_completion_there() -> None:
     done = generation()
     assert _held_back(scanner, "ND and more", done) == ""
     assert done.finish_reason == "stop"
+
+
+def test_a_model_without_a_chat_template_refuses_chat_naming_completions(
+    tmp_path: Path,
+) -> None:
+    """Issue 32: transformers' ValueError ("Cannot use chat template
+    functions because tokenizer.chat_template is not set") was a 500."""
+    folder = make_tiny_model(tmp_path / "base", layers=1, chat_template=False, with_manifest=False)
+    tokenizer = ModelTokenizer(folder)
+    assert not tokenizer.has_chat_template and not has_chat_template(folder)
+    with pytest.raises(ChatError) as caught:
+        tokenizer.encode_chat(MESSAGES)
+    assert caught.value.status == 400 and caught.value.code == NO_CHAT_TEMPLATE
+    assert "/v1/completions" in caught.value.message
+    assert tokenizer.decode(tokenizer.encode_text("hello there")) == "hello there"

@@ -23,10 +23,11 @@ import pytest
 from safetensors.numpy import load_file
 from transformers import AutoTokenizer
 
+from runtime.inference.chat import ModelTokenizer
 from runtime.model.gguf_import import import_gguf
-from runtime.model.manifest import load_manifest
+from runtime.model.manifest import has_chat_template, load_manifest
 from runtime.model.progress import Progress
-from runtime.model.tiny import make_tiny_model
+from runtime.model.tiny import CHAT_TEMPLATE, make_tiny_model
 from runtime.model.weights import SINGLE_FILE, read_config
 
 QUANTIZED = ("ffn_gate", "ffn_up", "ffn_down")
@@ -61,9 +62,12 @@ def checkpoint(model_dir: Path) -> dict[str, np.ndarray]:
     return tensors
 
 
-def write_gguf(model_dir: Path, path: Path) -> dict[str, np.ndarray]:
-    """`model_dir` (a tied Llama) as a GGUF file at `path`; the tensors as
-    the import should give them back, by HF name."""
+def write_gguf(
+    model_dir: Path, path: Path, chat_template: str | None = None
+) -> dict[str, np.ndarray]:
+    """`model_dir` (a tied Llama) as a GGUF file at `path`, with
+    `chat_template` as its `tokenizer.chat_template` when given; the tensors
+    as the import should give them back, by HF name."""
     config = read_config(model_dir)
     tensors = checkpoint(model_dir)
     writer = gguf.GGUFWriter(path, "llama")
@@ -90,6 +94,8 @@ def write_gguf(model_dir: Path, path: Path) -> dict[str, np.ndarray]:
         [m if isinstance(m, str) else " ".join(m) for m in tokenizer["model"]["merges"]]
     )
     writer.add_eos_token_id(special["<|im_end|>"])
+    if chat_template is not None:
+        writer.add_chat_template(chat_template)
     writer.add_pad_token_id(special["<|endoftext|>"])
     expected = {"model.embed_tokens.weight": tensors["model.embed_tokens.weight"]}
     writer.add_tensor("token_embd.weight", tensors["model.embed_tokens.weight"])
@@ -198,6 +204,19 @@ def test_the_tokenizer_encodes_as_the_original(
         assert converted(text, add_special_tokens=False)["input_ids"] == ids, text
         assert converted.decode(ids) == text
     assert converted.eos_token == "<|im_end|>"
+
+
+def test_a_gguf_chat_template_is_kept_and_none_is_made_up(
+    llama: Path, imported: tuple[Path, list[str]], tmp_path: Path
+) -> None:
+    assert not has_chat_template(imported[0])  # the fixture's GGUF has none
+    path = tmp_path / "templated.gguf"
+    write_gguf(llama, path, chat_template=CHAT_TEMPLATE)
+    out = import_gguf(path, tmp_path / "templated")
+    assert has_chat_template(out)
+    tokenizer = ModelTokenizer(out)
+    messages = [{"role": "user", "content": "hi"}]
+    assert tokenizer.decode(tokenizer.encode_chat(messages)) == "user\nhi\nassistant\n"
 
 
 def test_an_existing_folder_is_never_imported_into(

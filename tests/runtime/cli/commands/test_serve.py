@@ -12,6 +12,7 @@ import pytest
 
 from runtime.cli.commands import serve as serve_command
 from runtime.cli.main import build_parser, main, parse_arguments
+from runtime.cli.model_source import IMPORTED_DIR
 from runtime.cli.node_process import node_options
 from runtime.model.hub import HubSource
 from runtime.model.manifest import (
@@ -93,7 +94,7 @@ def test_installed_goldens_must_hash_as_the_manifest_says(built: Path, copy: Pat
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
-        (["serve"], "name a MODEL_DIR, or a hub model with --model hf:REPO"),
+        (["serve"], "name a MODEL_DIR or FILE.gguf, or a hub model with --model hf:REPO"),
         (["serve", "--model", "Qwen/Qwen3-0.6B"], "is not hf:REPO[@REVISION]"),
         (["serve", "x", "--max-memory", "0"], "is not a size"),
         (["serve", "x", "--max-memory", "lots"], "is not a size"),
@@ -103,6 +104,20 @@ def test_bad_serve_arguments_exit_2_with_usage(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert_usage_error(argv, message, capsys, usage="shardmesh serve")
+
+
+def test_a_gguf_file_that_is_not_there_or_not_gguf_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    state = ["--state-dir", str(tmp_path / "state")]
+    assert main(["serve", str(tmp_path / "nowhere.gguf"), *state]) == 2
+    err = capsys.readouterr().err
+    assert err == f"shardmesh serve: error: {tmp_path / 'nowhere.gguf'}: no such GGUF file\n"
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"not a gguf file")
+    assert main(["serve", "--model", str(broken), *state]) == 2
+    assert "cannot import this GGUF file" in capsys.readouterr().err
+    assert not list((tmp_path / "state" / IMPORTED_DIR).iterdir())  # no half import
 
 
 def test_a_folder_that_cannot_be_served_is_one_line_and_exit_2(
