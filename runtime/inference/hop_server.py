@@ -72,6 +72,8 @@ from runtime.inference.protocol import (
     compute_us_field,
     encode_message,
     error_header,
+    logprob_header,
+    logprobs_field,
     node_field,
     refuse_open,
     sampling_from_header,
@@ -264,6 +266,8 @@ class _Session:
     unsigned: int = 0
     scope: trio.CancelScope = field(default_factory=trio.CancelScope)
     inbox: trio.MemorySendChannel[_Step] | None = None
+    # Last hop only: the logprobs the entry asked for (protocol.logprobs_field).
+    logprobs: tuple[int, tuple[int, ...]] | None = None
 
 
 class HopServer:
@@ -481,6 +485,9 @@ class HopServer:
         check = check_field(header, budget)
         if check is not None and not self.shard.is_last:
             raise BadMessage(R_BAD_FIELD, "only the last hop checks tokens")
+        logprobs = logprobs_field(header, budget)
+        if logprobs is not None and not self.shard.is_last:
+            raise BadMessage(R_BAD_FIELD, "only the last hop computes logprobs")
         prev = node_field(header, "prev")
         if self.shard.is_first and prev != entry:
             raise BadMessage(R_BAD_FIELD, "the first hop takes its inputs from the entry")
@@ -514,6 +521,7 @@ class HopServer:
             opened_at=now,
             last_used=now,
             graced=graced,
+            logprobs=logprobs,
         )
 
     def _close(self, session: _Session) -> None:
@@ -736,6 +744,8 @@ class HopServer:
             committed_out = sketch(output[judged], session.sketch_seed)
         elif token is not None:
             committed_out = sketch(output[-1:], session.sketch_seed)
+            if session.logprobs is not None:  # unsigned: what the entry asked, not a claim
+                checked = logprob_header(session.logprobs, work.pos, output, token)
         else:
             committed_out = sketch(output, session.sketch_seed)
         shard = self.shard
