@@ -383,6 +383,15 @@ class Membership:
         self._refute(self._me.incarnation, now)
         if not self._joined:
             self._next_join = now
+        # Told to every live member at once, with our record (which names
+        # the new data address): a member that learned it only by gossip
+        # would meanwhile probe the old address, and take us for suspect.
+        # A move is rare (a relay lost), so one small message per member.
+        record = self._table.record(self.node_id)
+        news = (self._me.alive, *(() if record is None else (record,)))
+        for member in self._table:
+            if member.node != self.node_id and member.state in LIVE_STATES:
+                self._send(member.node, member.addr, Gossip(news))
 
     def publish_record(self, body: bytes, now: float) -> Record:
         """Sign `body` as our new node record (seq + 1) and disseminate it."""

@@ -177,9 +177,9 @@ class NodeRelays:
             return
         self._advertised = control, data = wanted
         node = self._node
-        node.membership.set_address(control)
         node.addresses.update(control=control, data=data)
         node.engine.pipeline.reply_address = data
         node.reachability.relay = None if first is None else self._relay_of.get(first.relay)
         log.info("reached at control %s, data %s (%s)", control, data, node.reachability.reach)
-        node.republish()
+        node.republish()  # the record first: the move tells every member of both at once
+        node.membership.set_address(control)

@@ -472,3 +472,20 @@ def test_a_node_nobody_can_dial_becomes_a_member_once_it_advertises_a_relayed_ad
     assert seen is not None and seen.addr == "tcp://relayed-home"
     assert seen.state is MemberState.ALIVE and home.joining[0]
     assert home.twin_addr is None, "its own former address is no twin"
+
+
+def test_a_member_that_moves_tells_every_live_member_at_once() -> None:
+    net = Net("a", "b", "c")
+    net.join_all()
+    net.advance(2.0)
+    mover = net.nodes["c"]
+    mover.take_sends()
+    net.nodes["c-moved"] = mover
+    mover.set_address("tcp://c-moved", net.now)
+    told = {
+        send.node
+        for send in mover.take_sends()
+        if isinstance(send.envelope.message, Gossip)
+        and any(getattr(u, "addr", None) == "tcp://c-moved" for u in send.envelope.message.updates)
+    }
+    assert told == {net.ids["a"].node_id, net.ids["b"].node_id}

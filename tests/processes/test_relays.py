@@ -9,16 +9,21 @@ reaches it and it becomes a member (docs/design/membership.md#introductions).
 A greedy chat entered at `a` streams, over the chain c -> d (both reached
 only through relays), the text transformers' greedy `generate` gives in
 this process; a longer one still does when relay `b` is SIGKILLed after a
-few chunks (the home nodes move to `e`). Root only: elsewhere it skips,
+few chunks (the home nodes move to `e`). A capture in each relay's
+namespace (`runtime.lab.capture`) shows that all it relayed was ZMTP with
+CURVE, no plaintext header in it. Root only: elsewhere it skips,
 saying why no lab can be built.
 """
 
 from __future__ import annotations
 
 import json
+import re
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import httpx
 import pytest
@@ -26,6 +31,7 @@ import trio
 
 from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see
 from runtime.lab.netns import Lab
+from runtime.lab.topology import WAN_IF
 from runtime.model.tiny import make_tiny_model
 from tests.processes.test_inference import MESSAGES, MODEL, model_ready, reference_text
 from tests.processes.test_wan import print_logs, streamed_text
@@ -131,12 +137,64 @@ async def stream_killing(entry: LocalNode, victim: LocalNode, tokens: int) -> st
     return "".join(parts)
 
 
+ZMTP_CURVE_GREETING: Final = re.compile(rb"\xff.{8}\x7f\x03.CURVE\x00{15}", re.DOTALL)
+"""ZMTP 3's greeting: signature, version 3.x, then the mechanism, CURVE."""
+RELAY_LINE: Final = re.compile(rb"(HELLO|RESERVE|RESERVED|ACCEPT|CONNECT|PING|PONG)( [0-9a-z]+)*\n")
+PLAINTEXT: Final = (b"session", b"float32")
+"""What any data-plane header says in the clear (its CBOR keys and dtype)."""
+
+
+def start_capture(lab: Lab, site: str, out: Path) -> subprocess.Popen[bytes]:
+    """`runtime.lab.capture` on `site`'s WAN interface, once it is reading."""
+    argv = [sys.executable, "-m", "runtime.lab.capture", WAN_IF, str(out)]
+    proc = lab.spawn(site, argv, stdout=subprocess.PIPE, cwd=Path(__file__).parents[2])
+    assert proc.stdout is not None and json.loads(proc.stdout.readline())["ready"]
+    return proc
+
+
+def relayed_flows(out: Path) -> dict[str, bytes]:
+    """From one relay's capture, the payload of every flow it relays: the
+    reservation and dial-back connections (after their protocol lines) and
+    the connections to the public ports its `RESERVED` lines named."""
+    flows = {key: bytes.fromhex(f["head"]) for key, f in json.loads(out.read_text()).items()}
+    ports: set[str] = set()
+    relayed: dict[str, bytes] = {}
+    for key, head in flows.items():
+        rest = head
+        while (line := RELAY_LINE.match(rest)) is not None:
+            if line.group(1) == b"RESERVED":
+                ports.update(p.decode() for p in line.group(0).split()[1:])
+            rest = rest[line.end() :]
+        if rest is not head:
+            relayed[key] = rest
+    for key, head in flows.items():
+        source, target = (end.rsplit(":", 1)[1] for end in key.split(">"))
+        if source in ports or target in ports:
+            relayed[key] = head
+    return relayed
+
+
+def assert_only_curve(out: Path) -> int:
+    """Every relayed flow that carried anything opens with a ZMTP CURVE
+    greeting and shows no plaintext header; the number that did."""
+    spliced = 0
+    for key, payload in relayed_flows(out).items():
+        if not payload:
+            continue  # a reservation: protocol lines only
+        assert ZMTP_CURVE_GREETING.match(payload), f"{key} is not ZMTP/CURVE: {payload[:64]!r}"
+        assert not any(word in payload for word in PLAINTEXT), f"{key} carries plaintext"
+        spliced += 1
+    return spliced
+
+
 async def test_home_nodes_behind_nat_serve_through_relays_and_survive_a_relay_killed(
     make_lab: MakeLab,  # noqa: F811 - the fixture
     model_dir: Path,
     tmp_path: Path,
 ) -> None:
     lab = make_lab(SPEC)
+    captures = {site: tmp_path / f"capture-{site}.json" for site in ("b", "e")}
+    sniffers = [start_capture(lab, site, out) for site, out in captures.items()]
     text, _ = reference_text(model_dir, MAX_TOKENS)
     long_text, _ = reference_text(model_dir, LONG_TOKENS)
     async with LocalSwarm(tmp_path / "swarm", profile="local", lab=lab) as swarm:
@@ -170,6 +228,14 @@ async def test_home_nodes_behind_nat_serve_through_relays_and_survive_a_relay_ki
             for node in home:
                 control = own_record(moved[node.name])["addresses"]["control"]
                 assert f"//{lab.address('e')}:" in control, "moved to its other relay"
+            for sniffer in sniffers:
+                sniffer.terminate()
+                sniffer.wait(10)
+            spliced = {site: assert_only_curve(out) for site, out in captures.items()}
+            print(f"relayed flows captured, all ZMTP/CURVE: {spliced}")
+            assert all(n > 0 for n in spliced.values())
         except BaseException:
             print_logs(nodes)
+            for node, view in (await swarm.views([n for n in nodes if n.running])).items():
+                print(f"relays at {node}: {(view or {}).get('relays')}")
             raise
