@@ -5,7 +5,9 @@
 `shardmesh` extension (the route, failovers and timing) that OpenAI clients
 ignore. Each client may run a few chats at once (`runtime.api.quota`); one
 more gets `429` with `Retry-After`, and a stream holds its slot until it has
-ended, failed or been abandoned.
+ended, failed or been abandoned. `OpenAIRoutes.serve` is that machinery for
+every generating route: `runtime.api.completions` serves text completions
+through it.
 
 Each request is counted once by how it ended (`ChatService.outcomes`, the
 `OUTCOMES` of `runtime.inference.chat`): a JSON answer or a refusal when

@@ -459,10 +459,12 @@ class _Attempt:
             return _StepFailed(frozenset({node, self.chain[index - 1].node_id}), reason)
         return _StepFailed(frozenset({node}), reason)
 
-    def file_logprobs(self, record: Logprobs, reply: _Reply, *, first: bool) -> None:
-        """File a token's logprobs in ``record`` (the echoed prompt's with
-        the chain's first); a last hop whose rows do not fit the step fails it."""
-        assert self.logprobs is not None
+    def file_logprobs(self, record: Logprobs | None, reply: _Reply, *, first: bool) -> None:
+        """File a token's logprobs in ``record``, if any (the echoed prompt's
+        with the chain's first); a last hop whose rows do not fit the step
+        fails it."""
+        if record is None or self.logprobs is None:
+            return
         echoed = len(self.logprobs["echo"]) if first else 0
         if not record.file(reply.logprobs, echoed):
             reason = "the last hop's logprobs do not fit the step"
@@ -627,16 +629,14 @@ class Pipeline:
         sequences are the caller's business: it stops iterating, and the
         sessions are closed. One step is always in flight while the caller
         holds a token (the next one is sent before it is yielded), so a
-        caller that stops early has cost the chain one step more.
-
-        Each step's deadline is ``deadlines``' rule over what the chain's
-        hops are expected to take for it (their :attr:`ChainHop.pace`).
+        caller that stops early has cost the chain one step more. Each
+        step's deadline is ``deadlines``' rule over what the chain's hops
+        are expected to take for it (their :attr:`ChainHop.pace`).
 
         ``timing``, when given, is kept up to date as tokens arrive, and so
         is ``transcript``: the chain, the tokens and every hop's signed
-        commitment, for a spot check (:mod:`runtime.inference.transcript`);
-        and ``logprobs``: the last hop's, one row per token yielded (filed
-        before it is).
+        commitment, for a spot check (:mod:`runtime.inference.transcript`),
+        and ``logprobs``, the last hop's rows of each token yielded.
 
         Raises :class:`PipelineError` when a step fails and ``reroute`` is
         absent, returns ``None``, or has been asked ``max_reroutes`` times
@@ -651,11 +651,9 @@ class Pipeline:
         reroutes = 0
         timing = timing or ChainTiming()
         while len(tokens) < limit:
-            budget = len(prompt) + limit
-            asked = None if logprobs is None else logprobs.asked(prompt)
             attempt = _Attempt(
-                self, chain, model, budget, params, transcript.seed, transcript, deadlines,
-                logprobs=asked,
+                self, chain, model, len(prompt) + limit, params, transcript.seed, transcript,
+                deadlines, logprobs=None if logprobs is None else logprobs.asked(prompt),
             )  # fmt: skip
             timing.restart(chain)
             try:
@@ -666,8 +664,7 @@ class Pipeline:
                     reply = await attempt.receive_token(*pending)
                     first = len(tokens) == start
                     attempt.time_step(timing, reply, len(prompt) + start, first=first)
-                    if logprobs is not None:
-                        attempt.file_logprobs(logprobs, reply, first=first)
+                    attempt.file_logprobs(logprobs, reply, first=first)
                     assert reply.token is not None
                     tokens.append(reply.token)
                     if len(tokens) < limit:

@@ -1,8 +1,9 @@
 """Sampling: OpenAI's parameters, a pure token sampler, and stop sequences.
 
-The last hop of a chain turns logits into a token with `sample`, and the
-entry node holds generated text back with `StopScanner` until it knows the
-text is not the start of a stop sequence.
+The last hop of a chain turns logits into a token with `sample` (and,
+when asked, into OpenAI's logprobs with `token_logprobs`), and the entry
+node holds generated text back with `StopScanner` until it knows the text
+is not the start of a stop sequence.
 
 Why the sampler is a pure function of `(logits, params, seed, step)`: the
 last hop can change in the middle of a stream (failover re-routes its span

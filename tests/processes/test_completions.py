@@ -119,6 +119,22 @@ def complete_with_openai(api: str, ids: list[int], new: list[int], expected: Any
     )
     assert [c.index for c in both.choices] == [0, 1]
     assert [c.text for c in both.choices] == [text, text]
+    # lm-evaluation-harness' loglikelihood request (its local-completions
+    # model): token ids, one new token, echo, logprobs=1; it sums the
+    # context's continuation from the echoed token_logprobs.
+    scored = (
+        client.completions.create(
+            model=MODEL, prompt=[ids], max_tokens=1, logprobs=1, echo=True, temperature=0, seed=1
+        )
+        .choices[0]
+        .logprobs
+    )
+    assert scored is not None
+    loglikelihood = sum(scored.token_logprobs[2 : len(ids)])
+    assert (
+        abs(loglikelihood - sum(float(expected[i - 1, ids[i]]) for i in range(2, len(ids))))
+        < TOLERANCE
+    )
     streamed = client.completions.create(
         model=MODEL, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, stream=True
     )
