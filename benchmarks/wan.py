@@ -10,9 +10,12 @@ three hops (site a holds layers 0:3 and takes the chat, b 3:6, c 6:8).
 Per-token time is the entry's decode time over tokens (`decode_ms_per_token`,
 not gaps between chunks); the floor is the sum of the one-way delays around
 the loop (entry -> hop -> ... -> last hop -> entry) plus the hops' measured
-compute. Needs root (network namespaces). `--quick` runs one case with few
-tokens, for a test. The last line printed is one JSON object; what each key
-means: docs/benchmarks.md#wan.
+compute. A last case puts b and c at home behind NAT routers, reached only
+through the relay the entry runs (`relay_per_token_vs_direct`, beside the
+direct chain at 40 ms). Needs root (network namespaces). `--quick` runs one
+case with few tokens, for a test; `--relay` only the two chains compared.
+The last line printed is one JSON object; what each key means:
+docs/benchmarks.md#wan.
 """
 
 from __future__ import annotations
@@ -54,13 +57,23 @@ CHAT_TIMEOUT_S = 120.0
 """A request of 64 tokens at 100 ms RTT with loss takes about 10 s."""
 CHECK_PROBES = (100, 20)
 """Round trips per pair in `runtime.lab.check`: full run, quick."""
-RELAY_WHY = "no relays yet (issue 29, item 3): nothing can be relayed to measure"
+RELAY_WHY = "--quick measures no relayed chain (run without it, or with --relay)"
+RELAY_CASE = (40.0, 0.0)
+"""The relayed chain is measured at 40 ms RTT without loss, beside the
+direct chain of the same case."""
+TARGET_RELAY_PER_TOKEN_VS_DIRECT = 1.3
+HOME_NATS = {"b": "port-preserving", "c": "symmetric"}
+"""The relayed chain: hops b and c at home behind NAT routers, reached only
+through the relay that the entry a runs (their join seed)."""
 
 
-def spec(rtt_ms: float, loss: float) -> dict[str, Any]:
-    """Three public sites, RTT/4 one way on every access link, `loss` on each."""
+def spec(rtt_ms: float, loss: float, relayed: bool = False) -> dict[str, Any]:
+    """Three sites, RTT/4 one way on every access link, `loss` on each;
+    `relayed`: b and c behind NAT routers (`HOME_NATS`)."""
     link = {"delay_ms": rtt_ms / 4, "jitter_ms": 0, "loss": loss}
-    return {"seed": 29, "link": link, "sites": [{"name": name} for name in SITES]}
+    nats = HOME_NATS if relayed else {}
+    sites = [{"name": name, **({"nat": nats[name]} if name in nats else {})} for name in SITES]
+    return {"seed": 29, "link": link, "sites": sites}
 
 
 def loop_ms(topology: Topology, sites: Sequence[str]) -> float:
@@ -152,28 +165,42 @@ def summarize(
 
 
 def run_case(
-    root: Path, model_dir: Path, rtt_ms: float, loss: float, tokens: int, requests: int, probes: int
+    root: Path,
+    model_dir: Path,
+    case: tuple[float, float],
+    tokens: int,
+    requests: int,
+    probes: int,
+    relayed: bool = False,
 ) -> dict[str, Any]:
     """A fresh lab for one (RTT, loss): measured, then a swarm in it."""
-    with Lab(load_topology(spec(rtt_ms, loss))) as lab:
-        check = run_check(lab, count=probes)
-        folder = root / f"rtt{rtt_ms:g}-loss{loss:g}"
+    rtt_ms, loss = case
+    with Lab(load_topology(spec(rtt_ms, loss, relayed))) as lab:
+        check = run_check(lab, count=probes) if not relayed else {"rtt_error_ms": None, "ok": True}
+        folder = root / f"rtt{rtt_ms:g}-loss{loss:g}{'-relayed' if relayed else ''}"
         rows = trio.run(measure_swarm, lab, folder, model_dir, tokens, requests)
-    return summarize(rtt_ms, loss, check, rows)
+    return {**summarize(rtt_ms, loss, check, rows), "relayed": relayed}
 
 
 def result(cases: list[dict[str, Any]], began: float) -> dict[str, Any]:
-    headline = next((c for c in cases if (c["rtt_ms"], c["loss"]) == HEADLINE), None)
+    direct = [c for c in cases if not c["relayed"]]
+    headline = next((c for c in direct if (c["rtt_ms"], c["loss"]) == HEADLINE), None)
     errors = [abs(c["rtt_error_ms"]) for c in cases if c["rtt_error_ms"] is not None]
     ratio = None if headline is None else headline["per_token_vs_floor"]
+    relayed = next((c for c in cases if c["relayed"]), None)
+    beside = next((c for c in direct if (c["rtt_ms"], c["loss"]) == RELAY_CASE), None)
+    relay_ratio = None
+    if relayed is not None and beside is not None:
+        relay_ratio = round(relayed["per_token_ms"] / beside["per_token_ms"], 3)
     return {
         "benchmark": "wan",
         "wan_per_token_vs_floor": ratio,
         "target_wan_per_token_vs_floor": TARGET_PER_TOKEN_VS_FLOOR,
         "meets_wan_target": None if ratio is None else ratio <= TARGET_PER_TOKEN_VS_FLOOR,
         "rtt_error_ms": max(errors) if errors else None,
-        "relay_per_token_vs_direct": None,
-        "relay_per_token_vs_direct_why": RELAY_WHY,
+        "relay_per_token_vs_direct": relay_ratio,
+        "target_relay_per_token_vs_direct": TARGET_RELAY_PER_TOKEN_VS_DIRECT,
+        **({"relay_per_token_vs_direct_why": RELAY_WHY} if relay_ratio is None else {}),
         "cases": cases,
         "wall_s": round(time.perf_counter() - began, 1),
     }
@@ -183,6 +210,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
     parser.add_argument("--quick", action="store_true", help="one case (40 ms, 1%% loss), briefly")
+    parser.add_argument(
+        "--relay",
+        action="store_true",
+        help="only the relayed chain and the direct one beside it (40 ms, no loss)",
+    )
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
     parser.add_argument("--requests", type=int, default=3, help="measured requests (default 3)")
     args = parser.parse_args(argv)
@@ -192,6 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if reason is not None:
         parser.error(f"no WAN lab here: {reason}")
     grid = [HEADLINE] if args.quick else [(rtt, loss) for rtt in RTTS_MS for loss in LOSSES]
+    grid = [RELAY_CASE] if args.relay else grid
     tokens, requests = (8, 1) if args.quick else (args.tokens, args.requests)
     probes = CHECK_PROBES[1] if args.quick else CHECK_PROBES[0]
     began = time.perf_counter()
@@ -199,13 +232,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="shardmesh-wan-") as tmp:
         root = Path(tmp)
         model_dir = make_tiny_model(root / MODEL, layers=8, name=MODEL)
-        for rtt_ms, loss in grid:
-            cases.append(run_case(root, model_dir, rtt_ms, loss, tokens, requests, probes))
+        runs = [(case, False) for case in grid] + ([] if args.quick else [(RELAY_CASE, True)])
+        for case, relayed in runs:
+            cases.append(run_case(root, model_dir, case, tokens, requests, probes, relayed))
             if not args.json:
-                case = cases[-1]
+                done = cases[-1]
                 print(
-                    f"{rtt_ms:g} ms RTT, loss {loss:g}: {case['per_token_ms']} ms/token, "
-                    f"floor {case['floor_ms']} ms ({case['per_token_vs_floor']}x)",
+                    f"{case[0]:g} ms RTT, loss {case[1]:g}{', relayed' if relayed else ''}: "
+                    f"{done['per_token_ms']} ms/token, floor {done['floor_ms']} ms "
+                    f"({done['per_token_vs_floor']}x)",
                     file=sys.stderr,
                 )
     print(json.dumps(result(cases, began)))

@@ -16,7 +16,7 @@ and `runtime/node/relay_client.py`; the design: docs/design/relays.md.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Final, Literal
 
@@ -317,12 +317,6 @@ class RelaySet:
         self.trying.discard(relay)
         self.held = [h for h in self.held if h.relay != relay]
         self._failed[relay] = now
-
-    def drop_gone(self, live: Iterable[bytes]) -> list[bytes]:
-        """Held relays no longer among `live` members (and not seeds): the
-        caller ends those reservations."""
-        keep = set(live)
-        return [h.relay for h in self.held if h.relay not in keep]
 
     @property
     def advertised(self) -> Held | None:

@@ -36,10 +36,12 @@ POLL_S: Final = 0.2
 
 
 class Capture:
-    """Flows by `src:port>dst:port`: total bytes and the kept prefix."""
+    """Flows by `src:port>dst:port`: total bytes and the kept prefix, each
+    byte once (a retransmitted segment adds nothing; one that arrives
+    ahead of a gap is skipped, so the prefix is the stream as sent)."""
 
     def __init__(self) -> None:
-        self.flows: dict[str, tuple[int, bytearray]] = {}
+        self.flows: dict[str, _Flow] = {}
 
     def packet(self, frame: bytes) -> None:
         """One Ethernet frame; anything but IPv4 TCP with payload is skipped."""
@@ -51,20 +53,39 @@ class Capture:
         if ip[9] != socket.IPPROTO_TCP or len(ip) < ihl + 20:
             return
         tcp = ip[ihl:total]
-        offset = (tcp[12] >> 4) * 4
-        payload = tcp[offset:]
+        payload = tcp[(tcp[12] >> 4) * 4 :]
         if not payload:
             return
-        sport, dport = struct.unpack("!HH", tcp[:4])
+        sport, dport, seq = struct.unpack("!HHI", tcp[:8])
         key = f"{socket.inet_ntoa(ip[12:16])}:{sport}>{socket.inet_ntoa(ip[16:20])}:{dport}"
-        count, kept = self.flows.get(key, (0, bytearray()))
-        if key not in self.flows and len(self.flows) >= MAX_FLOWS:
-            return
-        kept += payload[: max(0, KEEP_BYTES - len(kept))]
-        self.flows[key] = (count + len(payload), kept)
+        flow = self.flows.get(key)
+        if flow is None:
+            if len(self.flows) >= MAX_FLOWS:
+                return
+            flow = self.flows[key] = _Flow(seq)
+        flow.add(seq, payload)
 
     def to_json(self) -> dict[str, dict[str, object]]:
-        return {key: {"bytes": n, "head": kept.hex()} for key, (n, kept) in self.flows.items()}
+        return {key: {"bytes": f.count, "head": f.kept.hex()} for key, f in self.flows.items()}
+
+
+class _Flow:
+    """One direction of a connection, from the first payload seen."""
+
+    def __init__(self, seq: int) -> None:
+        self.next = seq
+        self.count = 0
+        self.kept = bytearray()
+
+    def add(self, seq: int, payload: bytes) -> None:
+        offset = (seq - self.next) % 2**32
+        if offset >= 2**31:  # behind: a retransmission, maybe with new bytes at its end
+            payload = payload[2**32 - offset :]
+        elif offset > 0:
+            return  # ahead of a gap
+        self.next = (self.next + len(payload)) % 2**32
+        self.count += len(payload)
+        self.kept += payload[: max(0, KEEP_BYTES - len(self.kept))]
 
 
 def run(interface: str, out: Path, seconds: float) -> None:

@@ -52,7 +52,7 @@ SPEC = {
 """2 ms one way on every access link."""
 SPANS = {"c": "0:4", "d": "4:8"}
 MAX_TOKENS = 24
-LONG_TOKENS = 200
+LONG_TOKENS = 120
 """Long enough that the stream is still running when its relay is killed."""
 KILL_AFTER_CHUNKS = 4
 START_TIMEOUT_S = 40.0
@@ -137,8 +137,8 @@ async def stream_killing(entry: LocalNode, victim: LocalNode, tokens: int) -> st
     return "".join(parts)
 
 
-ZMTP_CURVE_GREETING: Final = re.compile(rb"\xff.{8}\x7f\x03.CURVE\x00{15}", re.DOTALL)
-"""ZMTP 3's greeting: signature, version 3.x, then the mechanism, CURVE."""
+ZMTP_CURVE_GREETING: Final = re.compile(rb"\xff.{8}\x7f\x03\x01CURVE\x00{15}", re.DOTALL)
+"""ZMTP 3.1's greeting: signature, version, then the mechanism, CURVE."""
 RELAY_LINE: Final = re.compile(rb"(HELLO|RESERVE|RESERVED|ACCEPT|CONNECT|PING|PONG)( [0-9a-z]+)*\n")
 PLAINTEXT: Final = (b"session", b"float32")
 """What any data-plane header says in the clear (its CBOR keys and dtype)."""
