@@ -89,8 +89,13 @@ def rows_digest(rows: np.ndarray) -> bytes:
 
 
 def token_digest(token: int) -> bytes:
-    """What a receipt names as sent for an emitted token."""
-    return hashlib.blake2b(int(token).to_bytes(8, "little"), digest_size=ROW_DIGEST_BYTES).digest()
+    """What a receipt names as sent for an emitted token; ValueError for an
+    id no vocabulary has (negative, or past 64 bits: it came from a peer)."""
+    try:
+        encoded = int(token).to_bytes(8, "little")
+    except OverflowError:
+        raise ValueError(f"token id {token} out of range") from None
+    return hashlib.blake2b(encoded, digest_size=ROW_DIGEST_BYTES).digest()
 
 
 @dataclass(frozen=True, slots=True)

@@ -198,6 +198,11 @@ def test_contradiction_evidence_is_checked_on_arrival(rows: np.ndarray) -> None:
     body["proof"] = None
     with pytest.raises(ValueError, match="needs the accused's receipt"):
         Evidence.from_json(body)
+    for token in (-1, 2**64):  # no vocabulary has it: malformed, never an OverflowError
+        body = evidence.to_json()
+        body["proof"]["token"] = token
+        with pytest.raises(ValueError, match="out of range"):
+            Evidence.from_json(body)
     body = evidence.to_json()
     body["proof"]["digests"] = ["zz"]
     with pytest.raises(ValueError, match="malformed"):
