@@ -200,7 +200,7 @@ class RelayBook:
         if node not in self.reservations and len(self.reservations) >= self.max_reservations:
             return self.refuse(REASON_FULL)
         self.reservations[node] = now
-        self.counters["reservations"] += 1
+        self.counters["reservations_made"] += 1
         return None
 
     def release(self, node: bytes) -> None:
@@ -227,7 +227,7 @@ class RelayBook:
             self.refuse(REASON_UNKNOWN_TOKEN)
             return None
         self.sessions += 1
-        self.counters["sessions"] += 1
+        self.counters["sessions_spliced"] += 1
         return pending.node, pending.plane
 
     def abandon(self, token: bytes) -> None:

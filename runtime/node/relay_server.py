@@ -91,7 +91,7 @@ async def pump(
                 if wait > 0:
                     await trio.sleep(wait)
             await dst.send_all(data)
-            counters["bytes"] += len(data)
+            counters["spliced_bytes"] += len(data)
 
 
 async def splice(
@@ -154,7 +154,11 @@ class RelayServer:
 
     def status(self) -> dict[str, Any]:
         """The status document's `relays.server`."""
-        return {"port": self.port, **self.book.status(), "forwarded_bytes": self.counters["bytes"]}
+        return {
+            "port": self.port,
+            **self.book.status(),
+            "forwarded_bytes": self.counters["spliced_bytes"],
+        }
 
     async def run(self, *, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
         """Listen; `task_status.started(port)` once bound."""
