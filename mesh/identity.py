@@ -172,9 +172,30 @@ def curve_twin(node_id: bytes) -> bytes:
     return node_id[:-1] + bytes([node_id[-1] ^ 0x80]) if node_id else node_id
 
 
+_FIELD_PRIME: Final = 2**255 - 19
+_ORDER_8_Y: Final = int.from_bytes(
+    bytes.fromhex("26e8958fc2b227b045c3f489f2ef98f0d5dfac05d3c63339b13802886d53fc05"), "little"
+)
+SMALL_ORDER_Y: Final = frozenset({0, 1, _FIELD_PRIME - 1, _ORDER_8_Y, _FIELD_PRIME - _ORDER_8_Y})
+"""The y coordinates of edwards25519's eight points of small order (orders
+1, 2, 4 and 8; each y with both signs of x). A public key there is no one's
+key: OpenSSL's Ed25519 verifies signatures against it that nobody made (the
+all-zero key passes an all-zero signature for about one message in four),
+so such a key signs nothing here, as libsodium refuses it too."""
+
+
+def is_small_order(public_key: bytes) -> bool:
+    """Whether a 32-byte Ed25519 public key encodes a small-order point
+    (canonical or not: y is read modulo the field prime)."""
+    y = int.from_bytes(public_key, "little") & ((1 << 255) - 1)
+    return y % _FIELD_PRIME in SMALL_ORDER_Y
+
+
 def verify(node_id: bytes, data: bytes, signature: bytes) -> bool:
     """True when `signature` over `data` was made by the key that is `node_id`."""
     if len(node_id) != NODE_ID_BYTES or len(signature) != SIGNATURE_BYTES:
+        return False
+    if is_small_order(node_id):
         return False
     try:
         Ed25519PublicKey.from_public_bytes(node_id).verify(signature, data)

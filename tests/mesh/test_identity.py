@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import stat
 from pathlib import Path
 
@@ -9,10 +10,12 @@ import pytest
 
 from mesh.identity import (
     KEY_FILE,
+    SMALL_ORDER_Y,
     Identity,
     IdentityError,
     curve_public_key,
     curve_twin,
+    is_small_order,
     node_id_from_text,
     node_id_text,
     verify,
@@ -69,3 +72,18 @@ def test_an_id_and_its_sign_bit_twin_share_one_curve_key() -> None:
     assert twin != node and curve_twin(twin) == node
     assert twin[:31] == node[:31] and (twin[31] ^ node[31]) == 0x80
     assert curve_public_key(twin) == curve_public_key(node) is not None
+
+
+def test_a_small_order_key_signs_nothing() -> None:
+    """OpenSSL verifies an all-zero signature under the all-zero key for
+    about one message in four; no small-order point is anyone's key."""
+    messages = [hashlib.sha256(b"nonce %d" % i).digest() for i in range(64)]
+    for y in sorted(SMALL_ORDER_Y):
+        for sign in (0, 0x80):
+            key = bytearray(y.to_bytes(32, "little"))
+            key[31] |= sign
+            assert is_small_order(bytes(key))
+            assert not any(verify(bytes(key), m, bytes(64)) for m in messages)
+    honest = Identity.generate()
+    assert not is_small_order(honest.node_id)
+    assert verify(honest.node_id, b"data", honest.sign(b"data"))

@@ -89,10 +89,10 @@ async def test_garbage_oversized_and_unknown_tokens_are_refused_and_counted() ->
             b"\xff\x00garbage\n",
             b"A" * (MAX_LINE_BYTES + 10),
             encode_line("ACCEPT", bytes(16)),
-            # A real key with a signature it did not make. (Not an all-zero key:
-            # mesh.identity.verify accepts a zero signature by such a
-            # small-order key about one time in four; docs/design/relays.md.)
+            # A real key with a signature it did not make, and the all-zero
+            # (small-order) key OpenSSL once let sign a zero signature.
             encode_line("RESERVE", Identity.generate().node_id, bytes(64)),
+            encode_line("RESERVE", bytes(32), bytes(64)),
         ):
             stream = await trio.open_tcp_stream("127.0.0.1", port)
             await stream.send_all(payload)
@@ -103,7 +103,7 @@ async def test_garbage_oversized_and_unknown_tokens_are_refused_and_counted() ->
         assert counters["refused_garbage"] == 1
         assert counters["refused_oversized"] == 1
         assert counters["refused_unknown_token"] == 1
-        assert counters["refused_bad_signature"] == 1
+        assert counters["refused_bad_signature"] == 2
         # Still serving: a real reservation goes through.
         got: list[str] = []
         identity = Identity.generate()
