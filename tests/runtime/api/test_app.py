@@ -118,7 +118,10 @@ async def test_status_document_and_errors(swarm: LocalSwarm) -> None:
             assert member["state"] in {"alive", "suspect", "dead", "left"}
         me = next(m for m in doc["members"] if m["self"])
         assert me["node_id"] == first.node_id
-        assert me["record"]["addresses"] == {
+        addresses = dict(me["record"]["addresses"])
+        # A reachable node offers to relay by default (docs/design/relays.md).
+        assert addresses.pop("relay").startswith("tcp://127.0.0.1:")
+        assert addresses == {
             "control": first.info["control"],
             "data": first.info["data"],
             "api": first.api,
