@@ -354,18 +354,9 @@ class SpotChecker:
         self._distrust(accused, why="signed a receipt its commitment contradicts")
         if accused not in transcript.chain_nodes:
             return
-        evidence = Evidence(
-            reporter=self._swarm.node_id,
-            kind="contradiction",
-            hop_index=transcript.chain_nodes.index(accused),
-            model=transcript.model,
-            prompt=transcript.prompt,
-            tokens=tuple(transcript.tokens),
-            sampling=transcript.sampling,
-            seed=transcript.seed,
-            layers=tuple(transcript.chain_layers),
-            commitment=proof.commitment,
-            proof=proof,
+        hop_index = transcript.chain_nodes.index(accused)
+        evidence = self._evidence(
+            transcript, hop_index, "contradiction", proof.commitment, proof=proof
         )
         try:
             self._proofs.send_nowait(evidence)
@@ -534,10 +525,12 @@ class SpotChecker:
         self._distrust(accused)
         links = () if confirmed.by_replay else transcript.links(found.hop_index, found.step)
         if confirmed.by_replay:  # the replay hop's own commitment, proven by itself
-            evidence = self._evidence(transcript, found, commitment, (), "output", b"")
+            evidence = self._evidence(transcript, found.hop_index, "output", commitment)
         else:
             receipt = transcript.receipts.get((found.hop_index, found.step), b"")
-            evidence = self._evidence(transcript, found, commitment, links, found.kind, receipt)
+            evidence = self._evidence(
+                transcript, found.hop_index, found.kind, commitment, links=links, receipt=receipt
+            )
         problem = evidence._problem()
         if problem:
             self.counters["unsigned" if "signature" in problem else "not_evidence"] += 1
@@ -548,16 +541,21 @@ class SpotChecker:
     def _evidence(
         self,
         transcript: Transcript,
-        found: Divergence,
-        commitment: Commitment,
-        links: tuple[Commitment, ...],
+        hop_index: int,
         kind: str,
-        receipt: bytes,
+        commitment: Commitment,
+        *,
+        links: tuple[Commitment, ...] = (),
+        receipt: bytes = b"",
+        proof: Contradiction | None = None,
     ) -> Evidence:
+        """This entry's evidence against the hop at `hop_index` of
+        `transcript`'s chain, with what proves `commitment` or the fault
+        (links and receipt, or a contradiction's proof)."""
         return Evidence(
             reporter=self._swarm.node_id,
             kind=kind,
-            hop_index=found.hop_index,
+            hop_index=hop_index,
             model=transcript.model,
             prompt=transcript.prompt,
             tokens=tuple(transcript.tokens),
@@ -567,6 +565,7 @@ class SpotChecker:
             commitment=commitment,
             links=links,
             receipt=receipt,
+            proof=proof,
         )
 
     def _hold(self, transcript: Transcript, found: Divergence) -> None:
@@ -581,7 +580,9 @@ class SpotChecker:
             return
         links = transcript.links(found.hop_index, found.step)
         receipt = transcript.receipts.get((found.hop_index, found.step), b"")
-        evidence = self._evidence(transcript, found, commitment, links, found.kind, receipt)
+        evidence = self._evidence(
+            transcript, found.hop_index, found.kind, commitment, links=links, receipt=receipt
+        )
         if not evidence._problem():
             self._held[accused] = evidence
 
