@@ -33,12 +33,16 @@ from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, ser
 MODEL = "tiny"
 MAX_TOKENS = 16
 REQUEST_TIMEOUT_S = 30.0
-LIARS = {"noise": 12, "rare:0.01": 80, "swap": 12, "late:40": 30}
+LIARS = {"noise": 12, "rare:0.01": 80, "swap": 12, "late:12": 30}
 """Each liar's mode and the most requests it may survive. With every
 request checked, a liar is caught by the first checked request it lied in
-that it carried (one in three, with two honest replicas beside it): the
-always-liars within a dozen; the 1% liar lies in a 17-step request about
-one time in six; the late one first serves 40 honest steps."""
+that it carried: the always-liars within a dozen; the 1% liar lies in a
+17-step request about one time in six; the late one serves its first 12
+steps honestly, then lies. A newcomer carries the first request after it
+joins (it is not measured yet); after that, routes prefer whichever replica
+this entry measured fastest, so how many more it carries depends on the
+machine's load: a later start (it was 40 steps) left the late liar
+unrouted for 30 requests on a busy machine, and the test flaky."""
 QUARANTINE_WAIT_S = 20.0
 """From the last request to the verdict: two replays at the entry, two at
 the leader, one commit, on a loaded 2-core machine."""
