@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 import trio
 
@@ -169,3 +170,15 @@ async def crash_and_time_death(
         what,
     )
     return float(trio.current_time() - t0)
+
+
+async def verify_every_request(entry: LocalNode) -> None:
+    """The operator's policy on `entry`: spot-check every finished request
+    (`verify_fraction` 1), so a liar scenario is short."""
+    async with httpx.AsyncClient(timeout=START_TIMEOUT_S) as client:
+        reply = await client.post(
+            entry.api + "/v1/network/policy",
+            json={"verify_fraction": 1.0},
+            headers=entry.admin_headers(),
+        )
+    assert reply.status_code == 200, reply.text

@@ -26,7 +26,14 @@ import httpx
 
 from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from runtime.model.tiny import make_tiny_model
-from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, serving, wait_for
+from tests.swarm_helpers import (
+    ADMIT_TIMEOUT_S,
+    START_TIMEOUT_S,
+    fault_env,
+    serving,
+    verify_every_request,
+    wait_for,
+)
 
 MODEL = "tiny"
 MAX_TOKENS = 8
@@ -89,13 +96,7 @@ async def _swarm(
     await swarm.start_ready(entry, timeout=START_TIMEOUT_S)
     await swarm.start_many(honest, [entry.seed], timeout=START_TIMEOUT_S)
     await wait_for(swarm, [entry], serving(entry, MODEL, honest), ADMIT_TIMEOUT_S, "honest")
-    async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-        reply = await client.post(
-            entry.api + "/v1/network/policy",
-            json={"verify_fraction": 1.0},
-            headers=entry.admin_headers(),
-        )
-        assert reply.status_code == 200, reply.text
+    await verify_every_request(entry)
     return entry, honest, liar
 
 

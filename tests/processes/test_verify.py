@@ -28,7 +28,14 @@ from runtime.model.sampling import SamplingParams
 from runtime.model.tiny import make_tiny_model
 from runtime.node.spot_check import EVIDENCE_PATH, Evidence
 from tests.runtime.inference.test_verify_engine import signed_commitment
-from tests.swarm_helpers import ADMIT_TIMEOUT_S, START_TIMEOUT_S, fault_env, serving, wait_for
+from tests.swarm_helpers import (
+    ADMIT_TIMEOUT_S,
+    START_TIMEOUT_S,
+    fault_env,
+    serving,
+    verify_every_request,
+    wait_for,
+)
 
 MODEL = "tiny"
 MAX_TOKENS = 16
@@ -79,13 +86,8 @@ async def test_each_kind_of_liar_is_quarantined_and_routed_around(
     await swarm.start_ready(entry, timeout=START_TIMEOUT_S)
     await swarm.start_many(honest, [entry.seed], timeout=START_TIMEOUT_S)
     await wait_for(swarm, [entry], serving(entry, MODEL, honest), ADMIT_TIMEOUT_S, "two replicas")
+    await verify_every_request(entry)
     async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S) as client:
-        reply = await client.post(
-            entry.api + "/v1/network/policy",
-            json={"verify_fraction": 1.0},
-            headers=entry.admin_headers(),
-        )
-        assert reply.status_code == 200, reply.text
         requests = 0
         for mode, allowed in LIARS.items():
             name = "liar-" + mode.split(":")[0]
