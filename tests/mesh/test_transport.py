@@ -10,7 +10,13 @@ import collections
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterator
-from contextlib import AsyncExitStack, asynccontextmanager, contextmanager, suppress
+from contextlib import (
+    AbstractAsyncContextManager,
+    AsyncExitStack,
+    asynccontextmanager,
+    contextmanager,
+    suppress,
+)
 from dataclasses import replace
 
 import pytest
@@ -55,18 +61,22 @@ async def planes(
     *,
     max_message_bytes: int = CONTROL_MAX_MESSAGE_BYTES,
     config: PlaneConfig | None = None,
+    name: str = "control",
+    chunked: bool = False,
 ) -> AsyncIterator[list[Plane]]:
-    """``n`` control planes on loopback ports, all counting into ``drops``."""
+    """``n`` planes (control ones unless told) on loopback ports, all
+    counting into ``drops``."""
     async with AsyncExitStack() as stack:
         opened = [
             await stack.enter_async_context(
                 open_plane(
                     LOCAL,
-                    name="control",
+                    name=name,
                     max_message_bytes=max_message_bytes,
                     drops=drops,
                     keys=new_keys(),
                     config=config,
+                    chunked=chunked,
                 )
             )
             for _ in range(n)
@@ -386,27 +396,18 @@ async def test_open_planes_gives_separate_control_and_data_planes() -> None:
         assert drops == collections.Counter({"control.oversized": 1})
 
 
-@asynccontextmanager
-async def data_planes(
+def data_planes(
     n: int, drops: collections.Counter[str], *, config: PlaneConfig = DEFAULT_DATA_CONFIG
-) -> AsyncIterator[list[Plane]]:
+) -> AbstractAsyncContextManager[list[Plane]]:
     """``n`` chunked (data) planes on loopback ports, all counting into ``drops``."""
-    async with AsyncExitStack() as stack:
-        opened = [
-            await stack.enter_async_context(
-                open_plane(
-                    LOCAL,
-                    name="data",
-                    max_message_bytes=DATA_MAX_MESSAGE_BYTES,
-                    drops=drops,
-                    keys=new_keys(),
-                    config=config,
-                    chunked=True,
-                )
-            )
-            for _ in range(n)
-        ]
-        yield opened
+    return planes(
+        n,
+        drops,
+        max_message_bytes=DATA_MAX_MESSAGE_BYTES,
+        config=config,
+        name="data",
+        chunked=True,
+    )
 
 
 def allowing(*senders: Plane) -> Callable[[bytes], int]:
