@@ -727,7 +727,7 @@ async def test_a_key_membership_vouched_for_is_let_in_without_budget() -> None:
             known.send(b"member")
             assert await _received(b) == b"member"
         with raw_socket(zmq.DEALER, b) as late:
-            late.send(b"late")
+            try_send(late, b"late")
             await _counted(drops, R_ADDRESS)
     assert b.received_messages == 2
 
@@ -742,7 +742,7 @@ async def test_the_key_policy_refuses_first_and_a_refused_key_is_not_charged() -
         b.admit(lambda key: key == invited.curve_public)
         b.limit_newcomers(gate)
         with raw_socket(zmq.DEALER, b) as uninvited:
-            uninvited.send(b"uninvited")
+            try_send(uninvited, b"uninvited")
             await _counted(drops, "handshake_refused")
         with raw_socket(zmq.DEALER, b, keys=invited) as guest:
             guest.send(b"invited")
@@ -768,7 +768,7 @@ async def test_one_key_is_one_id_its_sign_bit_twin_is_refused_on_every_plane() -
             assert await _received(b) == b"as itself"
         for count, plane in enumerate((b, c), start=1):
             with raw_socket(zmq.DEALER, plane, keys=holder, claim=twin) as as_twin:
-                as_twin.send(b"as its twin")
+                try_send(as_twin, b"as its twin")
                 await _counted(drops, "unauthenticated", count)
         with raw_socket(zmq.DEALER, c, keys=holder) as itself:
             itself.send(b"as itself, on the other plane")
