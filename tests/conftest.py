@@ -8,10 +8,20 @@ a flaky multi-process failure can be read rather than re-run.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
+
+if "PYTEST_XDIST_WORKER" in os.environ:  # before anything loads torch's OpenMP
+    # One worker per core (`make test`, `-n auto`): a second intra-op thread
+    # only spins on a core another worker holds. Measured on a 2-core box, a
+    # checkpoint's conversion took 21 CPU-s on one thread, 26 on two, 34 on
+    # two beside a busy core. Node processes get the same (localswarm's
+    # SHARED_MACHINE_ENV); a test that wants more threads sets them itself.
+    for _pool in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ.setdefault(_pool, "1")
 
 import pytest
 
