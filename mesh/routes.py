@@ -2,11 +2,12 @@
 
 A request for a model of L layers needs hops whose spans tile `[0, L)`
 exactly (a node runs its whole span, so `[0, 3)` and `[2, 5)` cover `[0, 5)`
-but do not tile it). Boundaries `0..L` are vertices and each serving node an
-edge `s -> e` weighted by what it adds to a decode step (`hop_cost_s`); the
-graph is a DAG, so relaxing boundaries in order finds the cheapest chain in
-O(nodes + L). A hop's compute is priced by what this entry observed
-(`mesh.observed_speed`); an unobserved node's claim only up to a ceiling,
+but do not tile it). Each serving node is a step `s -> e` weighted by what it
+adds to a decode step (`hop_cost_s`: compute, the one-way delay from the hop
+before it, a relayed hop's penalty, a long prompt's bytes over the link's
+bandwidth); chains only go forward, so relaxing nodes in order of their first
+layer finds the cheapest chain in O(nodes^2). A hop's compute is priced by
+what this entry observed (`mesh.observed_speed`); an unobserved node's claim only up to a ceiling,
 and a node caught overclaiming pays a penalty. Ties go to the smallest node
 ids, so entries with one view pick one chain. Sans-IO.
 
@@ -70,6 +71,15 @@ second per step makes it a last resort: used only when every alternative is
 slower than chat can tolerate, or there is none. It lasts as long as the
 claim does: a node that republishes an honest report is priced afresh."""
 
+RELAYED_PENALTY_S = 0.01
+"""Added to each hop reached through a relay (its record says `reach:
+relayed`). The relay's detour is already in the measured delays; this is
+for what they do not show: a relay that dies stalls every stream through it
+for the entry's step deadline and reroute wait (seconds: docs/design/
+relays.md#measured), and each traversal adds a little forwarding time
+(about 1 ms measured). Ten milliseconds per step is what "similar cost"
+means: a direct hop wins unless it is that much slower per token."""
+
 NoRouteReason = Literal["gap", "misaligned", "unavailable"]
 """Why no route exists:
 - `gap`: some layer has no serving node at all (placement must fill it);
@@ -130,6 +140,16 @@ class RouteInputs:
     - `observed_step_s`: node id -> seconds per decode step this entry
       observed through the node's span (`ObservedSpeeds.step_s`); a node
       there is priced by it instead of its claim.
+    - `peer_rtt_s`: node a -> node b -> the round trip a measured to b. The
+      one-way delay between two hops is half of it (either direction's
+      measurement); a pair nobody measured falls back to the entry's latency
+      to the receiving hop, as before.
+    - `relayed`: nodes reached through a relay; each costs
+      `RELAYED_PENALTY_S`.
+    - `prefill_bytes`, `decode_steps`: the prompt's activations crossing each
+      link, and the decode steps they are spread over: a hop whose incoming
+      link has a known `bandwidth_bytes_per_s` is charged `prefill_bytes /
+      bandwidth / decode_steps` (so bandwidth decides only for long prompts).
     """
 
     entry: bytes
@@ -138,16 +158,32 @@ class RouteInputs:
     busy: Collection[bytes] = frozenset()
     avoid: Collection[bytes] = frozenset()
     observed_step_s: Mapping[bytes, float] = field(default_factory=dict)
+    peer_rtt_s: Mapping[bytes, Mapping[bytes, float]] = field(default_factory=dict)
+    relayed: Collection[bytes] = frozenset()
+    prefill_bytes: float = 0.0
+    decode_steps: int = 1
+    bandwidth_bytes_per_s: Mapping[bytes, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        for name, values in (
+        measured = [
             ("latency_s", self.latency_s),
             ("load", self.load),
             ("observed_step_s", self.observed_step_s),
-        ):
+        ]
+        measured += [(f"peer_rtt_s[{node_id_text(a)}]", m) for a, m in self.peer_rtt_s.items()]
+        for name, values in measured:
             for node_id, value in values.items():
                 if not math.isfinite(value) or value < 0:
                     raise ValueError(f"{name}[{node_id_text(node_id)}]={value!r} is not >= 0")
+        for node_id, rate in self.bandwidth_bytes_per_s.items():
+            if not math.isfinite(rate) or rate <= 0:
+                raise ValueError(
+                    f"bandwidth_bytes_per_s[{node_id_text(node_id)}]={rate!r} is not > 0"
+                )
+        if not math.isfinite(self.prefill_bytes) or self.prefill_bytes < 0:
+            raise ValueError(f"prefill_bytes={self.prefill_bytes!r} is not >= 0")
+        if self.decode_steps < 1:
+            raise ValueError(f"decode_steps={self.decode_steps!r} is not >= 1")
 
     def excludes(self, node_id: bytes) -> bool:
         """True when the node may not be on a route now."""
@@ -175,10 +211,33 @@ def claim_ceiling(coverage: ModelCoverage, inputs: RouteInputs) -> float:
     return CLAIM_CEILING_FACTOR * fastest if fastest > 0 else math.inf
 
 
+def one_way_s(sender: bytes, receiver: bytes, inputs: RouteInputs) -> float:
+    """The estimated one-way delay of an activation from `sender` to
+    `receiver`: half a round trip either of them measured to the other
+    (`peer_rtt_s`; the entry's own `latency_s` first on its links), else the
+    entry's latency to whichever end is not the entry, else
+    `DEFAULT_HOP_LATENCY_S`. Zero from a node to itself."""
+    if sender == receiver:
+        return 0.0
+    far = sender if receiver == inputs.entry else receiver
+    if inputs.entry in (sender, receiver) and far in inputs.latency_s:
+        return inputs.latency_s[far]
+    for a, b in ((sender, receiver), (receiver, sender)):
+        rtt = inputs.peer_rtt_s.get(a, {}).get(b)
+        if rtt is not None:
+            return rtt / 2
+    return inputs.latency_s.get(far, DEFAULT_HOP_LATENCY_S)
+
+
 def hop_cost_s(
-    node: ServingNode, num_layers: int, inputs: RouteInputs, ceiling_layers_per_s: float
+    node: ServingNode,
+    num_layers: int,
+    inputs: RouteInputs,
+    ceiling_layers_per_s: float,
+    previous: bytes | None = None,
 ) -> float:
-    """What a hop through `node` adds to one decode step, in seconds.
+    """What a hop through `node` adds to one decode step, in seconds, when
+    the activation comes from `previous` (None: the entry, the first hop).
 
     - Compute: what this entry observed a step through the node take, when
       it did (`inputs.observed_step_s`). Otherwise `1 / decode_tokens_per_s`,
@@ -190,8 +249,10 @@ def hop_cost_s(
       among its sessions; at utilisation rho a queue's expected service time
       grows as 1/(1-rho) (M/M/1), so a half-full node costs double and a
       nearly full one approaches the exclusion at load 1 continuously.
-    - Latency: the activation coming in, plus the token going back to the
-      entry when the hop ends at the last layer; zero on the entry itself.
+    - Network: `one_way_s` from `previous`, plus the token going back to the
+      entry when the hop ends at the last layer; `RELAYED_PENALTY_S` when
+      the node is reached through a relay; the prompt's bytes over the
+      incoming link's bandwidth, spread over the decode steps.
     - `SUSPECT_PENALTY_S` when the node is a suspect member, and
       `OVERCLAIM_PENALTY_S` when it is caught overclaiming (`overclaims`).
 
@@ -202,9 +263,9 @@ def hop_cost_s(
         believable = ceiling_layers_per_s / (node.layers[1] - node.layers[0])
         step = 1.0 / max(min(node.decode_tokens_per_s, believable), MIN_DECODE_TOKENS_PER_S)
     cost = step / (1.0 - inputs.load.get(node.node_id, 0.0))
-    if node.node_id != inputs.entry:
-        latency = inputs.latency_s.get(node.node_id, DEFAULT_HOP_LATENCY_S)
-        cost += latency * (2 if node.layers[1] == num_layers else 1)
+    cost += _network_cost_s(
+        node, num_layers, inputs, inputs.entry if previous is None else previous
+    )
     if node.state == MemberState.SUSPECT:
         cost += SUSPECT_PENALTY_S
     if overclaims(node, inputs):
@@ -212,37 +273,83 @@ def hop_cost_s(
     return cost
 
 
+def _network_cost_s(
+    node: ServingNode, num_layers: int, inputs: RouteInputs, previous: bytes
+) -> float:
+    cost = one_way_s(previous, node.node_id, inputs)
+    if node.layers[1] == num_layers:
+        cost += one_way_s(node.node_id, inputs.entry, inputs)
+    if node.node_id != inputs.entry and node.node_id in inputs.relayed:
+        cost += RELAYED_PENALTY_S
+    rate = inputs.bandwidth_bytes_per_s.get(node.node_id)
+    if rate is not None and previous != node.node_id:
+        cost += inputs.prefill_bytes / rate / inputs.decode_steps
+    return cost
+
+
+def chain_cost_s(
+    nodes: Iterable[ServingNode],
+    num_layers: int,
+    inputs: RouteInputs,
+    ceiling_layers_per_s: float,
+    previous: bytes | None = None,
+) -> float:
+    """The summed `hop_cost_s` of hops in chain order, each from the one before
+    (the first from `previous`, None: the entry)."""
+    total = 0.0
+    for node in nodes:
+        total += hop_cost_s(node, num_layers, inputs, ceiling_layers_per_s, previous)
+        previous = node.node_id
+    return total
+
+
 def _cheapest(
     nodes: Iterable[ServingNode],
-    start: int,
-    end: int,
+    span: tuple[int, int],
     num_layers: int,
     inputs: RouteInputs,
     ceiling: float,
+    around: tuple[bytes | None, bytes | None] = (None, None),
 ) -> tuple[RouteHop, ...] | None:
-    """The cheapest hops tiling `[start, end)`, ties to the smallest node ids."""
-    by_start: dict[int, list[ServingNode]] = {}
-    for node in nodes:
-        if start <= node.layers[0] and node.layers[1] <= end:
-            by_start.setdefault(node.layers[0], []).append(node)
-    # best[b] = (cost, node ids, hops) of the best chain found from start to b.
-    best: dict[int, tuple[float, tuple[bytes, ...], tuple[RouteHop, ...]]] = {start: (0.0, (), ())}
-    for boundary in range(start, end):
-        if boundary not in best:
-            continue
-        cost, ids, hops = best[boundary]
-        for node in by_start.get(boundary, ()):
-            candidate = (
-                cost + hop_cost_s(node, num_layers, inputs, ceiling),
-                (*ids, node.node_id),
-                (*hops, RouteHop(node.node_id, node.layers)),
-            )
-            # Two chains to one boundary are never prefixes of each other, so
-            # comparing (cost, ids) here keeps the lexicographic tie-break exact.
-            known = best.get(node.layers[1])
+    """The cheapest hops tiling `span`, ties to the smallest node ids.
+
+    `around` names the hops before and after the span (None: the entry
+    before, nothing after); the delay into the hop after it counts too.
+    Chains are extended node by node in order of their first layer: a
+    node's cost depends on the hop before it, so the best chain is kept per
+    last node, not per boundary."""
+    start, end = span
+    before, after = around
+    inside = sorted(
+        (node for node in nodes if start <= node.layers[0] and node.layers[1] <= end),
+        key=lambda node: (node.layers[0], node.node_id),
+    )
+    # best[node id] = (cost, node ids, hops) of the best chain from start ending at it.
+    best: dict[bytes, tuple[float, tuple[bytes, ...], tuple[RouteHop, ...]]] = {}
+    ending: dict[int, list[bytes]] = {}
+    for node in inside:
+        if node.layers[0] == start:
+            froms: list[tuple[float, tuple[bytes, ...], tuple[RouteHop, ...], bytes | None]] = [
+                (0.0, (), (), before)
+            ]
+        else:
+            froms = [(*best[m], m) for m in ending.get(node.layers[0], ())]
+        hop = RouteHop(node.node_id, node.layers)
+        for cost, ids, hops, previous in froms:
+            added = hop_cost_s(node, num_layers, inputs, ceiling, previous)
+            candidate = (cost + added, (*ids, node.node_id), (*hops, hop))
+            known = best.get(node.node_id)
             if known is None or candidate[:2] < known[:2]:
-                best[node.layers[1]] = candidate
-    return best[end][2] if end in best else None
+                best[node.node_id] = candidate
+        if node.node_id in best:
+            ending.setdefault(node.layers[1], []).append(node.node_id)
+    finals = []
+    for last in ending.get(end, ()):
+        cost, ids, hops = best[last]
+        if after is not None:
+            cost += one_way_s(last, after, inputs)
+        finals.append((cost, ids, hops))
+    return min(finals, key=lambda final: final[:2])[2] if finals else None
 
 
 def _tiles(nodes: Iterable[ServingNode], num_layers: int) -> bool:
@@ -259,7 +366,7 @@ def find_route(coverage: ModelCoverage, inputs: RouteInputs) -> Route | NoRoute:
     length = coverage.num_layers
     allowed = [node for node in coverage.nodes if not inputs.excludes(node.node_id)]
     ceiling = claim_ceiling(coverage, inputs)
-    hops = _cheapest(allowed, 0, length, length, inputs, ceiling) if length > 0 else None
+    hops = _cheapest(allowed, (0, length), length, inputs, ceiling) if length > 0 else None
     if hops is not None:
         return Route(hops, _route_cost(coverage, hops, inputs))
     if length <= 0:
@@ -290,13 +397,15 @@ def reroute(
     allowed = {node.node_id: node for node in coverage.nodes if not inputs.excludes(node.node_id)}
     ceiling = claim_ceiling(coverage, inputs)
     patched: list[RouteHop] = []
-    for hop in route.hops:
+    for index, hop in enumerate(route.hops):
         node = allowed.get(hop.node_id)
         if node is not None and node.layers == hop.layers:
             patched.append(hop)
             continue
+        before = patched[-1].node_id if patched else None
+        after = route.hops[index + 1].node_id if index + 1 < len(route.hops) else None
         replacement = _cheapest(
-            allowed.values(), hop.layers[0], hop.layers[1], length, inputs, ceiling
+            allowed.values(), hop.layers, length, inputs, ceiling, (before, after)
         )
         if replacement is None:
             return find_route(coverage, inputs)
@@ -308,7 +417,7 @@ def reroute(
 def _route_cost(coverage: ModelCoverage, hops: tuple[RouteHop, ...], inputs: RouteInputs) -> float:
     nodes = {node.node_id: node for node in coverage.nodes}
     ceiling = claim_ceiling(coverage, inputs)
-    return sum(hop_cost_s(nodes[hop.node_id], coverage.num_layers, inputs, ceiling) for hop in hops)
+    return chain_cost_s((nodes[hop.node_id] for hop in hops), coverage.num_layers, inputs, ceiling)
 
 
 BACKOFF_BASE_S = 5.0

@@ -24,6 +24,7 @@ from mesh.routes import (
     Route,
     RouteHop,
     RouteInputs,
+    chain_cost_s,
     claim_ceiling,
     find_route,
     hop_cost_s,
@@ -192,6 +193,67 @@ def test_bad_estimates_are_rejected() -> None:
         inputs(load={nid(1): math.nan})
     with pytest.raises(ValueError, match="observed_step_s"):
         inputs(observed_step_s={nid(1): math.inf})
+
+
+# --- the network: delays between hops, relays, bandwidth ---------------------
+
+
+def test_a_relayed_hop_of_equal_compute_loses_to_a_direct_one() -> None:
+    cov = coverage([Spec(1, (0, 4)), Spec(2, (4, 8)), Spec(3, (4, 8))])
+    near = {nid(i): 0.02 for i in (1, 2, 3)}
+    # Node 2 has the smaller id, so it wins a tie; relayed, it loses it.
+    assert ids(find_route(cov, inputs(latency_s=near))) == [1, 2]
+    route = find_route(cov, inputs(latency_s=near, relayed={nid(2)}))
+    assert ids(route) == [1, 3]
+    # A direct hop 15 ms slower per step loses to the relayed one: "similar cost" only.
+    slow = coverage([Spec(1, (0, 4)), Spec(2, (4, 8)), Spec(3, (4, 8), decode=40.0)])
+    assert ids(find_route(slow, inputs(latency_s=near, relayed={nid(2)}))) == [1, 2]
+
+
+def test_a_far_hop_loses_to_a_near_one_by_the_delay_from_the_hop_before() -> None:
+    cov = coverage([Spec(1, (0, 4)), Spec(2, (4, 8)), Spec(3, (4, 8))])
+    # The entry sees 2 and 3 alike; node 1 measured 2 at 80 ms and 3 at 10 ms.
+    alike = {nid(i): 0.02 for i in (1, 2, 3)}
+    rtts = {nid(1): {nid(2): 0.08, nid(3): 0.01}}
+    route = find_route(cov, inputs(latency_s=alike, peer_rtt_s=rtts))
+    assert ids(route) == [1, 3]
+    assert isinstance(route, Route)
+    # In 20 ms, compute, 1 -> 3 in 5 ms, compute, 3 back to the entry 20 ms.
+    assert route.cost_s == pytest.approx(0.02 + 0.01 + 0.005 + 0.01 + 0.02)
+    # The same measurement from the other end counts as well.
+    rtts_back = {nid(2): {nid(1): 0.08}, nid(3): {nid(1): 0.01}}
+    assert ids(find_route(cov, inputs(latency_s=alike, peer_rtt_s=rtts_back))) == [1, 3]
+
+
+def test_bandwidth_matters_for_a_long_prompt_only() -> None:
+    cov = coverage([Spec(1, (0, 8)), Spec(2, (0, 8), decode=90.0)])
+    # Node 1 computes 1 ms faster per step but sits behind 1 MB/s; node 2 100 MB/s.
+    rates = {nid(1): 1e6, nid(2): 1e8}
+    short = inputs(bandwidth_bytes_per_s=rates, prefill_bytes=8 * 4096, decode_steps=64)
+    assert ids(find_route(cov, short)) == [1]
+    long = inputs(bandwidth_bytes_per_s=rates, prefill_bytes=4000 * 4096, decode_steps=64)
+    assert ids(find_route(cov, long)) == [2]
+
+
+def test_reroute_prices_the_replacement_from_the_hops_around_it() -> None:
+    cov = coverage([Spec(1, (0, 4)), Spec(2, (4, 6)), Spec(3, (4, 6)), Spec(4, (6, 8))])
+    alike = {nid(i): 0.02 for i in (1, 2, 3, 4)}
+    rtts = {nid(1): {nid(3): 0.01}, nid(3): {nid(4): 0.01}}
+    network = inputs(latency_s=alike, peer_rtt_s=rtts)
+    first = find_route(cov, network)
+    assert ids(first) == [1, 3, 4]
+    assert isinstance(first, Route)
+    # Node 3 fails: node 2 replaces it alone, the others keep their caches.
+    assert ids(reroute(cov, first, {nid(3)}, network)) == [1, 2, 4]
+
+
+def test_bad_network_inputs_are_rejected() -> None:
+    with pytest.raises(ValueError, match="peer_rtt_s"):
+        inputs(peer_rtt_s={nid(1): {nid(2): -0.1}})
+    with pytest.raises(ValueError, match="bandwidth_bytes_per_s"):
+        inputs(bandwidth_bytes_per_s={nid(1): 0.0})
+    with pytest.raises(ValueError, match="decode_steps"):
+        inputs(decode_steps=0)
 
 
 # --- observed speed against claims -------------------------------------------
@@ -407,6 +469,8 @@ def scenarios(draw: st.DrawFn) -> tuple[ModelCoverage, RouteInputs]:
         busy=draw(subset),
         avoid=draw(subset),
         observed_step_s={node_id: draw(STEPS) for node_id in sorted(observed)},
+        peer_rtt_s={a: {b: draw(LATENCIES) for b in draw(subset)} for a in draw(subset)},
+        relayed=draw(subset),
     )
     return coverage(specs, num_layers), route_inputs
 
@@ -430,7 +494,7 @@ def test_route_is_the_cheapest_tiling(scenario: tuple[ModelCoverage, RouteInputs
     allowed = [n for n in cov.nodes if not route_inputs.excludes(n.node_id)]
     ceiling = claim_ceiling(cov, route_inputs)
     options = [
-        (sum(hop_cost_s(n, cov.num_layers, route_inputs, ceiling) for n in tiling), tiling)
+        (chain_cost_s(tiling, cov.num_layers, route_inputs, ceiling), tiling)
         for tiling in tilings(allowed, 0, cov.num_layers)
     ]
     result = find_route(cov, route_inputs)
@@ -476,8 +540,9 @@ def test_reroute_avoids_the_failed_and_still_tiles(
     assert not set(result.node_ids) & (failed | set(route_inputs.avoid))
     nodes = {n.node_id: n for n in cov.nodes}
     ceiling = claim_ceiling(cov, route_inputs)
+    chain = [nodes[i] for i in result.node_ids]
     assert result.cost_s == pytest.approx(
-        sum(hop_cost_s(nodes[i], cov.num_layers, route_inputs, ceiling) for i in result.node_ids)
+        chain_cost_s(chain, cov.num_layers, route_inputs, ceiling)
     )
 
 
