@@ -184,10 +184,30 @@ class _Suspicion:
             self.deadline = self.start + max(lo, timeout)
 
 
-class _Probe:
-    __slots__ = ("acked", "asked", "direct_deadline", "end", "helpers", "nacks", "seq", "target")
+RTT_WEIGHT = 0.25
+"""Weight of a new round trip in a member's smoothed RTT (`Membership.rtts`).
+A member is probed directly about once per probe round, so a quarter lets a
+route follow a changed path within a few rounds while one late ack (a busy
+event loop) moves the estimate by a quarter of its excess only."""
 
-    def __init__(self, seq: int, target: bytes, direct_deadline: float, end: float) -> None:
+
+class _Probe:
+    __slots__ = (
+        "acked",
+        "asked",
+        "direct_deadline",
+        "end",
+        "helpers",
+        "nacks",
+        "sent",
+        "seq",
+        "target",
+    )
+
+    def __init__(
+        self, seq: int, target: bytes, direct_deadline: float, end: float, sent: float
+    ) -> None:
+        self.sent = sent  # when the direct ping went out: its ack times a round trip
         self.seq = seq
         self.target = target
         self.direct_deadline = direct_deadline  # inf once the indirect phase began
@@ -286,6 +306,7 @@ class Membership:
 
         self._seq = 0
         self._probe: _Probe | None = None
+        self._rtt: dict[bytes, float] = {}  # member -> smoothed direct-probe round trip
         # seq -> (requester, its address, its seq, when to nack, target)
         self._relays: dict[int, tuple[bytes, str, int, float, bytes]] = {}
         self._suspicions: dict[bytes, _Suspicion] = {}
@@ -532,6 +553,23 @@ class Membership:
     def record(self, node: bytes) -> Record | None:
         return self._table.record(node)
 
+    def rtts(self) -> dict[bytes, float]:
+        """Member -> smoothed round trip of our direct probes' acks, in
+        seconds, for members not dead (an ack through a helper, or to a ping
+        re-sent in the indirect phase, times nothing and is left out)."""
+        known = {}
+        for node, rtt in list(self._rtt.items()):
+            entry = self._table.get(node)
+            if entry is None:
+                del self._rtt[node]
+            elif entry.state is not MemberState.DEAD:
+                known[node] = rtt
+        return known
+
+    def _note_rtt(self, node: bytes, sample: float) -> None:
+        old = self._rtt.get(node)
+        self._rtt[node] = sample if old is None else old + RTT_WEIGHT * (sample - old)
+
     @property
     def candidates(self) -> int:
         """New ids introduced to us and not verified yet (`_Candidate`):
@@ -571,6 +609,7 @@ class Membership:
             target.node,
             now + self._scaled(self.config.probe_timeout),
             self._next_probe,
+            now,
         )
         # Buddy system: a suspect hears of its suspicion on the probe itself,
         # so it can refute at once rather than when gossip happens to reach it.
@@ -651,6 +690,8 @@ class Membership:
             self._adjust_awareness(-1)
             if self._table.get(probe.target) is not None:
                 self._table.seen(probe.target, now)
+                if envelope.sender == probe.target and probe.direct_deadline != math.inf:
+                    self._note_rtt(probe.target, now - probe.sent)
             return
         relay = self._relays.get(ack.seq)
         if relay is not None:

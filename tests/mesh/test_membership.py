@@ -12,12 +12,13 @@ import itertools
 import random
 from collections.abc import Callable
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.config import MembershipConfig
 from mesh.identity import Identity, verify
-from mesh.membership import Membership, MemberState, Send
+from mesh.membership import RTT_WEIGHT, Membership, MemberState, Send
 from mesh.messages import (
     Ack,
     Alive,
@@ -489,3 +490,33 @@ def test_a_member_that_moves_tells_every_live_member_at_once() -> None:
         and any(getattr(u, "addr", None) == "tcp://c-moved" for u in send.envelope.message.updates)
     }
     assert told == {net.ids["a"].node_id, net.ids["b"].node_id}
+
+
+def _probe_round_trip(net: Net, prober: str, delay: float) -> bytes:
+    """Run `prober`'s next probe with `delay` seconds between its ping going
+    out and the ack coming back; returns the probed member's id."""
+    core = net.nodes[prober]
+    net.deliver()
+    net.now = core.next_deadline()
+    core.tick(net.now)
+    pings = [s for s in core.take_sends() if isinstance(s.envelope.message, Ping)]
+    assert len(pings) == 1, pings
+    (ping,) = pings
+    net.now += delay
+    net.nodes[net.name_of(ping.addr)].receive(ping.envelope, net.now)
+    net.deliver()
+    return ping.node
+
+
+def test_direct_probes_time_each_members_round_trip_smoothed() -> None:
+    net = Net("a", "b", "c")
+    net.join_all()
+    a = net.nodes["a"]
+    assert set(a.rtts().values()) == {0.0}  # the instant network of join_all
+    first = _probe_round_trip(net, "a", 0.04)
+    # One slow ack moves the estimate by RTT_WEIGHT of its excess only.
+    assert a.rtts()[first] == pytest.approx(RTT_WEIGHT * 0.04)
+    assert set(a.rtts()) <= {net.ids["b"].node_id, net.ids["c"].node_id}
+    del net.nodes["b" if first == net.ids["b"].node_id else "c"]
+    net.advance(CONFIG.suspicion_max_timeout(3) + 10 * CONFIG.probe_interval)
+    assert first not in a.rtts()  # a dead member has no round trip
