@@ -37,10 +37,13 @@ from runtime.inference.chat import (
     OUTCOME_OK,
     OUTCOME_SERVER_ERROR,
     ChatError,
+    ChatRequest,
     ChatService,
     Generation,
+    TokenLogprob,
     parse_chat_request,
 )
+from runtime.inference.tools import ToolCall, parse_tool_calls
 
 
 class OpenAIRoutes:
@@ -103,9 +106,10 @@ class OpenAIRoutes:
         request = parse_chat_request(body)
         generation, deltas = await self.chat.start(request)
         if not request.stream:
-            return JSONResponse(_completion_json(generation, await collect(deltas)))
+            message = _message(request, generation, await collect(deltas))
+            return JSONResponse(_completion_json(generation, message))
         ending = Ending()
-        return _events(generation, deltas, request.include_usage, ending), ending
+        return _events(request, generation, deltas, ending), ending
 
     def _acquire(self, client: str) -> None:
         """Take one of `client`'s quota slots, or raise the 429 that says why not."""
@@ -207,28 +211,43 @@ class _SlotStream(StreamingResponse):
 
 
 async def _events(
+    request: ChatRequest,
     generation: Generation,
     deltas: AsyncGenerator[str, None],
-    include_usage: bool,
     ending: Ending,
 ) -> AsyncGenerator[str, None]:
-    """The server-sent events of one streamed completion; `ending` says how
-    it ended (left cancelled when the client goes away first)."""
+    """The server-sent events of one streamed completion, each delta with
+    the logprobs of the tokens since the last; `ending` says how it ended
+    (left cancelled when the client goes away first). With tools offered
+    the text is held to the end, where it is parsed for calls: a delta of
+    calls, or of the text when there were none."""
     # aclosing: a client that disconnects cancels this generator,
     # and the hops' sessions must close now, not at garbage collection.
     yield _chunk(generation, {"role": "assistant", "content": ""}, None)
+    sent = 0
+    held: list[str] = []
     try:
         async with aclosing(deltas):
-            async for delta in deltas:
-                yield _chunk(generation, {"content": delta}, None)
+            async for text in deltas:
+                if _tools_offered(request):
+                    held.append(text)
+                    continue
+                entries = (generation.logprobs or [])[sent:]
+                sent += len(entries)
+                yield _chunk(generation, {"content": text}, None, _logprobs(generation, entries))
     except ChatError as exc:
         yield stream_error(exc, ending)
         return
     ending.outcome = OUTCOME_OK  # the answer is whole; what follows only closes it
-    last = _chunk_json(generation, {}, generation.finish_reason)
+    entries = (generation.logprobs or [])[sent:]
+    delta = _message(request, generation, "".join(held)) if held else {}
+    delta.pop("role", None)
+    for index, call in enumerate(delta.get("tool_calls", [])):
+        call["index"] = index
+    last = _chunk_json(generation, delta, generation.finish_reason, _logprobs(generation, entries))
     last["shardmesh"] = shardmesh_json(generation)
     yield sse(last)
-    if include_usage:
+    if request.include_usage:
         usage = {
             "id": generation.id,
             "object": "chat.completion.chunk",
@@ -241,7 +260,48 @@ async def _events(
     yield "data: [DONE]\n\n"
 
 
-def _completion_json(generation: Generation, text: str) -> dict[str, Any]:
+def _tools_offered(request: ChatRequest) -> bool:
+    return request.tools is not None and request.tools.offered
+
+
+def _message(request: ChatRequest, generation: Generation, text: str) -> dict[str, Any]:
+    """The answer's message: its text, or the calls parsed from it (when
+    tools were offered and the model made any: `finish_reason` tool_calls)."""
+    calls: list[ToolCall] = []
+    if request.tools is not None and _tools_offered(request):
+        names = frozenset(f["function"]["name"] for f in request.tools.functions)
+        text, calls = parse_tool_calls(text, names, generation.id.rsplit("-", 1)[-1][:24])
+    if not calls:
+        return {"role": "assistant", "content": text}
+    generation.finish_reason = "tool_calls"
+    return {
+        "role": "assistant",
+        "content": text or None,
+        "tool_calls": [call.to_json() for call in calls],
+    }
+
+
+def _logprobs(generation: Generation, entries: Sequence[TokenLogprob]) -> dict[str, Any] | None:
+    """A chat choice's `logprobs` of `entries`, or None when not asked for."""
+    if generation.logprobs is None:
+        return None
+    return {"content": [_token_json(entry) for entry in entries], "refusal": None}
+
+
+def _token_json(entry: TokenLogprob) -> dict[str, Any]:
+    """One token's chat logprob: its text, logprob, UTF-8 bytes and alternatives."""
+    top = entry.top or {}
+    return {
+        **_scored(entry.text, entry.logprob),
+        "top_logprobs": [_scored(text, logprob) for text, logprob in top.items()],
+    }
+
+
+def _scored(text: str, logprob: float | None) -> dict[str, Any]:
+    return {"token": text, "logprob": logprob, "bytes": list(text.encode("utf-8"))}
+
+
+def _completion_json(generation: Generation, message: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": generation.id,
         "object": "chat.completion",
@@ -250,7 +310,8 @@ def _completion_json(generation: Generation, text: str) -> dict[str, Any]:
         "choices": [
             {
                 "index": 0,
-                "message": {"role": "assistant", "content": text},
+                "message": message,
+                "logprobs": _logprobs(generation, generation.logprobs or []),
                 "finish_reason": generation.finish_reason,
             }
         ],
@@ -280,17 +341,26 @@ def usage_json(generations: Sequence[Generation]) -> dict[str, int]:
     }
 
 
-def _chunk(generation: Generation, delta: dict[str, Any], finish: str | None) -> str:
-    return sse(_chunk_json(generation, delta, finish))
+def _chunk(
+    generation: Generation,
+    delta: dict[str, Any],
+    finish: str | None,
+    logprobs: dict[str, Any] | None = None,
+) -> str:
+    return sse(_chunk_json(generation, delta, finish, logprobs))
 
 
 def _chunk_json(
-    generation: Generation, delta: dict[str, Any], finish: str | None
+    generation: Generation,
+    delta: dict[str, Any],
+    finish: str | None,
+    logprobs: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    choice = {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
     return {
         "id": generation.id,
         "object": "chat.completion.chunk",
         "created": generation.created,
         "model": generation.model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        "choices": [choice],
     }

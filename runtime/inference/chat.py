@@ -45,8 +45,9 @@ from runtime.inference.chain import (
 )
 from runtime.inference.deadlines import expected_pace
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
-from runtime.inference.protocol import LogprobRow, max_logprob_rows
+from runtime.inference.protocol import MAX_TOP_LOGPROBS, LogprobRow, max_logprob_rows
 from runtime.inference.swarm import SwarmReader
+from runtime.inference.tools import ToolError, Tools, history_calls, parse_tools
 from runtime.inference.transcript import Transcript
 from runtime.model.manifest import has_chat_template
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
@@ -149,6 +150,8 @@ class ChatError(Exception):
 
 NO_CHAT_TEMPLATE: Final = "no_chat_template"
 """The 400's code for chat messages to a model that has no chat template."""
+NO_TOOL_TEMPLATE: Final = "no_tool_template"
+"""The 400's code for `tools` offered to a model whose template ignores them."""
 
 
 class PromptRequest(Protocol):
@@ -185,17 +188,20 @@ class PromptRequest(Protocol):
 @dataclass(frozen=True)
 class ChatRequest:
     model: str
-    messages: tuple[dict[str, str], ...]
+    messages: tuple[dict[str, Any], ...]
     params: SamplingParams
     stream: bool
     include_usage: bool
-    logprobs: None = None
+    logprobs: int | None = None
+    """`top_logprobs` when `logprobs` is true (0 without it); None: no logprobs."""
+    tools: Tools | None = None
     echo: bool = False
     id_prefix: str = "chatcmpl"
     prompt_param: str = "messages"
 
     def encode(self, tokenizer: ModelTokenizer) -> list[int]:
-        return tokenizer.encode_chat(self.messages)
+        tools = self.tools.functions if self.tools is not None and self.tools.offered else None
+        return tokenizer.encode_chat(self.messages, tools)
 
 
 def _bad(message: str, param: str) -> ChatError:
@@ -212,15 +218,19 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         raise _bad("messages must be a non-empty array", "messages")
     if len(messages) > MAX_MESSAGES:
         raise _bad(f"at most {MAX_MESSAGES} messages", "messages")
-    parsed = []
-    for i, message in enumerate(messages):
-        where = f"messages[{i}]"
-        if not isinstance(message, dict):
-            raise _bad(f"{where} must be an object", where)
-        role = message.get("role")
-        if not isinstance(role, str) or role not in ROLES:  # a list is unhashable
-            raise _bad(f"{where}.role must be one of {sorted(ROLES)}", f"{where}.role")
-        parsed.append({"role": role, "content": _content_text(message.get("content"), where)})
+    try:
+        parsed = [_message(message, f"messages[{i}]") for i, message in enumerate(messages)]
+        tools = parse_tools(body)
+    except ToolError as exc:
+        raise _bad(str(exc), exc.param) from None
+    if tools is not None and tools.choice not in ("none", "auto"):
+        raise ChatError(
+            400,
+            "tool_choice 'required' or a named function needs constrained decoding, "
+            "which this node does not have yet; use 'auto' or 'none'",
+            param="tool_choice",
+            code="unsupported_value",
+        )
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -233,12 +243,63 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
     if type(include_usage) is not bool:
         raise _bad("stream_options.include_usage must be a bool", "stream_options.include_usage")
     if body.get("n") not in (None, 1):
-        raise _bad("only n=1 is supported", "n")
+        raise _bad("only n=1 is supported: send one request per choice", "n")
+    logprobs = _chat_logprobs(body)
     try:
         params = SamplingParams.from_request(body)
     except SamplingParamError as exc:
         raise _bad(str(exc), exc.param) from None
-    return ChatRequest(model, tuple(parsed), params, stream, include_usage)
+    return ChatRequest(model, tuple(parsed), params, stream, include_usage, logprobs, tools)
+
+
+def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
+    """`logprobs` and `top_logprobs`: how many alternatives each token names
+    (0 to MAX_TOP_LOGPROBS, what the last hop sends; OpenAI allows 20), or
+    None when the request wants no logprobs."""
+    wanted = body.get("logprobs")
+    if wanted is not None and type(wanted) is not bool:
+        raise _bad("logprobs must be true or false", "logprobs")
+    top = body.get("top_logprobs")
+    if top is None:
+        return 0 if wanted else None
+    if type(top) is not int or not 0 <= top <= MAX_TOP_LOGPROBS:
+        raise _bad(
+            f"top_logprobs must be an integer from 0 to {MAX_TOP_LOGPROBS} "
+            "(the most alternatives this swarm's last hop sends)",
+            "top_logprobs",
+        )
+    if not wanted:
+        raise _bad("top_logprobs needs logprobs: true", "top_logprobs")
+    return top
+
+
+def _message(message: object, where: str) -> dict[str, Any]:
+    """One history message as chat templates read it: its role and text;
+    an assistant's `tool_calls` (its content may be null then) and a tool
+    result's `tool_call_id` kept."""
+    if not isinstance(message, dict):
+        raise _bad(f"{where} must be an object", where)
+    role = message.get("role")
+    if not isinstance(role, str) or role not in ROLES:  # a list is unhashable
+        raise _bad(f"{where}.role must be one of {sorted(ROLES)}", f"{where}.role")
+    calls = message.get("tool_calls")
+    if role == "assistant" and calls is not None:
+        content = message.get("content")
+        text = "" if content is None else _content_text(content, where)
+        return {
+            "role": role,
+            "content": text,
+            "tool_calls": history_calls(calls, f"{where}.tool_calls"),
+        }
+    parsed: dict[str, Any] = {"role": role, "content": _content_text(message.get("content"), where)}
+    if role == "tool":
+        call_id = message.get("tool_call_id")
+        if not isinstance(call_id, str):
+            raise _bad(f"{where}.tool_call_id must be a string", f"{where}.tool_call_id")
+        parsed["tool_call_id"] = call_id
+        if isinstance(message.get("name"), str):
+            parsed["name"] = message["name"]
+    return parsed
 
 
 def _content_text(content: object, where: str) -> str:
@@ -294,12 +355,20 @@ class ModelTokenizer:
             eos.add(int(self._tok.eos_token_id))
         self.eos_ids = frozenset(eos)
         self.context_window = int(config.get("max_position_embeddings") or 0) or None
-        self.has_chat_template = bool(getattr(self._tok, "chat_template", None))
+        template = getattr(self._tok, "chat_template", None)
+        self.has_chat_template = bool(template)
+        self.takes_tools = isinstance(template, str) and template_takes_tools(template)
         self.vocab_size = len(self._tok)
 
-    def encode_chat(self, messages: Sequence[Mapping[str, str]]) -> list[int]:
-        """The chat's token ids by the model's own template; a 400 naming
-        `/v1/completions` when the model has none (a base model)."""
+    def encode_chat(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        tools: Sequence[Mapping[str, Any]] | None = None,
+    ) -> list[int]:
+        """The chat's token ids by the model's own template, `tools` rendered
+        by it; a 400 naming `/v1/completions` when the model has no template
+        (a base model), and one naming `tools` when its template has no
+        place for them."""
         if not self.has_chat_template:
             raise ChatError(
                 400,
@@ -308,8 +377,20 @@ class ModelTokenizer:
                 param="messages",
                 code=NO_CHAT_TEMPLATE,
             )
+        if tools and not self.takes_tools:
+            raise ChatError(
+                400,
+                "this model's chat template has no place for tools, so it cannot be "
+                "offered functions to call; send the request without tools",
+                param="tools",
+                code=NO_TOOL_TEMPLATE,
+            )
         ids = self._tok.apply_chat_template(
-            list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+            list(messages),
+            tools=list(tools) if tools else None,
+            add_generation_prompt=True,
+            tokenize=True,
+            return_dict=False,
         )
         if isinstance(ids, Mapping):  # some transformers versions return a BatchEncoding
             ids = ids["input_ids"]
@@ -326,6 +407,20 @@ class ModelTokenizer:
     def token_text(self, token: int) -> str:
         """One token's own text, special tokens included (logprobs name them)."""
         return str(self._tok.decode([token]))
+
+
+def template_takes_tools(template: str) -> bool:
+    """Whether a chat template reads the `tools` variable (transformers
+    passes `tools` to every template; one that never reads them would
+    drop them silently)."""
+    import jinja2
+    from jinja2 import meta
+
+    try:
+        parsed = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"]).parse(template)
+    except jinja2.TemplateError:  # a tag of transformers' own: read it as text
+        return "tools" in template
+    return "tools" in meta.find_undeclared_variables(parsed)
 
 
 def _read_json(path: Path) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from runtime.inference.chat import (
     ChatError,
     ChatRequest,
     Generation,
+    TokenLogprob,
 )
 
 PATH = "/v1/chat/completions"
@@ -151,6 +152,7 @@ async def test_a_completion_is_openais_shape_with_our_extension(quota: ChatQuota
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": "Hello!"},
+                "logprobs": None,
                 "finish_reason": "stop",
             }
         ],
@@ -170,13 +172,18 @@ async def test_a_stream_is_server_sent_chunks_closed_by_usage_and_done(quota: Ch
     assert events[-1] == "[DONE]"
     first, *deltas, last, usage, _ = events
     assert first["choices"] == [
-        {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}
+        {
+            "index": 0,
+            "delta": {"role": "assistant", "content": ""},
+            "logprobs": None,
+            "finish_reason": None,
+        }
     ]
     assert [d["choices"][0]["delta"] for d in deltas] == [{"content": "Hel"}, {"content": "lo"}]
     for chunk in (first, *deltas, last, usage):
         assert chunk["object"] == "chat.completion.chunk" and chunk["id"] == "chatcmpl-1"
         assert chunk["model"] == "tiny" and chunk["created"] == 1_700_000_000
-    assert last["choices"] == [{"index": 0, "delta": {}, "finish_reason": "stop"}]
+    assert last["choices"] == [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"}]
     assert last["shardmesh"]["route"] == ["aa", "bb"]
     assert usage["choices"] == [] and usage["usage"]["total_tokens"] == 5
     assert chat.outcomes == Counter({OUTCOME_OK: 1}) and chat.closed == 1
@@ -332,3 +339,89 @@ def test_how_a_request_ended_is_read_from_what_it_raised() -> None:
     assert request_outcome(HTTPException(415)) == OUTCOME_CLIENT_ERROR
     assert request_outcome(HTTPException(503)) == OUTCOME_SERVER_ERROR
     assert request_outcome(ValueError("a bug")) == OUTCOME_SERVER_ERROR
+
+
+class Scored(Scripted):
+    """`Scripted`, filing one logprob entry per delta when the request asks
+    (as `ChatService` files the last hop's rows, by token text)."""
+
+    async def start(self, request: ChatRequest) -> tuple[Generation, AsyncGenerator[str, None]]:
+        generation, deltas = await super().start(request)
+        if request.logprobs is not None:
+            generation.logprobs = []
+        return generation, self._scored(generation, deltas)
+
+    async def _scored(
+        self, generation: Generation, deltas: AsyncGenerator[str, None]
+    ) -> AsyncGenerator[str, None]:
+        async for delta in deltas:
+            if generation.logprobs is not None:
+                generation.logprobs.append(TokenLogprob(delta, -0.5, {delta: -0.5, "é": -2.0}))
+            yield delta
+
+
+def scored(text: str) -> dict[str, Any]:
+    """The chat logprob `Scored` files for a delta."""
+    alternatives = [
+        {"token": text, "logprob": -0.5, "bytes": list(text.encode())},
+        {"token": "é", "logprob": -2.0, "bytes": [0xC3, 0xA9]},
+    ]
+    return {**alternatives[0], "top_logprobs": alternatives}
+
+
+async def test_chat_logprobs_are_openais_chat_shape_plain_and_streamed(quota: ChatQuota) -> None:
+    body = chat_body(logprobs=True, top_logprobs=2)
+    answer = (await post(Scored(["Hel", "lo"]), quota, body)).json()
+    assert answer["choices"][0]["logprobs"] == {
+        "content": [scored("Hel"), scored("lo")],
+        "refusal": None,
+    }
+    events = events_of(await post(Scored(["Hel", "lo"]), quota, {**body, "stream": True}))
+    _, *deltas, last, _ = events
+    assert [d["choices"][0]["logprobs"]["content"] for d in deltas] == [
+        [scored("Hel")],
+        [scored("lo")],
+    ]
+    assert last["choices"][0]["logprobs"] == {"content": [], "refusal": None}
+    refused = await post(Scored([]), quota, chat_body(logprobs=True, top_logprobs=6))
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "top_logprobs"
+    assert quota.in_flight(CLIENT) == 0
+
+
+WEATHER = {"type": "function", "function": {"name": "get_weather", "parameters": {}}}
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>'
+
+
+async def test_a_tool_call_in_the_answer_is_openais_tool_calls_plain_and_streamed(
+    quota: ChatQuota,
+) -> None:
+    body = chat_body(tools=[WEATHER])
+    answer = (await post(Scripted([CALL[:20], CALL[20:]]), quota, body)).json()
+    (choice,) = answer["choices"]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert choice["message"]["content"] is None and call["type"] == "function"
+    assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Oslo"}'}
+    assert call["id"].startswith("call_")
+    events = events_of(
+        await post(Scripted([CALL[:20], CALL[20:]]), quota, {**body, "stream": True})
+    )
+    first, last, _ = events  # the text is held to the end, where the calls are read
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert last["choices"][0]["finish_reason"] == "tool_calls"
+    (streamed,) = last["choices"][0]["delta"]["tool_calls"]
+    assert streamed["index"] == 0 and streamed["function"] == call["function"]
+    # No call in the answer, or tools not offered: text as ever.
+    plain = (await post(Scripted(["It is sunny."]), quota, body)).json()["choices"][0]
+    assert plain["message"] == {"role": "assistant", "content": "It is sunny."}
+    assert plain["finish_reason"] == "stop"
+    silent = (await post(Scripted([CALL]), quota, {**body, "tool_choice": "none"})).json()
+    assert silent["choices"][0]["message"]["content"] == CALL
+    assert quota.in_flight(CLIENT) == 0
+
+
+async def test_n_above_one_and_max_tokens_zero_are_400s_naming_them(quota: ChatQuota) -> None:
+    for fields, param in (({"n": 2}, "n"), ({"max_tokens": 0}, "max_tokens")):
+        refused = await post(Scripted([]), quota, chat_body(**fields))
+        assert refused.status_code == 400, refused.text
+        assert refused.json()["error"]["param"] == param
