@@ -84,6 +84,16 @@ MAX_DIGEST_HEX_CHARS = 128
 """A manifest digest in lowercase hex: 64 for SHA-256, up to 128 for 512-bit
 hashes, so the manifest can change hash without a record format change."""
 
+MAX_RTT_PEERS = 16
+"""Members a record gives its measured round trips to (`NodeRecord.rtt_us`).
+Routes need the delay between consecutive hops, which only the hops
+measure; a node publishes its nearest 16 (a chain's neighbours are near
+ones), about 1.1 KiB. A pair without a figure falls back to the entry's own
+estimate (`mesh.routes.one_way_s`)."""
+
+MAX_RTT_US = 60_000_000
+"""A published round trip above a minute is no measurement: refused."""
+
 MAX_FAILURE_CHARS = 1024
 """A failed doctor run says why in one or two lines; the full log stays on the
 node."""
@@ -347,6 +357,10 @@ class NodeRecord:
     reach: Reach = "unknown"
     """How peers reach the node (see `Reach`); a record from a node older
     than the field has none and reads as `unknown`."""
+    rtt_us: Mapping[str, int] = field(default_factory=dict, hash=False)
+    """Member id (hex) -> the round trip this node's membership probes
+    measured to it, in microseconds (`mesh.membership.Membership.rtts`), at
+    most `MAX_RTT_PEERS`: what routes price the hop after this one by."""
 
     @_as_record_error
     def __post_init__(self) -> None:
@@ -366,6 +380,7 @@ class NodeRecord:
         object.__setattr__(self, "demand", _check_demand(self.demand))
         uint(self.sessions, "sessions")
         one_of(self.reach, "reach", REACHES)
+        object.__setattr__(self, "rtt_us", _check_rtts(self.rtt_us))
 
 
 def _check_models(value: object) -> tuple[str, ...]:
@@ -387,6 +402,20 @@ def _check_demand(value: object) -> Mapping[str, int]:
     checked = {
         _model_name(model, "demand key"): uint(count, f"demand[{model!r}]")
         for model, count in value.items()
+    }
+    return MappingProxyType(checked)
+
+
+def _check_rtts(value: object) -> Mapping[str, int]:
+    if not isinstance(value, Mapping):
+        raise _bad("rtt_us must be a map of node id to microseconds")
+    if len(value) > MAX_RTT_PEERS:
+        raise _bad(f"rtt_us has more than {MAX_RTT_PEERS} entries")
+    checked = {
+        hex_text(node, "rtt_us key", min_chars=64, max_chars=64): uint(
+            rtt, f"rtt_us[{node!r}]", high=MAX_RTT_US
+        )
+        for node, rtt in value.items()
     }
     return MappingProxyType(checked)
 
@@ -457,13 +486,19 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
     }
 
 
+def _with_rtts(view: dict[str, Any], record: NodeRecord) -> dict[str, Any]:
+    """`rtt_us` only when the record has some, so records without
+    measurements encode as they did before the field."""
+    return {**view, "rtt_us": dict(record.rtt_us)} if record.rtt_us else view
+
+
 def encode_record_body(record: NodeRecord) -> bytes:
     """The record's CBOR body, canonical so equal records give equal bytes.
 
     Raises `RecordError("record_oversized")` rather than producing a body that
     every peer would drop.
     """
-    body = cbor2.dumps(_record_map(record), canonical=True)
+    body = cbor2.dumps(_with_rtts(_record_map(record), record), canonical=True)
     if len(body) > MAX_RECORD_BODY_BYTES:
         raise RecordError(RECORD_OVERSIZED, f"{len(body)} bytes exceeds {MAX_RECORD_BODY_BYTES}")
     return body
@@ -619,6 +654,7 @@ def decode_record_body(body: bytes) -> NodeRecord:
         ledger=_decode_ledger(obj.get("ledger")),
         sessions=obj.get("sessions", 0),
         reach=obj.get("reach", "unknown"),
+        rtt_us=obj.get("rtt_us", {}),
     )
 
 
@@ -676,7 +712,7 @@ def record_to_json(record: NodeRecord, node_id: bytes | None = None) -> dict[str
 
     Given `node_id`, it is included as hex under `"node_id"`.
     """
-    view = _record_map(record)
+    view = _with_rtts(_record_map(record), record)
     if node_id is not None:
         view = {"node_id": node_id_text(node_id), **view}
     return view

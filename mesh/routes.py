@@ -17,13 +17,15 @@ Why, and each input: docs/design/routes.md#route-finding.
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from mesh.coverage import ModelCoverage, ServingNode
-from mesh.identity import node_id_text
+from mesh.identity import node_id_from_text, node_id_text
 from mesh.member_table import MemberState
+from mesh.records import NodeRecord
+from mesh.relay import RELAY_BYTES_PER_S
 
 DEFAULT_HOP_LATENCY_S = 0.05
 """One-way latency assumed for a node the membership probes have not yet
@@ -188,6 +190,35 @@ class RouteInputs:
     def excludes(self, node_id: bytes) -> bool:
         """True when the node may not be on a route now."""
         return node_id in self.avoid or node_id in self.busy or self.load.get(node_id, 0.0) >= 1
+
+
+def network_inputs(
+    entry: bytes, coverage: ModelCoverage, record: Callable[[bytes], NodeRecord | None]
+) -> RouteInputs:
+    """Route inputs for `entry` with the network its members' signed records
+    describe: each record's `rtt_us` (the round trips its membership probes
+    measured, the entry's own included) as `peer_rtt_s`, the nodes whose
+    record says `reach: relayed` as `relayed`, and for those the relay's
+    byte budget (`mesh.relay.RELAY_BYTES_PER_S`) as their bandwidth.
+    `record` looks a node's record up (None: unknown)."""
+    peer_rtt_s: dict[bytes, dict[bytes, float]] = {}
+    relayed: set[bytes] = set()
+    for node in {entry} | {serving.node_id for serving in coverage.nodes}:
+        found = record(node)
+        if found is None:
+            continue
+        if found.rtt_us:
+            rtts = {node_id_from_text(peer): us / 1e6 for peer, us in found.rtt_us.items()}
+            peer_rtt_s[node] = rtts
+        if found.reach == "relayed":
+            relayed.add(node)
+    return RouteInputs(
+        entry=entry,
+        latency_s={peer: rtt / 2 for peer, rtt in peer_rtt_s.get(entry, {}).items()},
+        peer_rtt_s=peer_rtt_s,
+        relayed=frozenset(relayed),
+        bandwidth_bytes_per_s={node: float(RELAY_BYTES_PER_S) for node in relayed},
+    )
 
 
 def overclaims(node: ServingNode, inputs: RouteInputs) -> bool:

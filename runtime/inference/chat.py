@@ -21,7 +21,7 @@ import uuid
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final, Protocol
 
@@ -32,7 +32,15 @@ from mesh.coverage import CoverageMap, ModelCoverage
 from mesh.identity import node_id_text
 from mesh.member_table import MemberState
 from mesh.observed_speed import ObservedSpeeds
-from mesh.routes import Backoff, NoRoute, Route, RouteInputs, find_route, reroute
+from mesh.routes import (
+    Backoff,
+    NoRoute,
+    Route,
+    RouteInputs,
+    find_route,
+    network_inputs,
+    reroute,
+)
 from runtime.inference.blame import Contradiction
 from runtime.inference.chain import (
     ChainHop,
@@ -44,10 +52,26 @@ from runtime.inference.chain import (
     Reroute,
 )
 from runtime.inference.deadlines import expected_pace
+from runtime.inference.fields import (
+    BOOLEAN,
+    SAMPLING_FIELDS,
+    STREAM_FIELDS,
+    TOP_LOGPROBS,
+    Field,
+    FieldError,
+    check_fields,
+)
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
 from runtime.inference.protocol import MAX_TOP_LOGPROBS, LogprobRow, max_logprob_rows
 from runtime.inference.swarm import SwarmReader
-from runtime.inference.tools import ToolError, Tools, history_calls, parse_tools
+from runtime.inference.tools import (
+    MAX_TOOLS,
+    TOOL_CHOICES,
+    ToolError,
+    Tools,
+    history_calls,
+    parse_tools,
+)
 from runtime.inference.transcript import Transcript
 from runtime.model.manifest import has_chat_template
 from runtime.model.sampling import SamplingParamError, SamplingParams, StopScanner
@@ -208,8 +232,77 @@ def _bad(message: str, param: str) -> ChatError:
     return ChatError(400, message, param=param, code="invalid_value")
 
 
+_TEXT_PARTS: Final = {
+    "type": "array",
+    "items": {
+        "type": "object",
+        "properties": {"type": {"enum": ["text"]}, "text": {"type": "string"}},
+        "required": ["type", "text"],
+    },
+}
+_MESSAGE: Final = {
+    "type": "object",
+    "properties": {
+        "role": {"enum": sorted(ROLES)},
+        "content": {"anyOf": [{"type": "string"}, _TEXT_PARTS, {"type": "null"}]},
+        "tool_calls": {"type": "array"},
+        "tool_call_id": {"type": "string"},
+        "name": {"type": "string"},
+    },
+    "required": ["role"],
+}
+_TOOL: Final = {
+    "type": "object",
+    "properties": {
+        "type": {"enum": ["function"]},
+        "function": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                "description": {"type": "string"},
+                "parameters": {"type": "object"},
+            },
+            "required": ["name"],
+        },
+    },
+    "required": ["type", "function"],
+}
+CHAT_FIELDS: Final = (
+    Field(
+        "messages",
+        {"type": "array", "items": _MESSAGE, "minItems": 1, "maxItems": MAX_MESSAGES},
+        "the chat so far, rendered by the model's own chat template; an assistant "
+        "message may carry `tool_calls` (content null), a `tool` message answers one "
+        "by `tool_call_id`",
+    ),
+    *STREAM_FIELDS,
+    *SAMPLING_FIELDS,
+    Field("max_completion_tokens", {"type": "integer", "minimum": 1}, "max_tokens' newer name"),
+    Field("logprobs", BOOLEAN, "each generated token's logprob (`choices[].logprobs.content`)"),
+    Field("top_logprobs", TOP_LOGPROBS, "alternatives per token (with `logprobs`: true)"),
+    Field(
+        "tools",
+        {"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS},
+        "functions the model may call, rendered by its template (a 400 "
+        "`no_tool_template` when it has no place for them)",
+    ),
+    Field(
+        "tool_choice",
+        {"anyOf": [{"type": "string", "enum": list(TOOL_CHOICES)}, {"type": "object"}]},
+        '"none" or "auto"; "required" and a named function are refused (400) for now',
+    ),
+)
+"""The fields of a chat body, as `check_fields` checks them and
+`GET /openapi.json` documents them (`model` and `messages` required)."""
+CHAT_REQUIRED: Final = ("model", "messages")
+
+
 def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
     """The validated request, or ChatError(400) naming the first bad field."""
+    try:
+        check_fields(body, CHAT_FIELDS)
+    except FieldError as exc:
+        raise _bad(str(exc), exc.param) from None
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model must be a non-empty string", "model")
@@ -805,7 +898,7 @@ class ChatService:
         }
 
     def _route(self, variant: ModelCoverage, avoid: frozenset[bytes]) -> Route:
-        inputs = self._route_inputs(avoid)
+        inputs = self._route_inputs(avoid, variant)
         found = find_route(variant, inputs)
         if isinstance(found, NoRoute):
             found = self._unblock(variant, avoid) or found
@@ -830,7 +923,7 @@ class ChatService:
         log.warning(
             "every holder of %s [%d, %d) is distrusted: %s", variant.model, start, end, said
         )
-        found = find_route(variant, self._route_inputs(avoid))
+        found = find_route(variant, self._route_inputs(avoid, variant))
         if isinstance(found, Route):
             return found
         message = (
@@ -842,10 +935,10 @@ class ChatService:
     def _distrusted(self, now: float) -> frozenset[bytes]:
         return frozenset() if self.checks is None else self.checks.distrusted(now)
 
-    def _route_inputs(self, avoid: frozenset[bytes]) -> RouteInputs:
+    def _route_inputs(self, avoid: frozenset[bytes], variant: ModelCoverage) -> RouteInputs:
         now = trio.current_time()
-        return RouteInputs(
-            entry=self.swarm.node_id,
+        return replace(
+            network_inputs(self.swarm.node_id, variant, self.swarm.record),
             avoid=avoid | self.backoff.avoided(now) | self._distrusted(now),
             observed_step_s=self.speeds.step_s(),
         )
@@ -1036,7 +1129,7 @@ class ChatService:
         variant = self.swarm.coverage().best(model)
         found: Route | NoRoute | None = None
         if variant is not None:
-            found = reroute(variant, route, failed, self._route_inputs(frozenset(failed)))
+            found = reroute(variant, route, failed, self._route_inputs(frozenset(failed), variant))
         stall = failure.stall
         if isinstance(found, NoRoute) and stall is not None and not declared:
             if stall.silent:

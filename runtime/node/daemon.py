@@ -132,6 +132,7 @@ class Node:
             sessions=lambda: self.engine.sessions,
             notice=self.raft.notice,
             reach=lambda: self.reachability.reach,
+            rtts=self.membership.core.rtts,
         )
         self.placement = Placement(
             raft=self.raft,

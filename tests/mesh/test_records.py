@@ -20,6 +20,8 @@ from mesh.records import (
     MAX_MODEL_NAME_CHARS,
     MAX_MODELS,
     MAX_RECORD_BODY_BYTES,
+    MAX_RTT_PEERS,
+    MAX_RTT_US,
     Addresses,
     Assignment,
     BackendInfo,
@@ -110,6 +112,7 @@ node_records = st.builds(
     demand=st.dictionaries(model_names, counters, max_size=5),
     sessions=counters,
     reach=st.sampled_from(["direct", "relayed", "unknown"]),
+    rtt_us=st.dictionaries(st.sampled_from(["ab" * 32, "cd" * 32]), st.integers(0, MAX_RTT_US)),
     ledger=st.none()
     | st.builds(
         LedgerNotice,
@@ -249,6 +252,13 @@ def test_a_record_from_before_reach_decodes_as_unknown_and_new_ones_say_it() -> 
 # --- rejections -------------------------------------------------------------
 
 
+def test_round_trips_are_published_by_id_and_absent_from_records_without_them() -> None:
+    assert "rtt_us" not in raw_map(sample_record())
+    measured = sample_record(rtt_us={"ab" * 32: 40_000})
+    assert decode_record_body(encode_record_body(measured)).rtt_us == {"ab" * 32: 40_000}
+    assert record_to_json(measured)["rtt_us"] == {"ab" * 32: 40_000}
+
+
 def test_oversized_body() -> None:
     body = cbor2.dumps({**raw_map(), "padding": "x" * MAX_RECORD_BODY_BYTES})
     assert len(body) > MAX_RECORD_BODY_BYTES
@@ -329,6 +339,12 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         (("reach",), "behind-nat"),
         (("reach",), None),
         (("reach",), 1),
+        (("rtt_us",), {"ab" * 32: -1}),
+        (("rtt_us",), {"ab" * 32: MAX_RTT_US + 1}),
+        (("rtt_us",), {"AB" * 32: 1}),
+        (("rtt_us",), {"ab": 1}),
+        (("rtt_us",), {f"{i:064x}": 1 for i in range(MAX_RTT_PEERS + 1)}),
+        (("rtt_us",), ["ab" * 32, 1]),
         (("addresses",), "tcp://x:1"),
         (("addresses", "control"), ""),
         (("addresses", "data"), 7001),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 from hypothesis import given, settings
@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from mesh.coverage import ModelCoverage, ServingNode, build_coverage
 from mesh.records import Addresses, Assignment, BackendInfo, CapabilityReport, NodeRecord
+from mesh.relay import RELAY_BYTES_PER_S
 from mesh.routes import (
     BACKOFF_BASE_S,
     BACKOFF_CAP_S,
@@ -28,6 +29,7 @@ from mesh.routes import (
     claim_ceiling,
     find_route,
     hop_cost_s,
+    network_inputs,
     overclaims,
     reroute,
 )
@@ -245,6 +247,25 @@ def test_reroute_prices_the_replacement_from_the_hops_around_it() -> None:
     assert isinstance(first, Route)
     # Node 3 fails: node 2 replaces it alone, the others keep their caches.
     assert ids(reroute(cov, first, {nid(3)}, network)) == [1, 2, 4]
+
+
+def test_network_inputs_read_round_trips_and_relays_from_the_records() -> None:
+    cov = coverage([Spec(1, (0, 4)), Spec(2, (4, 8)), Spec(3, (4, 8))])
+    records = {
+        ENTRY: replace(record(Spec(9, (0, 8))), rtt_us={nid(1).hex(): 40_000}),
+        nid(1): replace(
+            record(Spec(1, (0, 4))), rtt_us={nid(2).hex(): 80_000, nid(3).hex(): 10_000}
+        ),
+        nid(2): record(Spec(2, (4, 8))),
+        nid(3): replace(record(Spec(3, (4, 8))), reach="relayed"),
+    }
+    network = network_inputs(ENTRY, cov, records.get)
+    assert network.latency_s == {nid(1): 0.02}
+    assert network.peer_rtt_s[nid(1)] == {nid(2): 0.08, nid(3): 0.01}
+    assert network.relayed == {nid(3)}
+    assert network.bandwidth_bytes_per_s == {nid(3): RELAY_BYTES_PER_S}
+    # 3 is 35 ms nearer node 1 than 2 is, which outweighs the relay's penalty.
+    assert ids(find_route(cov, network)) == [1, 3]
 
 
 def test_bad_network_inputs_are_rejected() -> None:

@@ -11,7 +11,7 @@ import trio
 from mesh import records
 from runtime.node import record_publisher
 from runtime.node.admission import Admission
-from runtime.node.record_publisher import LOAD_PUBLISH_S, RecordPublisher
+from runtime.node.record_publisher import LOAD_PUBLISH_S, RTT_PUBLISH_S, RecordPublisher
 
 ADDRESSES = {"control": "tcp://127.0.0.1:1", "data": "tcp://127.0.0.1:2", "api": "http://x:3"}
 NOTICE = records.LedgerNotice(term=2, index=7, digest="ab" * 32)
@@ -32,6 +32,7 @@ class Parts:
         self.sessions = 0
         self.notice: records.LedgerNotice | None = None
         self.reach: records.Reach = "unknown"
+        self.rtts: dict[bytes, float] = {}
         self.slot = Slot()
 
     def publisher(self, *, spare: bool = True) -> RecordPublisher:
@@ -45,6 +46,7 @@ class Parts:
             sessions=lambda: self.sessions,
             notice=lambda: self.notice,
             reach=lambda: self.reach,
+            rtts=lambda: self.rtts,
         )
 
     def last(self) -> records.NodeRecord:
@@ -162,3 +164,23 @@ def test_the_record_says_how_peers_reach_the_node() -> None:
     parts.reach = "direct"  # the reachability driver's verdict, then its republish
     publisher.republish()
     assert parts.last().reach == "direct"
+
+
+def test_round_trips_are_published_nearest_first_and_again_only_when_they_move() -> None:
+    parts = Parts()
+    parts.rtts = {bytes([i]) * 32: 0.001 * (i + 1) for i in range(records.MAX_RTT_PEERS + 4)}
+    publisher = parts.publisher()
+    publisher.republish()
+    published = parts.last().rtt_us
+    assert len(published) == records.MAX_RTT_PEERS
+    assert published["00" * 32] == 1_000 and "ff" * 32 not in published
+    parts.rtts[b"\x00" * 32] = 0.0025  # +1.5 ms: under RTT_MOVED_MIN_US
+    publisher.rtts_published_at = time.monotonic() - RTT_PUBLISH_S
+    assert not publisher.changed(), "due, but nothing moved enough"
+    parts.rtts[b"\x00" * 32] = 0.010
+    publisher.rtts_published_at = time.monotonic()
+    assert not publisher.changed(), "moved, but the last publish is too recent"
+    publisher.rtts_published_at = time.monotonic() - RTT_PUBLISH_S
+    assert publisher.changed()
+    publisher.republish()
+    assert parts.last().rtt_us["00" * 32] == 10_000
