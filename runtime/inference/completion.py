@@ -18,6 +18,15 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from runtime.inference.chat import ChatError, ModelTokenizer
+from runtime.inference.fields import (
+    BOOLEAN,
+    SAMPLING_FIELDS,
+    STREAM_FIELDS,
+    TOP_LOGPROBS,
+    Field,
+    FieldError,
+    check_fields,
+)
 from runtime.inference.protocol import MAX_TOP_LOGPROBS
 from runtime.model.sampling import SamplingParamError, SamplingParams
 
@@ -30,6 +39,36 @@ MAX_PROMPT_TOKENS: Final = 1_000_000
 
 def _bad(message: str, param: str) -> ChatError:
     return ChatError(400, message, param=param, code="invalid_value")
+
+
+_TOKEN_IDS: Final = {"type": "array", "items": {"type": "integer", "minimum": 0}, "minItems": 1}
+COMPLETION_FIELDS: Final = (
+    Field(
+        "prompt",
+        {
+            "anyOf": [
+                {"type": "string", "minLength": 1},
+                _TOKEN_IDS,
+                {
+                    "type": "array",
+                    "items": {"anyOf": [{"type": "string", "minLength": 1}, _TOKEN_IDS]},
+                    "minItems": 1,
+                    "maxItems": MAX_PROMPTS,
+                },
+            ]
+        },
+        "a string, token ids, or a list of either: one choice each",
+    ),
+    *STREAM_FIELDS,
+    *SAMPLING_FIELDS,
+    Field("echo", BOOLEAN, "the choice's text (and logprobs) start with the prompt's"),
+    Field("logprobs", TOP_LOGPROBS, "each token's logprob and this many alternatives"),
+    Field("suffix", {"type": "string", "maxLength": 0}, "refused: no insertion mode"),
+    Field("best_of", {"type": "integer", "enum": [1]}, "1 only"),
+)
+"""The fields of a text completion's body, as `check_fields` checks them and
+`GET /openapi.json` documents them (`model` and `prompt` required)."""
+COMPLETION_REQUIRED: Final = ("model", "prompt")
 
 
 @dataclass(frozen=True)
@@ -70,15 +109,19 @@ class CompletionRequest:
 
 def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
     """The validated request, or ChatError(400) naming the first bad field."""
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model must be a non-empty string", "model")
     if body.get("suffix") not in (None, ""):
         raise _bad(
             "suffix (insertion between a prompt and a suffix) is not supported; "
             "send the prompt alone",
             "suffix",
         )
+    try:
+        check_fields(body, COMPLETION_FIELDS)
+    except FieldError as exc:
+        raise _bad(str(exc), exc.param) from None
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise _bad("model must be a non-empty string", "model")
     for name in ("n", "best_of"):
         if body.get(name) not in (None, 1):
             raise _bad(f"only {name}=1 is supported", name)
