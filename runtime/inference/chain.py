@@ -321,8 +321,10 @@ class _Attempt:
         check: dict[str, Any] | None = None,
         sketch_seeds: Sequence[int] | None = None,
         logprobs: dict[str, Any] | None = None,
+        generated: Sequence[int] = (),
     ) -> None:
         self.pipeline = pipeline
+        self.generated = tuple(generated)  # tokens before this chain: the last hop's history
         self.logprobs = logprobs  # the last hop's open asks for them (Logprobs.asked)
         self.chain = chain
         self.model = model
@@ -376,6 +378,7 @@ class _Attempt:
                 "sketch_seed": self.sketch_seeds[i],
                 "check": self.check if i == last else None,
                 "logprobs": self.logprobs if i == last else None,
+                **(self._last_hop_history() if i == last else {}),
             }
             plane.send(hop.address, encode_message(header), peer=hop.node)
         waiting = set(self.sessions)
@@ -390,6 +393,17 @@ class _Attempt:
                     self.pipeline._drops[f"engine.{R_STALE_REPLY}"] += 1
         if waiting:
             raise _StepFailed(frozenset(self.node_of[s] for s in waiting), "open timed out")
+
+    def _last_hop_history(self) -> dict[str, Any]:
+        """The ``open``'s fields that the last hop's penalties and constraint
+        need: the constraint, and the tokens generated before this chain."""
+        constraint = self.params.constraint
+        needs_history = constraint is not None or self.params.presence_penalty != 0
+        needs_history = needs_history or self.params.frequency_penalty != 0
+        return {
+            "constraint": None if constraint is None else constraint.header(),
+            "generated": list(self.generated) if needs_history and self.generated else None,
+        }
 
     def send_step(self, prompt: Sequence[int], tokens: Sequence[int]) -> tuple[int, float]:
         """Start producing token ``len(tokens)``: a prefill of the whole
@@ -654,6 +668,7 @@ class Pipeline:
             attempt = _Attempt(
                 self, chain, model, len(prompt) + limit, params, transcript.seed, transcript,
                 deadlines, logprobs=None if logprobs is None else logprobs.asked(prompt),
+                generated=tokens,
             )  # fmt: skip
             timing.restart(chain)
             try:

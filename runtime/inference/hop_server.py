@@ -13,10 +13,12 @@ docs/design/inference-protocol.md#the-hop-server.
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Final, TypeVar
 
 import numpy as np
@@ -70,8 +72,10 @@ from runtime.inference.protocol import (
     BadMessage,
     check_field,
     compute_us_field,
+    constraint_field,
     encode_message,
     error_header,
+    generated_field,
     logprob_header,
     logprobs_field,
     node_field,
@@ -91,6 +95,7 @@ from runtime.inference.session_policy import (
     Standing,
 )
 from runtime.model.backends.base import KVCache, ShardBackend
+from runtime.model.grammar import ConstraintError, Matcher, Vocabulary
 from runtime.model.sampling import SEED_MODULUS, SamplingParams, sample, token_margin
 
 T = TypeVar("T")
@@ -268,6 +273,11 @@ class _Session:
     inbox: trio.MemorySendChannel[_Step] | None = None
     # Last hop only: the logprobs the entry asked for (protocol.logprobs_field).
     logprobs: tuple[int, tuple[int, ...]] | None = None
+    # Last hop only: every token generated so far, those before this session
+    # (protocol.generated_field) and those it sampled; the penalties' and the
+    # constraint's input. `matcher` is the constraint's state after them.
+    generated: list[int] = field(default_factory=list)
+    matcher: Matcher | None = None
 
 
 class HopServer:
@@ -290,6 +300,7 @@ class HopServer:
         max_budget: int = DEFAULT_MAX_BUDGET,
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         pending_grace_s: float = PENDING_GRACE_S,
+        tokenizer_dir: Path | None = None,
     ) -> None:
         if max_sessions < 1 or max_budget < 1 or idle_timeout_s <= 0 or pending_grace_s <= 0:
             raise ValueError(
@@ -301,6 +312,11 @@ class HopServer:
         self.signer = signer
         self.max_sessions = max_sessions
         self.max_budget = max_budget
+        # The model's tokenizer, for constraints (runtime.model.grammar):
+        # read on the first constrained session, then kept.
+        self.tokenizer_dir = tokenizer_dir
+        self._vocabulary: Vocabulary | None = None
+        self._vocabulary_lock = threading.Lock()
         self.idle_timeout_s = idle_timeout_s
         self.stats = HopStats()
         self.limits = SessionLimits(max_sessions, pending_grace_s)
@@ -497,12 +513,18 @@ class HopServer:
             if any(value is not None for value in nexts):
                 raise BadMessage(R_BAD_FIELD, "the last hop has no next hop")
             next_addr = next_session = next_node = None
-            sampling: SamplingParams | None = sampling_from_header(header.get("sampling"))
+            constraint = constraint_field(header)
+            if constraint is not None and self.tokenizer_dir is None:
+                raise BadMessage(R_BAD_FIELD, "this hop has no tokenizer to apply a constraint")
+            sampling: SamplingParams | None = sampling_from_header(
+                header.get("sampling"), constraint
+            )
+            generated = list(generated_field(header, budget))
         else:
             next_addr = text_field(header, "next", MAX_ADDR_CHARS)
             next_node = node_field(header, "next_node")
             next_session = session_field(header, "next_session")
-            sampling = None
+            sampling, generated = None, []
         return _Session(
             id=session_id,
             entry=entry,
@@ -522,6 +544,7 @@ class HopServer:
             last_used=now,
             graced=graced,
             logprobs=logprobs,
+            generated=generated,
         )
 
     def _close(self, session: _Session) -> None:
@@ -733,7 +756,7 @@ class HopServer:
         output = self.shard.forward(work.inputs, positions, session.cache)
         token: int | None = None
         if session.sampling is not None:
-            token = sample(output[-1], session.sampling, seed=session.seed, step=work.step)
+            token = self._sample(session, output[-1], work.step)
         took = time.perf_counter() - began
         # Only one forward runs at a time (the compute limiter), so this is
         # the stats' only writer even when it runs in a worker thread.
@@ -775,6 +798,37 @@ class HopServer:
         hidden = None if token is not None else output
         return _Result(hidden, token, round(took * 1e6), commitment, checked)
 
+    def vocabulary(self) -> Vocabulary:
+        """The model's tokenizer as the grammar engine reads it, built once."""
+        assert self.tokenizer_dir is not None  # _open refuses constraints without one
+        with self._vocabulary_lock:
+            if self._vocabulary is None:
+                self._vocabulary = Vocabulary(self.tokenizer_dir)
+            return self._vocabulary
+
+    def _sample(self, session: _Session, logits: np.ndarray, step: int) -> int:
+        """The last hop's token for ``step``: penalized over the tokens
+        generated before it and masked by the session's constraint, which
+        then takes the token."""
+        assert session.sampling is not None
+        params = session.sampling
+        history = session.generated  # the entry sends it only where it matters
+        constraint = params.constraint
+        penalized = params.presence_penalty != 0 or params.frequency_penalty != 0
+        if (constraint is not None or penalized) and len(history) != step:
+            raise ValueError(f"step {step} after {len(history)} generated tokens")
+        allowed = None
+        if constraint is not None:
+            if session.matcher is None:
+                session.matcher = Matcher.after(self.vocabulary(), constraint, history)
+            allowed = session.matcher.allowed(logits.shape[0])
+        seed = session.seed
+        token = sample(logits, params, seed=seed, step=step, history=history, allowed=allowed)
+        if session.matcher is not None and token != self.vocabulary().eos:
+            session.matcher.advance(token)
+        history.append(token)
+        return token
+
     def _check_tokens(
         self, session: _Session, pos: int, logits: np.ndarray
     ) -> tuple[dict[str, list[Any]], slice]:
@@ -788,12 +842,48 @@ class HopServer:
         stop = min(first + len(claimed) - pos, logits.shape[0])
         picks: list[Any] = []
         margins: list[Any] = []
-        for row in range(start, stop):
+        params, seed = session.sampling, session.seed
+        masks = self._replayed_masks(session, start, stop, pos, logits.shape[1])
+        for row, allowed in zip(range(start, stop), masks, strict=True):
             step = pos + row - first
-            params, seed = session.sampling, session.seed
-            picks.append(sample(logits[row], params, seed=seed, step=step))
-            margins.append(token_margin(logits[row], params, claimed[step], seed=seed, step=step))
+            history = claimed[:step]
+            pick = sample(
+                logits[row], params, seed=seed, step=step, history=history, allowed=allowed
+            )
+            picks.append(pick)
+            margin = token_margin(
+                logits[row], params, claimed[step], seed=seed, step=step, history=history,
+                allowed=allowed,
+            )  # fmt: skip
+            margins.append(margin)
         return {"picks": picks, "margins": margins}, slice(start, max(start, stop))
+
+    def _replayed_masks(
+        self, session: _Session, start: int, stop: int, pos: int, size: int
+    ) -> list[np.ndarray | None]:
+        """The constraint's mask at each judged row of a spot check, from a
+        matcher fed the claimed tokens before it (None without a constraint,
+        and past a claimed token the grammar refuses: that row's margin is
+        already infinite)."""
+        assert session.check is not None and session.sampling is not None
+        first, claimed = session.check
+        constraint = session.sampling.constraint
+        if constraint is None:
+            return [None] * max(stop - start, 0)
+        vocabulary = self.vocabulary()
+        matcher: Matcher | None = Matcher.after(
+            vocabulary, constraint, claimed[: pos + start - first]
+        )
+        masks: list[np.ndarray | None] = []
+        for row in range(start, stop):
+            masks.append(None if matcher is None else matcher.allowed(size))
+            token = claimed[pos + row - first]
+            if matcher is not None and token != vocabulary.eos:
+                try:
+                    matcher.advance(token)
+                except ConstraintError:
+                    matcher = None
+        return masks
 
     def hand_over(self) -> int:
         """End every open session with an ``error`` naming this node as

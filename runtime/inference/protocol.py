@@ -25,6 +25,7 @@ from mesh.fields import MAX_UINT, FieldError, hex_text, is_uint, sequence, text,
 from mesh.identity import NODE_ID_BYTES
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS, encode_tensor
+from runtime.model.grammar import Constraint, ConstraintError
 from runtime.model.sampling import SamplingParams, token_logprobs
 
 __all__ = [
@@ -62,8 +63,10 @@ __all__ = [
     "LogprobRow",
     "check_field",
     "compute_us_field",
+    "constraint_field",
     "encode_message",
     "error_header",
+    "generated_field",
     "logprob_header",
     "logprob_rows",
     "logprobs_field",
@@ -254,21 +257,56 @@ def node_field(header: Mapping[str, Any], name: str) -> bytes:
         raise BadMessage(R_BAD_FIELD, exc.detail) from None
 
 
+_SAMPLING_KEYS: Final = ("temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty")
+
+
 def sampling_header(params: SamplingParams) -> dict[str, Any]:
     """What the last hop needs of the sampling parameters (max_tokens and stop
-    sequences stay with the entry)."""
-    return {"temperature": params.temperature, "top_p": params.top_p, "top_k": params.top_k}
+    sequences stay with the entry; the constraint has its own field)."""
+    return {name: getattr(params, name) for name in _SAMPLING_KEYS}
 
 
-def sampling_from_header(value: object) -> SamplingParams:
-    """Rebuild and validate the parameters an ``open`` carries; raises
+def sampling_from_header(value: object, constraint: Constraint | None = None) -> SamplingParams:
+    """Rebuild and validate the parameters an ``open`` carries (the
+    penalties may be absent: an entry from before them); raises
     :class:`BadMessage`."""
-    if not isinstance(value, dict) or set(value) != {"temperature", "top_p", "top_k"}:
-        raise BadMessage(R_BAD_FIELD, "sampling must be {temperature, top_p, top_k}")
+    keys = set(_SAMPLING_KEYS)
+    if (
+        not isinstance(value, dict)
+        or not keys - {"presence_penalty", "frequency_penalty"} <= set(value) <= keys
+    ):
+        raise BadMessage(R_BAD_FIELD, "sampling must be {temperature, top_p, top_k, penalties}")
     try:
-        return SamplingParams(**value)
+        return SamplingParams(**value, constraint=constraint)
     except ValueError as exc:  # SamplingParams checks types and ranges
         raise BadMessage(R_BAD_FIELD, f"sampling.{exc}") from None
+
+
+def constraint_field(header: Mapping[str, Any]) -> Constraint | None:
+    """An ``open``'s ``constraint``: null, or ``{kind, schema}`` with a
+    schema of at most ``runtime.model.grammar.MAX_SCHEMA_CHARS`` (what
+    the output must be; the last hop masks its logits by it)."""
+    value = header.get("constraint")
+    if value is None:
+        return None
+    try:
+        return Constraint.from_header(value)
+    except ConstraintError as exc:
+        raise BadMessage(R_BAD_FIELD, str(exc)) from None
+
+
+def generated_field(header: Mapping[str, Any], budget: int) -> tuple[int, ...]:
+    """An ``open``'s ``generated``: the tokens the generation produced
+    before this session (a replay after failover), at most ``budget``; the
+    last hop's penalties and constraint continue from them."""
+    value = header.get("generated")
+    if value is None:
+        return ()
+    try:
+        tokens = sequence(value, "generated", max_items=budget)
+        return tuple([uint(t, "generated[]") for t in tokens])
+    except FieldError as exc:
+        raise BadMessage(R_BAD_FIELD, exc.detail) from None
 
 
 # --- logprobs -------------------------------------------------------------------

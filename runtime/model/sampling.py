@@ -18,12 +18,18 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 
+if TYPE_CHECKING:
+    from runtime.model.grammar import Constraint
+
 MAX_TEMPERATURE = 2.0
 """OpenAI's upper bound; past it text is noise anyway."""
+
+MAX_PENALTY = 2.0
+"""OpenAI's bound on `presence_penalty` and `frequency_penalty` (either sign)."""
 
 MAX_STOP_SEQUENCES = 4
 """OpenAI accepts up to four stop sequences; clients written for it send no more."""
@@ -82,6 +88,10 @@ class SamplingParams:
       context window", which only the engine knows.
     - `stop`: up to four non-empty strings; the text ends before the first
       occurrence of any of them, which is not returned.
+    - `presence_penalty`, `frequency_penalty` in [-2, 2]: subtracted from
+      the logit of each token already generated (once, and once per time
+      it was generated), as OpenAI defines them; see `penalized`.
+    - `constraint`: what the output must be (runtime.model.grammar), or None.
     """
 
     temperature: float = 1.0
@@ -90,6 +100,9 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int | None = None
     stop: tuple[str, ...] = ()
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    constraint: Constraint | None = None
 
     def __post_init__(self) -> None:
         temperature = _number("temperature", self.temperature)
@@ -111,6 +124,11 @@ class SamplingParams:
         for text in self.stop:
             if not isinstance(text, str) or not text:
                 raise SamplingParamError("stop", "every stop sequence must be a non-empty string")
+        for name in ("presence_penalty", "frequency_penalty"):
+            penalty = _number(name, getattr(self, name))
+            if not -MAX_PENALTY <= penalty <= MAX_PENALTY:
+                raise SamplingParamError(name, f"must be between -{MAX_PENALTY} and {MAX_PENALTY}")
+            object.__setattr__(self, name, penalty)
         object.__setattr__(self, "temperature", temperature)
         object.__setattr__(self, "top_p", top_p)
         object.__setattr__(self, "stop", tuple(self.stop))
@@ -121,10 +139,15 @@ class SamplingParams:
 
         JSON `null` means the default, as in OpenAI's API. `stop` may be one
         string or a list; `max_completion_tokens` (OpenAI's newer name) is
-        read when `max_tokens` is absent. Raises `SamplingParamError`.
+        read when `max_tokens` is absent; `response_format` becomes the
+        `constraint` (runtime.model.grammar.response_format_from_request).
+        Raises `SamplingParamError`.
         """
-        fields: dict[str, Any] = {}
-        for name in ("temperature", "top_p", "top_k", "seed"):
+        from runtime.model.grammar import response_format_from_request
+
+        fields: dict[str, Any] = {"constraint": response_format_from_request(body)}
+        names = ("temperature", "top_p", "top_k", "seed", "presence_penalty", "frequency_penalty")
+        for name in names:
             if body.get(name) is not None:
                 fields[name] = body[name]
         for name in ("max_tokens", "max_completion_tokens"):
@@ -229,12 +252,56 @@ def _draw(values: np.ndarray, params: SamplingParams, seed: int, step: int) -> _
     return _Draw(ids, values[ids].astype(np.float64) / params.temperature + noise)
 
 
-def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) -> int:
+def penalized(
+    logits: np.ndarray, params: SamplingParams, history: Sequence[int] = ()
+) -> np.ndarray:
+    """`logits` less OpenAI's penalties over `history`, the tokens generated
+    so far (not the prompt): ``presence_penalty`` once for each token that
+    appears in it, ``frequency_penalty`` once per appearance. float64."""
+    values = np.asarray(logits, dtype=np.float64)
+    if not history or (params.presence_penalty == 0 and params.frequency_penalty == 0):
+        return values
+    ids = np.asarray(history, dtype=np.int64)
+    counts = np.bincount(ids[(ids >= 0) & (ids < values.shape[0])], minlength=values.shape[0])
+    penalty = params.presence_penalty * (counts > 0) + params.frequency_penalty * counts
+    return values - penalty
+
+
+def adjusted(
+    logits: np.ndarray,
+    params: SamplingParams,
+    history: Sequence[int] = (),
+    allowed: np.ndarray | None = None,
+) -> np.ndarray:
+    """The logits a draw is made from: checked, penalized over `history`,
+    and -inf wherever `allowed` (a boolean vector, the constraint's mask:
+    runtime.model.grammar.Matcher.allowed) is False. Raises ValueError as
+    `sample` does, and when the mask allows no token."""
+    values = penalized(_checked(logits), params, history)
+    if allowed is not None:
+        if allowed.shape != values.shape:
+            raise ValueError(f"mask of shape {allowed.shape} for logits {values.shape}")
+        values = np.where(allowed, values, -np.inf)
+    return _checked(values)
+
+
+def sample(
+    logits: np.ndarray,
+    params: SamplingParams,
+    *,
+    seed: int,
+    step: int,
+    history: Sequence[int] = (),
+    allowed: np.ndarray | None = None,
+) -> int:
     """The token id to emit at generation step `step` (0 for the first token).
 
     `seed` is `params.seed` when the client sent one, otherwise a per-session
     seed the entry drew when the session opened and keeps for replays; the
     sampler never draws randomness of its own (see the module docstring).
+    `history` is the tokens generated before this step (the penalties' input)
+    and `allowed` the constraint's mask for it: inputs, never state, so a
+    replay that passes the same ones draws the same token.
 
     Temperature 0 is greedy. Otherwise: logits / temperature, keep the top_k
     best, softmax, keep the nucleus of mass top_p, and draw one token with a
@@ -243,7 +310,7 @@ def sample(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) 
     is masked (-inf): a hop that produced them is broken, and a token drawn
     from them would be garbage.
     """
-    values = _checked(logits)
+    values = adjusted(logits, params, history, allowed)
     if params.temperature == 0:
         return int(np.argmax(values))  # the first maximum: ties to the lowest id
     return _draw(values, params, seed, step).pick()
@@ -268,6 +335,7 @@ def _perturbation_for(
     whom it can be and the mass above it grows."""
     original = values.astype(np.float64)
     own = float(original[token])
+    finite = original[np.isfinite(original)]  # masked tokens stay -inf however moved
 
     def decides(r: float) -> bool:
         rising = original < own if keep else original >= own - 2 * r
@@ -277,7 +345,7 @@ def _perturbation_for(
 
     if decides(within):  # as small as the caller needs it: no closer look
         return within
-    low, high = within, float(original.max() - original.min()) + 1.0
+    low, high = within, float(finite.max() - finite.min()) + 1.0
     for _ in range(FILTER_SEARCH_STEPS):
         middle = (low + high) / 2
         low, high = (low, middle) if decides(middle) else (middle, high)
@@ -285,7 +353,14 @@ def _perturbation_for(
 
 
 def token_margin(
-    logits: np.ndarray, params: SamplingParams, token: int, *, seed: int, step: int
+    logits: np.ndarray,
+    params: SamplingParams,
+    token: int,
+    *,
+    seed: int,
+    step: int,
+    history: Sequence[int] = (),
+    allowed: np.ndarray | None = None,
 ) -> float:
     """How much `logits` must be perturbed for `sample` to emit `token`:
     the smallest r found such that moving every logit by at most r (on the
@@ -301,12 +376,15 @@ def token_margin(
     logit. Sampled (Gumbel-max, see `_draw`): the claimed token must get
     through the filters, and every kept token whose score beats it must
     either fall behind it (half the score gap, in logits) or be filtered
-    out, whichever is nearer.
+    out, whichever is nearer. `history` and `allowed` are `sample`'s: the
+    penalties and the mask move no logit a replica could round differently,
+    and a token the mask forbids is never explained (inf).
     """
-    values = _checked(logits)
-    if not 0 <= token < values.shape[0]:
+    raw = _checked(logits)
+    values = adjusted(raw, params, history, allowed)
+    if not 0 <= token < values.shape[0] or not math.isfinite(values[token]):
         return math.inf
-    scale = max(float(np.abs(values).max()), 1e-30)
+    scale = max(float(np.abs(raw).max()), 1e-30)
     if params.temperature == 0:
         return float(values.max() - values[token]) / (2 * scale)
     draw = _draw(values, params, seed, step)

@@ -152,6 +152,7 @@ class Admission:
             drops=self._drops,
             signer=self._engine.signer,
             max_sessions=o.max_sessions,
+            tokenizer_dir=o.model_dir,  # structured output's grammar reads the vocabulary
         )
         await self._engine.attach(self.hop_server)
         self._record(report)

@@ -81,8 +81,8 @@ class SwappingHop(HopServer):
         honest = hop_module.sample
         vocab = self.shard.vocab_size
 
-        def swapped(logits: np.ndarray, params: SamplingParams, *, seed: int, step: int) -> int:
-            return (honest(logits, params, seed=seed, step=step) + 1) % vocab
+        def swapped(logits: np.ndarray, params: SamplingParams, **given: Any) -> int:
+            return (honest(logits, params, **given) + 1) % vocab
 
         hop_module.sample = swapped  # type: ignore[assignment]
         try:

@@ -17,7 +17,10 @@ from runtime.model.sampling import (
     SamplingParams,
     StopResult,
     StopScanner,
+    adjusted,
+    penalized,
     sample,
+    token_margin,
 )
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -312,3 +315,85 @@ def test_scanner_equals_truncating_the_whole_text(stops: list[str], pieces: list
         out += scanner.flush()
     assert out == expected
     assert stopped == expect_stop
+
+
+# --- presence and frequency penalties ----------------------------------------
+
+
+def reference_penalized(
+    logits: np.ndarray, presence: float, frequency: float, history: list[int]
+) -> np.ndarray:
+    """OpenAI's definition, written out token by token."""
+    out = logits.astype(np.float64).copy()
+    for token in set(history):
+        count = history.count(token)
+        out[token] -= presence * (count > 0) + frequency * count
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    logit_vectors,
+    st.floats(-2, 2),
+    st.floats(-2, 2),
+    st.lists(st.integers(0, 39), max_size=30),
+)
+def test_penalties_equal_openais_definition(
+    logits: np.ndarray, presence: float, frequency: float, history: list[int]
+) -> None:
+    history = [t for t in history if t < logits.shape[0]]
+    params = SamplingParams(presence_penalty=presence, frequency_penalty=frequency)
+    got = penalized(logits, params, history)
+    np.testing.assert_allclose(got, reference_penalized(logits, presence, frequency, history))
+
+
+def test_penalties_steer_the_draw_and_stay_a_function_of_the_history() -> None:
+    logits = np.array([3.0, 2.9, 0.0, -1.0], dtype=np.float32)
+    history = [0, 0, 0]
+    plain = SamplingParams(temperature=0.0)
+    punished = SamplingParams(temperature=0.0, frequency_penalty=0.5)
+    assert sample(logits, plain, seed=1, step=3, history=history) == 0
+    assert sample(logits, punished, seed=1, step=3, history=history) == 1
+    assert sample(logits, punished, seed=1, step=3) == 0  # no history: no penalty
+    sampled = SamplingParams(temperature=1.0, presence_penalty=1.0, frequency_penalty=0.3)
+    draws = [sample(logits, sampled, seed=s, step=3, history=history) for s in range(50)]
+    assert draws == [sample(logits, sampled, seed=s, step=3, history=history) for s in range(50)]
+
+
+@pytest.mark.parametrize("name", ["presence_penalty", "frequency_penalty"])
+@pytest.mark.parametrize("value", [2.5, -2.01, "1", True, math.nan])
+def test_a_penalty_out_of_range_names_itself(name: str, value: Any) -> None:
+    with pytest.raises(SamplingParamError) as caught:
+        SamplingParams.from_request({name: value})
+    assert caught.value.param == name
+
+
+def test_penalties_are_read_from_a_request() -> None:
+    params = SamplingParams.from_request({"presence_penalty": 2, "frequency_penalty": -2})
+    assert (params.presence_penalty, params.frequency_penalty) == (2.0, -2.0)
+    assert SamplingParams.from_request({"presence_penalty": None}).presence_penalty == 0.0
+
+
+# --- the constraint's mask ------------------------------------------------------
+
+
+def test_a_masked_token_is_never_drawn_and_never_explained() -> None:
+    logits = np.array([5.0, 1.0, 0.5, 0.2], dtype=np.float32)
+    allowed = np.array([False, True, True, False])
+    params = SamplingParams(temperature=1.0)
+    draws = {sample(logits, params, seed=s, step=0, allowed=allowed) for s in range(200)}
+    assert draws == {1, 2}
+    assert sample(logits, GREEDY, seed=0, step=0, allowed=allowed) == 1
+    assert token_margin(logits, params, 0, seed=0, step=0, allowed=allowed) == math.inf
+    drawn = sample(logits, params, seed=7, step=0, allowed=allowed)
+    assert token_margin(logits, params, drawn, seed=7, step=0, allowed=allowed) == 0.0
+    other = 3 - drawn  # the other allowed token: explained by a finite move
+    assert 0 < token_margin(logits, params, other, seed=7, step=0, allowed=allowed) < math.inf
+
+
+def test_a_mask_that_allows_nothing_or_does_not_fit_is_an_error() -> None:
+    logits = np.zeros(4, dtype=np.float32)
+    with pytest.raises(ValueError, match="masked"):
+        adjusted(logits, GREEDY, allowed=np.zeros(4, dtype=bool))
+    with pytest.raises(ValueError, match="mask of shape"):
+        adjusted(logits, GREEDY, allowed=np.ones(3, dtype=bool))
