@@ -9,7 +9,8 @@ with `echo` and `logprobs` equal to torch's log-softmax of transformers'
 logits on the same folder (fp32, within 1e-4); `suffix` and bad bodies are
 400s. A second founder serves a GGUF file written with the `gguf` package
 (`serve model.gguf`): imported once into its state dir with progress, its
-chat template kept, so it chats.
+chat template kept, so it chats, and the official client's chat
+`logprobs`/`top_logprobs` equal transformers' on the imported folder.
 """
 
 from __future__ import annotations
@@ -61,7 +62,9 @@ async def logged(node: LocalNode, text: str) -> str:
     raise AssertionError(f"{node.name} never logged {text!r}:\n{node.log_tail()}")
 
 
-def reference(model_dir: Path, prompt: str, max_tokens: int) -> tuple[list[int], list[int], Any]:
+def reference(
+    model_dir: Path, prompt: str | list[int], max_tokens: int
+) -> tuple[list[int], list[int], Any]:
     """transformers on `model_dir`: the prompt's ids, the greedy
     continuation's, and torch's log-softmax of every position's logits."""
     import torch
@@ -69,7 +72,7 @@ def reference(model_dir: Path, prompt: str, max_tokens: int) -> tuple[list[int],
 
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32)
-    ids = tokenizer(prompt)["input_ids"]
+    ids = tokenizer(prompt)["input_ids"] if isinstance(prompt, str) else prompt
     out = model.generate(torch.tensor([ids]), max_new_tokens=max_tokens, do_sample=False)
     new = out[0, len(ids) :].tolist()
     with torch.no_grad():
@@ -93,6 +96,43 @@ def check_logprobs(logprobs: Any, ids: list[int], new: list[int], expected: Any)
         worst = max(worst, *(min(abs(value - b) for b in best) for value in got))
     assert worst < TOLERANCE, worst
     return worst
+
+
+def chat_reference(model_dir: Path, messages: list[dict[str, str]], max_tokens: int) -> Any:
+    """`reference` of the chat's prompt, as the model's own template renders it."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=False)
+    return reference(model_dir, ids, max_tokens)
+
+
+def chat_logprobs_with_openai(api: str, model_dir: Path) -> None:
+    """Issue 32: chat logprobs in OpenAI's chat shape, equal to transformers'."""
+    import openai
+
+    messages = [{"role": "user", "content": "hi"}]
+    client = openai.OpenAI(base_url=api + "/v1", api_key="unused")
+    answer = client.chat.completions.create(
+        model="tiny",
+        messages=messages,  # type: ignore[arg-type]
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=TOP,
+    )
+    ids, new, expected = chat_reference(model_dir, messages, MAX_TOKENS)
+    content = answer.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and 0 < len(content) <= len(new)
+    worst = 0.0
+    for i, entry in enumerate(content):
+        row = expected[len(ids) + i - 1]
+        worst = max(worst, abs(entry.logprob - float(row[new[i]])))
+        best = row.topk(TOP).values.tolist()
+        assert 0 < len(entry.top_logprobs) <= TOP
+        assert bytes(entry.bytes or []).decode() == entry.token
+        worst = max(worst, *(min(abs(t.logprob - b) for b in best) for t in entry.top_logprobs))
+    assert worst < TOLERANCE, worst
 
 
 def complete_with_openai(api: str, ids: list[int], new: list[int], expected: Any) -> None:
@@ -192,6 +232,7 @@ async def test_serve_imports_a_gguf_file_once_and_keeps_its_chat_template(
         body = {"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
         answer = await client.post(founder.api + "/v1/chat/completions", json=body)
         assert answer.status_code == 200, answer.text
+    await trio.to_thread.run_sync(chat_logprobs_with_openai, founder.api, imported)
     # The same file again: served from the import, not imported anew.
     assert await swarm.stop(founder) == 0
     await swarm.start_ready(founder, timeout=START_TIMEOUT_S)
