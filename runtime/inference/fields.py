@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from runtime.inference.protocol import MAX_TOP_LOGPROBS
-from runtime.model.sampling import MAX_STOP_SEQUENCES, MAX_TEMPERATURE, SEED_MODULUS
+from runtime.model.sampling import MAX_PENALTY, MAX_STOP_SEQUENCES, MAX_TEMPERATURE, SEED_MODULUS
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,21 @@ SAMPLING_FIELDS: Final = (
             ]
         },
         "up to four sequences; the text ends before the first, which is not returned",
+    ),
+    *(
+        Field(
+            name,
+            {"type": "number", "minimum": -MAX_PENALTY, "maximum": MAX_PENALTY},
+            "subtracted from the logit of each token already generated "
+            + ("once" if name == "presence_penalty" else "once per time it was generated"),
+        )
+        for name in ("presence_penalty", "frequency_penalty")
+    ),
+    Field(
+        "response_format",
+        {"type": "object"},
+        '{"type": "text"}, {"type": "json_object"} or {"type": "json_schema", "json_schema": '
+        '{"schema": ...}}: the output is constrained to parse (and validate)',
     ),
 )
 """What `runtime.model.sampling.SamplingParams.from_request` reads, in both bodies."""

@@ -1,13 +1,17 @@
 """Text completions, models without a chat template, and GGUF files served directly
-(issue 32, items 1, 5 and 6), as real `shardmesh serve` processes on loopback.
+(issue 32, items 1, 5 and 6), as real `shardmesh` processes on loopback.
 
-A founder serves a tiny model whose tokenizer has no chat template: chat
-requests are a 400 naming `/v1/completions`, the serving line and
-`/v1/models` say it has none, and the official `openai` client's
+Three nodes serve a tiny model whose tokenizer has no chat template, a
+span each (the third by `serve`): chat requests are a 400 naming `/v1/completions`, the serving
+line and `/v1/models` say it has none, and the official `openai` client's
 `completions.create` answers, plain, streamed, for a list of prompts, and
 with `echo` and `logprobs` equal to torch's log-softmax of transformers'
 logits on the same folder (fp32, within 1e-4); `suffix` and bad bodies are
-400s. A second founder serves a GGUF file written with the `gguf` package
+400s. lm-evaluation-harness scores a loglikelihood task written to a local
+file through the swarm (its `local-completions` model) and in process (its
+`hf` model): the per-example scores agree within 1e-4.
+
+A founder serves a GGUF file written with the `gguf` package
 (`serve model.gguf`): imported once into its state dir with progress, its
 chat template kept, so it chats, and the official client's chat
 `logprobs`/`top_logprobs` equal transformers' on the imported folder.
@@ -15,6 +19,7 @@ chat template kept, so it chats, and the official client's chat
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -35,6 +40,14 @@ PROMPT = "The swarm of volunteers"
 MAX_TOKENS = 6
 TOP = 5
 TOLERANCE = 1e-4
+SPANS = ("0:2", "2:3")
+"""The pinned nodes' layers of the four-layer base model; the third node
+serves what they leave (3:4)."""
+LM_EVAL_DOCS = (
+    {"context": "The swarm of", "continuation": " volunteers"},
+    {"context": "A hop serves", "continuation": " layers of a model"},
+    {"context": "Peer to peer", "continuation": " inference"},
+)
 SERVE_TIMEOUT_S = 60.0
 """From start to the span admitted (a manifest build, the doctor), on a loaded 2-core box."""
 LOG_TIMEOUT_S = 10.0
@@ -43,7 +56,7 @@ LOG_TIMEOUT_S = 10.0
 @pytest.fixture(scope="module")
 def base_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     folder = tmp_path_factory.mktemp("models") / MODEL
-    return make_tiny_model(folder, layers=4, chat_template=False, with_manifest=False)
+    return make_tiny_model(folder, layers=4, chat_template=False)  # --model takes a manifest
 
 
 def served(observer: LocalNode, model: str) -> Callable[[Views], bool]:
@@ -181,13 +194,77 @@ def complete_with_openai(api: str, ids: list[int], new: list[int], expected: Any
     assert "".join(chunk.choices[0].text for chunk in streamed if chunk.choices) == text
 
 
+def lm_eval_task(folder: Path) -> Path:
+    """A loglikelihood task of LM_EVAL_DOCS, from a local JSON file (no hub)."""
+    folder.mkdir()
+    data = folder / "docs.jsonl"
+    data.write_text("".join(json.dumps(doc) + "\n" for doc in LM_EVAL_DOCS))
+    (folder / "shardmesh_tiny.yaml").write_text(
+        "task: shardmesh_tiny\n"
+        "dataset_path: json\n"
+        f"dataset_kwargs: {{data_files: {{test: {json.dumps(str(data))}}}}}\n"
+        "test_split: test\n"
+        "output_type: loglikelihood\n"
+        'doc_to_text: "{{context}}"\n'
+        'doc_to_target: "{{continuation}}"\n'
+        "metric_list: [{metric: perplexity}]\n"
+    )
+    return folder
+
+
+def lm_eval_scores(tasks: Path, model: str, model_args: dict[str, Any]) -> list[float]:
+    """lm_eval's per-example loglikelihoods of the task in `tasks`, by `model`."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    results = lm_eval.simple_evaluate(
+        model=model,
+        model_args=model_args,
+        tasks=["shardmesh_tiny"],
+        task_manager=TaskManager(include_path=str(tasks)),
+        log_samples=True,
+        bootstrap_iters=0,
+    )
+    assert results is not None
+    samples = sorted(results["samples"]["shardmesh_tiny"], key=lambda s: s["doc_id"])
+    return [float(sample["filtered_resps"][0][0]) for sample in samples]
+
+
+def score_with_lm_eval(api: str, model_dir: Path, tasks: Path) -> None:
+    """Issue 32: lm_eval's `local-completions` through the swarm equals its `hf` model."""
+    remote = lm_eval_scores(
+        tasks,
+        "local-completions",
+        {
+            "base_url": api + "/v1/completions",
+            "model": MODEL,
+            "tokenizer": str(model_dir),
+            "tokenizer_backend": "huggingface",
+            "num_concurrent": 1,
+            "max_retries": 1,
+        },
+    )
+    local = lm_eval_scores(
+        tasks, "hf", {"pretrained": str(model_dir), "dtype": "float32", "device": "cpu"}
+    )
+    assert len(remote) == len(LM_EVAL_DOCS)
+    assert max(abs(a - b) for a, b in zip(remote, local, strict=True)) < TOLERANCE, (remote, local)
+
+
 async def test_a_model_without_a_chat_template_takes_completions_not_chat(
-    swarm: LocalSwarm, base_dir: Path
+    swarm: LocalSwarm, base_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    founder = swarm.new_node("founder", command=["serve", str(base_dir)])
+    # Two spans pinned, and `serve`, which takes the layers the swarm lacks
+    # and says in its serving line that the model has no chat template.
+    nodes = [
+        *(swarm.new_node(args=["--model", str(base_dir), "--layers", span]) for span in SPANS),
+        swarm.new_node("server", command=["serve", str(base_dir)]),
+    ]
+    founder, server = nodes[0], nodes[-1]
     await swarm.start_ready(founder, timeout=START_TIMEOUT_S)
+    await swarm.start_many(nodes[1:], [founder.seed], timeout=START_TIMEOUT_S)
     await wait_for(swarm, [founder], served(founder, MODEL), SERVE_TIMEOUT_S, "served")
-    await logged(founder, "no chat template: text completions only (/v1/completions)")
+    await logged(server, "no chat template: text completions only (/v1/completions)")
     api = founder.api
     async with httpx.AsyncClient(timeout=60) as client:
         chat = await client.post(
@@ -210,7 +287,12 @@ async def test_a_model_without_a_chat_template_takes_completions_not_chat(
             assert refused.json()["error"]["param"] == param
     ids, new, expected = await trio.to_thread.run_sync(reference, base_dir, PROMPT, MAX_TOKENS)
     await trio.to_thread.run_sync(complete_with_openai, api, ids, new, expected)
-    await assert_no_internal_errors(swarm, [founder])
+    for name in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE"):
+        monkeypatch.setenv(name, "1")
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "datasets"))
+    tasks = lm_eval_task(tmp_path / "tasks")
+    await trio.to_thread.run_sync(score_with_lm_eval, api, base_dir, tasks)
+    await assert_no_internal_errors(swarm, nodes)
 
 
 async def test_serve_imports_a_gguf_file_once_and_keeps_its_chat_template(
