@@ -33,7 +33,7 @@ keeps a busy node to one record per gossip spread or so, and a page that
 refreshes every few seconds no more than one publish behind."""
 
 
-RTT_PUBLISH_S: Final = 30.0
+RTT_PUBLISH_S: Final = 10.0
 """A node republishes its measured round trips (`NodeRecord.rtt_us`) at most
 this often, and only when they moved (`rtts_moved`): routes need them to
 the millisecond, not to the second, and a path changes rarely."""

@@ -138,6 +138,18 @@ async def kill_the_leader(
     return failover, failover + dead
 
 
+async def published_rtts_ms(swarm: LocalSwarm, nodes: Sequence[LocalNode]) -> list[float]:
+    """The round trips (ms) every node's signed record says its membership
+    probes measured to the other nodes, as the first node sees the records."""
+    view = await swarm.status(nodes[0]) or {}
+    others = {node.node_id for node in nodes}
+    found = []
+    for member in view.get("members", []):
+        rtts = (member.get("record") or {}).get("rtt_us", {})
+        found += [us / 1000 for peer, us in rtts.items() if peer in others]
+    return found
+
+
 def print_logs(nodes: Sequence[LocalNode]) -> None:
     for node in nodes:
         print(f"\n===== log of {node.name} ({node.log_path}) =====\n{node.log_tail(200)}")
@@ -164,6 +176,10 @@ async def test_five_sites_40ms_apart_converge_chat_and_fail_over(
                 assert await streamed_text(nodes[3]) == text
                 await trio.sleep_until(watch.since + QUIET_BEFORE_KILL_S)
                 await assert_no_internal_errors(swarm, nodes)
+                rtts = sorted(await published_rtts_ms(swarm, nodes))
+                print(f"published round trips (ms): {rtts}")
+                assert len(rtts) >= len(nodes), "every record names a measured round trip"
+                assert min(rtts) >= 39 and 39 <= rtts[len(rtts) // 2] <= 60, rtts
                 failover_s, dead_s = await kill_the_leader(swarm, nodes, watch)
                 nursery.cancel_scope.cancel()
             watched = trio.current_time() - watch.since
