@@ -32,10 +32,12 @@ PATH = "/openapi.json"
 VERSION: Final = "1"
 """The document's `info.version`: the API's, not the package's."""
 
-ANYONE: Final = ()
-OPERATOR: Final = ({"operator": []},)
-SIGNED: Final = ({"node": []},)
-OPERATOR_OR_SIGNED: Final = (*OPERATOR, *SIGNED)
+Security = tuple[dict[str, list[str]], ...]
+"""An operation's `security`: any one of these schemes (none: anyone)."""
+ANYONE: Final[Security] = ()
+OPERATOR: Final[Security] = ({"operator": []},)
+SIGNED: Final[Security] = ({"node": []},)
+OPERATOR_OR_SIGNED: Final[Security] = (*OPERATOR, *SIGNED)
 
 
 @dataclass(frozen=True)
@@ -43,7 +45,7 @@ class Operation:
     """What the document says of one route's method beyond its path."""
 
     summary: str
-    security: tuple[dict[str, list[str]], ...] = ANYONE
+    security: Security = ANYONE
     body: tuple[tuple[Field, ...], tuple[str, ...]] | None = None
     """The request body's field table and required fields (a JSON object)."""
     tag: str = "network"

@@ -88,11 +88,11 @@ def _check(value: object, schema: Mapping[str, Any], param: str) -> None:
         raise FieldError(f"{param} must be {_NAMES[kind]}", param)
     if "enum" in schema and value not in schema["enum"]:
         raise FieldError(f"{param} must be one of {schema['enum']}", param)
-    if "minimum" in schema and value < schema["minimum"]:  # type: ignore[operator]
+    if "minimum" in schema and value < schema["minimum"]:
         raise FieldError(f"{param} must be at least {schema['minimum']}", param)
-    if "maximum" in schema and value > schema["maximum"]:  # type: ignore[operator]
+    if "maximum" in schema and value > schema["maximum"]:
         raise FieldError(f"{param} must be at most {schema['maximum']}", param)
-    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:  # type: ignore[operator]
+    if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
         raise FieldError(f"{param} must be greater than {schema['exclusiveMinimum']}", param)
     if "minItems" in schema and len(value) < schema["minItems"]:  # type: ignore[arg-type]
         raise FieldError(f"{param} must have at least {schema['minItems']} items", param)
