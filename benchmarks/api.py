@@ -35,6 +35,16 @@ SPANS = ("0:3", "3:6", "6:8")
 TEXT = "Tell me about the swarm of volunteers."
 TARGET_COMPLETIONS_VS_CHAT = 1.05
 """A text completion's decode step costs at most this much more than a chat's."""
+TARGET_JSON_SCHEMA_VS_FREE = 1.1
+"""A chat constrained by a JSON schema (the last hop's grammar mask per
+token, runtime/model/grammar.py) costs at most this much more per token."""
+FREE_TEXT_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+"""One free string: the constrained chat runs about as long as the free one."""
 READY_TIMEOUT_S = 120.0
 
 
@@ -45,6 +55,17 @@ def bodies(tokens: int) -> dict[str, tuple[str, dict[str, Any]]]:
     return {
         "chat": ("/v1/chat/completions", {**common, "messages": messages}),
         "completions": ("/v1/completions", {**common, "prompt": TEXT}),
+        "chat_json_schema": (
+            "/v1/chat/completions",
+            {
+                **common,
+                "messages": messages,
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "answer", "schema": FREE_TEXT_SCHEMA},
+                },
+            },
+        ),
         "completions_logprobs": (
             "/v1/completions",
             {**common, "prompt": TEXT, "echo": True, "logprobs": 5},
@@ -102,6 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         figures = trio.run(measure, Path(tmp), args.tokens, args.requests)
     median = {kind: statistics.median(values) for kind, values in figures.items()}
     ratio = round(median["completions"] / median["chat"], 3)
+    schema_ratio = round(median["chat_json_schema"] / median["chat"], 3)
     result = {
         "benchmark": "api",
         "completions_vs_chat_per_token": ratio,
@@ -110,6 +132,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "completions_logprobs_vs_chat_per_token": round(
             median["completions_logprobs"] / median["chat"], 3
         ),
+        "json_schema_per_token_vs_free": schema_ratio,
+        "target_json_schema_per_token_vs_free": TARGET_JSON_SCHEMA_VS_FREE,
+        "meets_json_schema_target": schema_ratio <= TARGET_JSON_SCHEMA_VS_FREE,
         "decode_ms_per_token": {kind: round(ms, 3) for kind, ms in median.items()},
         "tokens": args.tokens,
         "requests": args.requests,
