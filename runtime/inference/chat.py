@@ -297,15 +297,22 @@ CHAT_FIELDS: Final = (
 CHAT_REQUIRED: Final = ("model", "messages")
 
 
-def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
-    """The validated request, or ChatError(400) naming the first bad field."""
+def checked_model(body: Mapping[str, Any], fields: Sequence[Field]) -> str:
+    """`body` checked against its endpoint's field table; its model's name.
+    ChatError(400) naming the first bad field."""
     try:
-        check_fields(body, CHAT_FIELDS)
+        check_fields(body, fields)
     except FieldError as exc:
         raise _bad(str(exc), exc.param) from None
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise _bad("model must be a non-empty string", "model")
+    return model
+
+
+def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
+    """The validated request, or ChatError(400) naming the first bad field."""
+    model = checked_model(body, CHAT_FIELDS)
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise _bad("messages must be a non-empty array", "messages")

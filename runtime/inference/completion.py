@@ -17,15 +17,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from runtime.inference.chat import ChatError, ModelTokenizer
+from runtime.inference.chat import ChatError, ModelTokenizer, checked_model
 from runtime.inference.fields import (
     BOOLEAN,
     SAMPLING_FIELDS,
     STREAM_FIELDS,
     TOP_LOGPROBS,
     Field,
-    FieldError,
-    check_fields,
 )
 from runtime.inference.protocol import MAX_TOP_LOGPROBS
 from runtime.model.sampling import SamplingParamError, SamplingParams
@@ -115,13 +113,7 @@ def parse_completion_request(body: Mapping[str, Any]) -> CompletionRequest:
             "send the prompt alone",
             "suffix",
         )
-    try:
-        check_fields(body, COMPLETION_FIELDS)
-    except FieldError as exc:
-        raise _bad(str(exc), exc.param) from None
-    model = body.get("model")
-    if not isinstance(model, str) or not model:
-        raise _bad("model must be a non-empty string", "model")
+    model = checked_model(body, COMPLETION_FIELDS)
     for name in ("n", "best_of"):
         if body.get(name) not in (None, 1):
             raise _bad(f"only {name}=1 is supported", name)
