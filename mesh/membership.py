@@ -186,7 +186,7 @@ class _Suspicion:
 
 RTT_SAMPLES = 5
 """A member's round trip (`Membership.rtts`) is the least of our last five
-direct probes' to it. Routes want the path's delay, and every excess is
+direct probes' to it, the first probe not counted. Routes want the path's delay, and every excess is
 noise on it: the first probe to a member also opens the connection (CURVE's
 handshake, three round trips more), a lost packet waits for TCP's
 retransmission, a busy event loop answers late. Measured in the WAN lab, 40
@@ -567,14 +567,19 @@ class Membership:
             entry = self._table.get(node)
             if entry is None:
                 del self._rtt[node]
-            elif entry.state is not MemberState.DEAD:
+            elif entry.state is not MemberState.DEAD and samples:
                 known[node] = min(samples)
         return known
 
     def _note_rtt(self, node: bytes, sample: float) -> None:
+        """Keep a direct probe's round trip, but the first to a member: it
+        also opened the connection (`RTT_SAMPLES`), so while it is the only
+        sample it would say the member is several times farther than it is
+        (routes then price the member as unmeasured instead)."""
         samples = self._rtt.get(node)
         if samples is None:
-            samples = self._rtt[node] = collections.deque(maxlen=RTT_SAMPLES)
+            self._rtt[node] = collections.deque(maxlen=RTT_SAMPLES)
+            return
         samples.append(sample)
 
     @property

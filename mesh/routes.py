@@ -57,10 +57,21 @@ A hundredfold gap is beyond what those explain, so:
 - an unobserved node's claim is capped at this factor times the fastest
   rate per layer (layers x steps per second) observed among the credible
   nodes of its coverage; that still lets a much faster newcomer (a GPU
-  joining CPU nodes) win the route that gets it observed;
+  joining CPU nodes) win the route that gets it observed (and a slower
+  one is tried too: `NEWCOMER_SPEEDUP`);
 - a node whose claim is above this factor times its own observed rate is
   caught overclaiming (see `OVERCLAIM_PENALTY_S`). The claim that carried
   all the traffic in issue 18 was nine orders of magnitude off."""
+
+NEWCOMER_SPEEDUP = 2.0
+"""An unobserved node is assumed at least this many times faster per layer
+than the fastest node observed in its coverage, until a request measures
+it: optimism under uncertainty, as a bandit explores. Its doctor measured
+its rate alone, often under the load of its own start; priced by that
+alone, a newcomer slower on paper than the nodes already observed would
+never be routed, so never observed, and never checked by the requests it
+carries. It costs each entry about one request per newcomer. A node that
+reports no rate at all (0) gets no such hope (`MIN_DECODE_TOKENS_PER_S`)."""
 
 OVERCLAIM_PENALTY_S = 0.5
 """Added to each hop through a node caught overclaiming (above). Its claim
@@ -134,7 +145,10 @@ class RouteInputs:
       its own links; hop-to-hop latency is approximated by the entry's
       latency to the receiving hop.)
     - `latency_s`: node id -> one-way latency estimate in seconds (half the
-      probe round trip); missing -> `DEFAULT_HOP_LATENCY_S`.
+      probe round trip); missing -> `unmeasured_latency_s`.
+    - `unmeasured_latency_s`: what a node the entry has not measured yet is
+      assumed to be: `DEFAULT_HOP_LATENCY_S`, or (`network_inputs`) the
+      farthest node it did measure.
     - `load`: node id -> open sessions / session capacity; missing -> 0. At
       1 or more the node would answer busy, so it is excluded.
     - `busy`: nodes that answered busy recently; excluded.
@@ -165,6 +179,7 @@ class RouteInputs:
     prefill_bytes: float = 0.0
     decode_steps: int = 1
     bandwidth_bytes_per_s: Mapping[bytes, float] = field(default_factory=dict)
+    unmeasured_latency_s: float = DEFAULT_HOP_LATENCY_S
 
     def __post_init__(self) -> None:
         measured = [
@@ -182,6 +197,8 @@ class RouteInputs:
                 raise ValueError(
                     f"bandwidth_bytes_per_s[{node_id_text(node_id)}]={rate!r} is not > 0"
                 )
+        if not math.isfinite(self.unmeasured_latency_s) or self.unmeasured_latency_s < 0:
+            raise ValueError(f"unmeasured_latency_s={self.unmeasured_latency_s!r} is not >= 0")
         if not math.isfinite(self.prefill_bytes) or self.prefill_bytes < 0:
             raise ValueError(f"prefill_bytes={self.prefill_bytes!r} is not >= 0")
         if self.decode_steps < 1:
@@ -193,14 +210,24 @@ class RouteInputs:
 
 
 def network_inputs(
-    entry: bytes, coverage: ModelCoverage, record: Callable[[bytes], NodeRecord | None]
+    entry: bytes,
+    coverage: ModelCoverage,
+    record: Callable[[bytes], NodeRecord | None],
+    own_rtts: Mapping[bytes, float] | None = None,
 ) -> RouteInputs:
     """Route inputs for `entry` with the network its members' signed records
     describe: each record's `rtt_us` (the round trips its membership probes
     measured, the entry's own included) as `peer_rtt_s`, the nodes whose
     record says `reach: relayed` as `relayed`, and for those the relay's
     byte budget (`mesh.relay.RELAY_BYTES_PER_S`) as their bandwidth.
-    `record` looks a node's record up (None: unknown)."""
+    `record` looks a node's record up (None: unknown). `own_rtts` (member ->
+    seconds), the entry's live measurements, override its own record's:
+    a record's round trips are republished only every ten seconds or more,
+    and a newcomer the record does not name yet would pay
+    `DEFAULT_HOP_LATENCY_S` until then, shut out of routes on a LAN. For
+    the same reason a node the entry has not probed yet (membership probes
+    one member a period) is assumed as far as the farthest it has: a member
+    of the same swarm, not an intercontinental stranger."""
     peer_rtt_s: dict[bytes, dict[bytes, float]] = {}
     relayed: set[bytes] = set()
     for node in {entry} | {serving.node_id for serving in coverage.nodes}:
@@ -212,9 +239,13 @@ def network_inputs(
             peer_rtt_s[node] = rtts
         if found.reach == "relayed":
             relayed.add(node)
+    if own_rtts:
+        peer_rtt_s[entry] = {**peer_rtt_s.get(entry, {}), **own_rtts}
+    latency_s = {peer: rtt / 2 for peer, rtt in peer_rtt_s.get(entry, {}).items()}
     return RouteInputs(
         entry=entry,
-        latency_s={peer: rtt / 2 for peer, rtt in peer_rtt_s.get(entry, {}).items()},
+        latency_s=latency_s,
+        unmeasured_latency_s=max(latency_s.values(), default=DEFAULT_HOP_LATENCY_S),
         peer_rtt_s=peer_rtt_s,
         relayed=frozenset(relayed),
         bandwidth_bytes_per_s={node: float(RELAY_BYTES_PER_S) for node in relayed},
@@ -247,7 +278,7 @@ def one_way_s(sender: bytes, receiver: bytes, inputs: RouteInputs) -> float:
     `receiver`: half a round trip either of them measured to the other
     (`peer_rtt_s`; the entry's own `latency_s` first on its links), else the
     entry's latency to whichever end is not the entry, else
-    `DEFAULT_HOP_LATENCY_S`. Zero from a node to itself."""
+    `inputs.unmeasured_latency_s`. Zero from a node to itself."""
     if sender == receiver:
         return 0.0
     far = sender if receiver == inputs.entry else receiver
@@ -257,7 +288,7 @@ def one_way_s(sender: bytes, receiver: bytes, inputs: RouteInputs) -> float:
         rtt = inputs.peer_rtt_s.get(a, {}).get(b)
         if rtt is not None:
             return rtt / 2
-    return inputs.latency_s.get(far, DEFAULT_HOP_LATENCY_S)
+    return inputs.latency_s.get(far, inputs.unmeasured_latency_s)
 
 
 def hop_cost_s(
@@ -275,7 +306,8 @@ def hop_cost_s(
       the rate the node's doctor measured for its own span (so it scales
       with the number of layers and the hardware), capped at
       `ceiling_layers_per_s` (`claim_ceiling` of the node's coverage)
-      divided by the span's layers.
+      divided by the span's layers, and no slower than `NEWCOMER_SPEEDUP`
+      times the fastest observed: a newcomer is tried.
     - Load: compute is divided by `1 - load`. A node shares its accelerator
       among its sessions; at utilisation rho a queue's expected service time
       grows as 1/(1-rho) (M/M/1), so a half-full node costs double and a
@@ -291,8 +323,7 @@ def hop_cost_s(
     """
     step = inputs.observed_step_s.get(node.node_id)
     if step is None:
-        believable = ceiling_layers_per_s / (node.layers[1] - node.layers[0])
-        step = 1.0 / max(min(node.decode_tokens_per_s, believable), MIN_DECODE_TOKENS_PER_S)
+        step = _unobserved_step_s(node, ceiling_layers_per_s)
     cost = step / (1.0 - inputs.load.get(node.node_id, 0.0))
     cost += _network_cost_s(
         node, num_layers, inputs, inputs.entry if previous is None else previous
@@ -302,6 +333,19 @@ def hop_cost_s(
     if overclaims(node, inputs):
         cost += OVERCLAIM_PENALTY_S
     return cost
+
+
+def _unobserved_step_s(node: ServingNode, ceiling_layers_per_s: float) -> float:
+    """A step through a node this entry has not observed: its claim, capped
+    by the ceiling, and no slower than `NEWCOMER_SPEEDUP` times the fastest
+    observed (the ceiling is `CLAIM_CEILING_FACTOR` times that)."""
+    layers = node.layers[1] - node.layers[0]
+    claimed = min(node.decode_tokens_per_s, ceiling_layers_per_s / layers)
+    step = 1.0 / max(claimed, MIN_DECODE_TOKENS_PER_S)
+    if node.decode_tokens_per_s <= 0 or math.isinf(ceiling_layers_per_s):
+        return step
+    hopeful = NEWCOMER_SPEEDUP * ceiling_layers_per_s / CLAIM_CEILING_FACTOR / layers
+    return min(step, 1.0 / hopeful)
 
 
 def _network_cost_s(

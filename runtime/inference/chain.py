@@ -225,9 +225,12 @@ class PipelineError(Exception):
     """Generation stopped: a step failed and no new chain was found (or the
     reroute budget ran out). ``failure`` is the last failure."""
 
-    def __init__(self, failure: Failure) -> None:
+    def __init__(self, failure: Failure, collected: Transcript | None = None) -> None:
         super().__init__(f"step {failure.step} failed: {failure.reason}")
         self.failure = failure
+        self.collected = collected
+        """A replay's own transcript (`replay`): what its chain committed
+        before it failed, which a proof against one of its hops needs."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -757,14 +760,14 @@ async def replay(
             while len(collector.commitments) < len(chain):
                 await trio.sleep(COMMIT_POLL_S)
     except _StepFailed as exc:
-        raise PipelineError(exc.failure(attempt.nodes, 0)) from None
+        raise PipelineError(exc.failure(attempt.nodes, 0), collector) from None
     finally:
         attempt.close()
     missing = [hop.node_id for i, hop in enumerate(chain) if (i, 0) not in collector.commitments]
     if missing:
         raise PipelineError(Failure(attempt.nodes, frozenset(missing), "no commitment", 0))
     commitments = tuple(collector.commitments[(i, 0)] for i in range(len(chain)))
-    return Replay(commitments, reply.picks, reply.margins)
+    return Replay(commitments, reply.picks, reply.margins, collector)
 
 
 def _commitment(

@@ -704,6 +704,9 @@ class ChatSwarm(SwarmReader, Protocol):
     def loading_nodes(self, model: str) -> list[str]: ...
     def member_state(self, node: bytes) -> str | None: ...
     def member_api(self, node: bytes) -> str | None: ...
+    def rtts(self) -> Mapping[bytes, float]:
+        """Member -> the round trip this node measured to it, in seconds."""
+        ...
 
 
 DISTRUSTED: Final = "distrusted"
@@ -945,7 +948,7 @@ class ChatService:
     def _route_inputs(self, avoid: frozenset[bytes], variant: ModelCoverage) -> RouteInputs:
         now = trio.current_time()
         return replace(
-            network_inputs(self.swarm.node_id, variant, self.swarm.record),
+            network_inputs(self.swarm.node_id, variant, self.swarm.record, self.swarm.rtts()),
             avoid=avoid | self.backoff.avoided(now) | self._distrusted(now),
             observed_step_s=self.speeds.step_s(),
         )

@@ -166,6 +166,10 @@ class Replay:
     commitments: tuple[Commitment, ...]
     picks: tuple[int, ...]
     margins: tuple[float, ...]
+    collected: Transcript | None = None
+    """The replay's own chain as its entry saw it (its commitments and the
+    receipts the hops relayed): a hop of the replay may lie in it too, and
+    only this shows it (`runtime.inference.blame.find_equivocation`)."""
 
 
 def rows_agree(claimed: np.ndarray, recomputed: np.ndarray, tolerance: float) -> bool:

@@ -657,11 +657,16 @@ class SpotChecker:
             self.counters["unchecked"] += 1
             return None
         seeds = transcript.sketch_seeds
-        result = await _replay(self._pipeline, checking.chain, transcript, seeds, self.counters)
+        result = await _replay(
+            self._pipeline, checking.chain, transcript, seeds, self.counters, self.accuse
+        )
         if result is None:
             return None
         recipes = [*checking.recipes, *_recipes(variant, transcript.chain_nodes)]
         return find_divergence(transcript, result, tolerance(recipes)), checking, result
+
+
+Accuse = Callable[[Transcript, Contradiction], None]
 
 
 async def _replay(
@@ -670,16 +675,30 @@ async def _replay(
     transcript: Transcript,
     seeds: Sequence[int],
     counters: Counter[str],
+    accuse: Accuse | None = None,
 ) -> Replay | None:
-    """:func:`runtime.inference.chain.replay`, or None (counted as
-    ``replay_failed``) when the checking chain fails: a check that cannot
-    run accuses nobody."""
+    """:func:`runtime.inference.chain.replay`, or None (counted) when it
+    proves nothing about ``transcript``: the checking chain failed
+    (``replay_failed``), or one of its own hops lied to the next with a
+    signed account that contradicts what it told this entry
+    (``replay_contradiction``). Judging by a replay a liar fed would blame
+    the checked generation's honest hops; its proof goes to ``accuse``,
+    against the replay's own chain, instead."""
     try:
-        return await replay(pipeline, chain, transcript, sketch_seeds=seeds)
+        result = await replay(pipeline, chain, transcript, sketch_seeds=seeds)
     except PipelineError as exc:
         counters["replay_failed"] += 1
         log.info("replay for a check failed: %s", exc)
+        if exc.failure.proof is not None and exc.collected is not None and accuse is not None:
+            accuse(exc.collected, exc.failure.proof)
         return None
+    proof = None if result.collected is None else find_equivocation(result.collected)
+    if proof is None:
+        return result
+    counters["replay_contradiction"] += 1
+    if accuse is not None and result.collected is not None:
+        accuse(result.collected, proof)
+    return None
 
 
 def _recipes(variant: ModelCoverage, nodes: Sequence[bytes]) -> list[str]:

@@ -52,6 +52,10 @@ class SwarmView:
             del self._decoded[node]
         return decoded
 
+    def rtts(self) -> dict[bytes, float]:
+        """This node's live round trips to its members (`Membership.rtts`)."""
+        return self._membership.core.rtts()
+
     def record(self, node: bytes) -> NodeRecord | None:
         view = self._membership.member(node)
         return None if view is None else self._decode(view.record)

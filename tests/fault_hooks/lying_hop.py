@@ -127,8 +127,8 @@ def install(argument: str) -> None:
     if mode == "swap":
         honest_sample = hop_server.sample
 
-        def swapped(logits: np.ndarray, params: Any, *, seed: int, step: int) -> int:
-            return (honest_sample(logits, params, seed=seed, step=step) + 1) % logits.shape[0]
+        def swapped(logits: np.ndarray, params: Any, **how: Any) -> int:
+            return (honest_sample(logits, params, **how) + 1) % logits.shape[0]
 
         hop_server.sample = swapped
         return

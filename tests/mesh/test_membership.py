@@ -514,10 +514,26 @@ def _probe_round_trip(net: Net, prober: str, delay: float) -> bytes:
     return pings[0].node
 
 
+def test_the_probe_that_opened_the_connection_times_nothing() -> None:
+    """Its round trip includes the handshake: a member probed once has no
+    round trip yet, rather than one several times too long."""
+    net = Net("a", "b")
+    net.nodes["a"].join([(net.ids["b"].node_id, "tcp://b")], net.now)
+    net.deliver()
+    a, b = net.nodes["a"], net.ids["b"].node_id
+    assert b not in a.rtts()
+    _probe_round_trip(net, "a", 0.12)
+    assert b not in a.rtts(), "the first probe's round trip is the handshake's"
+    _probe_round_trip(net, "a", 0.04)
+    assert a.rtts()[b] == pytest.approx(0.04)
+
+
 def test_direct_probes_time_each_members_round_trip_as_the_least_of_the_last() -> None:
     net = Net("a", "b", "c")
     net.join_all()
     a = net.nodes["a"]
+    for _ in range(2):  # a second probe of each member: the first opened its connection
+        _probe_round_trip(net, "a", 0.0)
     assert set(a.rtts().values()) == {0.0}  # the instant network of join_all
     first = _probe_round_trip(net, "a", 0.04)
     assert a.rtts()[first] == 0.0, "one slow ack does not raise the estimate"

@@ -18,6 +18,7 @@ from mesh.routes import (
     BACKOFF_CAP_S,
     CLAIM_CEILING_FACTOR,
     DEFAULT_HOP_LATENCY_S,
+    NEWCOMER_SPEEDUP,
     OVERCLAIM_PENALTY_S,
     SUSPECT_PENALTY_S,
     Backoff,
@@ -268,6 +269,28 @@ def test_network_inputs_read_round_trips_and_relays_from_the_records() -> None:
     assert ids(find_route(cov, network)) == [1, 3]
 
 
+def test_a_newcomer_is_assumed_as_near_as_the_farthest_measured_member() -> None:
+    """Neither the entry's record nor its probes measured node 2 yet (it
+    just joined): it is priced at the farthest measured member's latency,
+    not the intercontinental default, and its better claim wins the route."""
+    cov = coverage([Spec(1, (0, 8)), Spec(2, (0, 8), decode=200.0)])
+    records = {ENTRY: replace(record(Spec(9, (0, 8))), rtt_us={nid(1).hex(): 1_000})}
+    network = network_inputs(ENTRY, cov, records.get)
+    assert network.unmeasured_latency_s == 0.0005
+    assert ids(find_route(cov, network)) == [2]
+    assert network_inputs(ENTRY, cov, {}.get).unmeasured_latency_s == DEFAULT_HOP_LATENCY_S
+
+
+def test_the_entrys_live_round_trips_override_its_record() -> None:
+    """Its record is republished every ten seconds at most; what its probes
+    measured just now is what routes use."""
+    cov = coverage([Spec(1, (0, 8)), Spec(2, (0, 8), decode=200.0)])
+    records = {ENTRY: replace(record(Spec(9, (0, 8))), rtt_us={nid(1).hex(): 1_000})}
+    live = network_inputs(ENTRY, cov, records.get, {nid(1): 0.002, nid(2): 0.2})
+    assert live.latency_s == {nid(1): 0.001, nid(2): 0.1}
+    assert ids(find_route(cov, live)) == [1]
+
+
 def test_bad_network_inputs_are_rejected() -> None:
     with pytest.raises(ValueError, match="peer_rtt_s"):
         inputs(peer_rtt_s={nid(1): {nid(2): -0.1}})
@@ -314,6 +337,23 @@ def test_an_absurd_unobserved_claim_is_capped_by_what_peers_were_seen_to_do() ->
     nodes = {n.node_id: n for n in cov.nodes}
     capped = hop_cost_s(nodes[nid(2)], 8, seen, claim_ceiling(cov, seen))
     assert capped - 2 * DEFAULT_HOP_LATENCY_S == pytest.approx(0.005 / CLAIM_CEILING_FACTOR)
+
+
+def test_a_newcomer_slower_on_paper_is_tried_once_then_priced_by_what_it_did() -> None:
+    """Its doctor claims a third of the observed node's rate: unobserved, it
+    is hoped to be `NEWCOMER_SPEEDUP` times faster and gets the route that
+    measures it; observed as slow as it said, it is not chosen again."""
+    cov = coverage([Spec(1, (0, 8)), Spec(2, (0, 8), decode=66.0)])
+    seen = inputs(observed_step_s={nid(1): 0.005})
+    assert ids(find_route(cov, seen)) == [2]
+    nodes = {n.node_id: n for n in cov.nodes}
+    hoped = hop_cost_s(nodes[nid(2)], 8, seen, claim_ceiling(cov, seen))
+    assert hoped - 2 * DEFAULT_HOP_LATENCY_S == pytest.approx(0.005 / NEWCOMER_SPEEDUP)
+    both = inputs(observed_step_s={nid(1): 0.005, nid(2): 1 / 66.0})
+    assert ids(find_route(cov, both)) == [1]
+    # A node that reports no rate is not hoped for: it stays a last resort.
+    silent = coverage([Spec(1, (0, 8)), Spec(2, (0, 8), decode=0.0)])
+    assert ids(find_route(silent, seen)) == [1]
 
 
 def test_the_ceiling_is_per_layer() -> None:

@@ -79,5 +79,5 @@ async def test_a_node_claiming_absurd_throughput_does_not_attract_the_traffic(
     status = await swarm.status(entry)
     assert status is not None
     observed = status["chat"]["observed_step_ms"]
-    assert set(observed) == {honest.node_id, liar.node_id}, observed
+    assert set(observed) == {honest.node_id, liar.node_id}, (observed, liar.node_id, routes)
     assert all(ms > 0 for ms in observed.values()), observed

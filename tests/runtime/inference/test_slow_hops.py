@@ -202,6 +202,9 @@ class Swarm:
     def loading_nodes(self, model: str) -> list[str]:
         return []
 
+    def rtts(self) -> dict[bytes, float]:
+        return {}
+
     def record(self, node: bytes) -> NodeRecord | None:
         return self.records.get(node)
 
