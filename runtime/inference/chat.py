@@ -69,8 +69,10 @@ from runtime.inference.tools import (
     TOOL_CHOICES,
     ToolError,
     Tools,
+    forced_call_schema,
     history_calls,
     parse_tools,
+    untemplated_chat,
 )
 from runtime.inference.transcript import Transcript
 from runtime.model.manifest import has_chat_template
@@ -225,7 +227,8 @@ class ChatRequest:
 
     def encode(self, tokenizer: ModelTokenizer) -> list[int]:
         tools = self.tools.functions if self.tools is not None and self.tools.offered else None
-        return tokenizer.encode_chat(self.messages, tools)
+        forced = self.tools is not None and forced_call_schema(self.tools) is not None
+        return tokenizer.encode_chat(self.messages, tools, forced=forced)
 
 
 def _bad(message: str, param: str) -> ChatError:
@@ -283,13 +286,15 @@ CHAT_FIELDS: Final = (
     Field(
         "tools",
         {"type": "array", "items": _TOOL, "maxItems": MAX_TOOLS},
-        "functions the model may call, rendered by its template (a 400 "
-        "`no_tool_template` when it has no place for them)",
+        "functions the model may call, rendered by its template (where it has no "
+        "place for them: described by the node when tool_choice forces a call, "
+        "else a 400 `no_tool_template`)",
     ),
     Field(
         "tool_choice",
         {"anyOf": [{"type": "string", "enum": list(TOOL_CHOICES)}, {"type": "object"}]},
-        '"none" or "auto"; "required" and a named function are refused (400) for now',
+        '"none", "auto", "required" or a named function (the last two make the '
+        "answer that call, by constrained decoding)",
     ),
 )
 """The fields of a chat body, as `check_fields` checks them and
@@ -323,14 +328,6 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         tools = parse_tools(body)
     except ToolError as exc:
         raise _bad(str(exc), exc.param) from None
-    if tools is not None and tools.choice not in ("none", "auto"):
-        raise ChatError(
-            400,
-            "tool_choice 'required' or a named function needs constrained decoding, "
-            "which this node does not have yet; use 'auto' or 'none'",
-            param="tool_choice",
-            code="unsupported_value",
-        )
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -349,7 +346,30 @@ def parse_chat_request(body: Mapping[str, Any]) -> ChatRequest:
         params = SamplingParams.from_request(body)
     except SamplingParamError as exc:
         raise _bad(str(exc), exc.param) from None
+    if tools is not None:
+        params = _forcing_a_call(tools, params)
     return ChatRequest(model, tuple(parsed), params, stream, include_usage, logprobs, tools)
+
+
+def _forcing_a_call(tools: Tools, params: SamplingParams) -> SamplingParams:
+    """`tool_choice` "required" or a named function: the answer constrained
+    to that call (`forced_call_schema`), by the last hop's constrained
+    decoding as `response_format` is; the two cannot both shape it."""
+    from runtime.model.grammar import json_schema_constraint  # llguidance: loaded when used
+
+    schema = forced_call_schema(tools)
+    if schema is None:
+        return params
+    if params.constraint is not None:
+        raise _bad(
+            "response_format and a tool_choice that forces a call cannot both shape the "
+            "answer; send one of them",
+            "tool_choice",
+        )
+    try:
+        return replace(params, constraint=json_schema_constraint(schema, "tools"))
+    except SamplingParamError as exc:
+        raise _bad(str(exc), exc.param) from None
 
 
 def _chat_logprobs(body: Mapping[str, Any]) -> int | None:
@@ -464,11 +484,16 @@ class ModelTokenizer:
         self,
         messages: Sequence[Mapping[str, Any]],
         tools: Sequence[Mapping[str, Any]] | None = None,
+        *,
+        forced: bool = False,
     ) -> list[int]:
         """The chat's token ids by the model's own template, `tools` rendered
         by it; a 400 naming `/v1/completions` when the model has no template
-        (a base model), and one naming `tools` when its template has no
-        place for them."""
+        (a base model). A template with no place for tools gets the chat
+        as text (`untemplated_chat`: the tools described, calls written
+        out), but for tools the model would choose among (``forced``
+        False): it would not know how to call them, so that is a 400
+        naming `tools`."""
         if not self.has_chat_template:
             raise ChatError(
                 400,
@@ -477,14 +502,18 @@ class ModelTokenizer:
                 param="messages",
                 code=NO_CHAT_TEMPLATE,
             )
-        if tools and not self.takes_tools:
-            raise ChatError(
-                400,
-                "this model's chat template has no place for tools, so it cannot be "
-                "offered functions to call; send the request without tools",
-                param="tools",
-                code=NO_TOOL_TEMPLATE,
-            )
+        if not self.takes_tools:
+            if tools and not forced:
+                raise ChatError(
+                    400,
+                    "this model's chat template has no place for tools, so it cannot "
+                    'choose to call one; send tool_choice "required" or a named function '
+                    "(the tools are then described to it and its answer is made a call), "
+                    "or send the request without tools",
+                    param="tools",
+                    code=NO_TOOL_TEMPLATE,
+                )
+            messages, tools = untemplated_chat(messages, tools), None
         ids = self._tok.apply_chat_template(
             list(messages),
             tools=list(tools) if tools else None,

@@ -10,14 +10,18 @@ whole answer that is one JSON call object or a list of them (the Llama 3
 form). Anything that does not parse as a call stays text: a model's output
 is untrusted, and a malformed call is the model's answer, never a 500.
 Parsing the request's `tools`, `tool_choice` and the history's
-`tool_calls` (400s naming the field) is here too.
+`tool_calls` (400s naming the field) is here too, and what makes a call
+sure: `forced_call_schema`, the one JSON call `tool_choice` "required" or
+a named function allows (the last hop's constrained decoding writes it);
+`untemplated_chat`, the tools described and the calls written out as text
+for a template that has no place for them (docs/api.md#tools).
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
@@ -135,6 +139,86 @@ def _choice(choice: object, names: list[str]) -> str | dict[str, Any]:
     if name not in names:
         raise ToolError(f"tool_choice names {name!r}, which is not among the tools", "tool_choice")
     return {"type": "function", "function": {"name": name}}
+
+
+def forced_call_schema(tools: Tools) -> dict[str, Any] | None:
+    """The JSON schema of the call `tool_choice` forces: any offered function
+    ("required") or the named one, as `{"name", "arguments"}` (the form
+    `parse_tool_calls` reads); None when the model chooses ("auto", "none")."""
+    if not isinstance(tools.choice, dict) and tools.choice != "required":
+        return None
+    functions = [tool["function"] for tool in tools.functions]
+    if isinstance(tools.choice, dict):
+        named = tools.choice["function"]["name"]
+        functions = [function for function in functions if function["name"] == named]
+    calls = [_call_schema(function) for function in functions]
+    return calls[0] if len(calls) == 1 else {"anyOf": calls}
+
+
+def _call_schema(function: Mapping[str, Any]) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "properties": {
+            "name": {"const": function["name"]},
+            "arguments": _closed(function["parameters"]),
+        },
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+
+
+def _closed(parameters: Mapping[str, Any]) -> Mapping[str, Any]:
+    """A function's parameters with no keys besides those it declares, unless
+    it says otherwise (as OpenAI's strict mode has them): a model made to
+    write the call spends no tokens on keys the function never reads (a
+    135M model, left free, copied the schema's own keywords in)."""
+    if "properties" in parameters and "additionalProperties" not in parameters:
+        return {**parameters, "additionalProperties": False}
+    return parameters
+
+
+TOOLS_PROMPT: Final = (
+    "You can call these functions, each given as a JSON schema:\n{functions}\n"
+    'To call one, answer with only a JSON object: {{"name": <the function\'s name>, '
+    '"arguments": <an object of its parameters>}}.'
+)
+"""What a model whose chat template has no place for tools is told of them
+(a system message; `untemplated_chat`)."""
+
+
+def untemplated_chat(
+    messages: Sequence[Mapping[str, Any]], functions: Sequence[Mapping[str, Any]] | None
+) -> list[dict[str, Any]]:
+    """The chat as a template without tools renders it: `functions`
+    described in the system message (`TOOLS_PROMPT`), an assistant's calls
+    written as the JSON it was asked to answer with, and a tool's result as
+    a user message naming the function that returned it (such templates
+    read only `role` and `content`, and may know no `tool` role)."""
+    names: dict[str, str] = {}
+    chat: list[dict[str, Any]] = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if calls:
+            names.update((call["id"], call["function"]["name"]) for call in calls)
+            written = [
+                {"name": c["function"]["name"], "arguments": c["function"]["arguments"]}
+                for c in calls
+            ]
+            text = json.dumps(written[0] if len(written) == 1 else written)
+            chat.append({"role": "assistant", "content": text})
+        elif message["role"] == "tool":
+            name = message.get("name") or names.get(message.get("tool_call_id", ""), "the function")
+            chat.append({"role": "user", "content": f"{name} returned: {message['content']}"})
+        else:
+            chat.append({"role": message["role"], "content": message["content"]})
+    if functions:
+        listed = "\n".join(json.dumps(f["function"], ensure_ascii=False) for f in functions)
+        described = TOOLS_PROMPT.format(functions=listed)
+        if chat and chat[0]["role"] == "system":
+            chat[0] = {"role": "system", "content": f"{chat[0]['content']}\n\n{described}"}
+        else:
+            chat.insert(0, {"role": "system", "content": described})
+    return chat
 
 
 def history_calls(calls: object, where: str) -> list[dict[str, Any]]:

@@ -91,8 +91,23 @@ def test_a_request_is_parsed_strictly() -> None:
         ),
         ({"model": "m", "messages": MESSAGES, "tools": [{"type": "x"}]}, "tools[0]"),
         (
-            {"model": "m", "messages": MESSAGES, "tools": [WEATHER], "tool_choice": "required"},
+            {
+                "model": "m",
+                "messages": MESSAGES,
+                "tools": [WEATHER],
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
             "tool_choice",
+        ),
+        (
+            {
+                "model": "m",
+                "messages": MESSAGES,
+                "tools": [{**WEATHER, "function": {"name": "f", "parameters": {"type": 3}}}],
+                "tool_choice": "required",
+            },
+            "tools",
         ),
         (
             {"model": "m", "messages": [{"role": "tool", "content": "1"}]},
@@ -118,6 +133,18 @@ def test_chat_logprobs_are_top_logprobs_alternatives_or_none() -> None:
     assert top() is None and top(logprobs=False) is None
     assert top(logprobs=True) == 0
     assert top(logprobs=True, top_logprobs=MAX_TOP_LOGPROBS) == MAX_TOP_LOGPROBS
+
+
+def test_a_forced_call_constrains_the_answer_to_that_call() -> None:
+    def constraint(choice: Any) -> Any:
+        body = {"model": "m", "messages": MESSAGES, "tools": [WEATHER], "tool_choice": choice}
+        return parse_chat_request(body).params.constraint
+
+    assert constraint("auto") is None and constraint("none") is None
+    forced = constraint({"type": "function", "function": {"name": "get_weather"}})
+    assert forced is not None and forced.kind == "json_schema"
+    assert json.loads(forced.schema)["properties"]["name"] == {"const": "get_weather"}
+    assert constraint("required") == forced, "one tool: required is that tool"
 
 
 def test_a_history_of_tool_calls_is_kept_as_templates_read_it() -> None:
@@ -153,6 +180,9 @@ def test_tools_are_rendered_by_a_template_that_takes_them_and_refused_by_one_tha
         plain.encode_chat(MESSAGES, [WEATHER])
     assert caught.value.status == 400 and caught.value.code == NO_TOOL_TEMPLATE
     assert caught.value.param == "tools"
+    # A call it is made to write: the tools described by us, in its system message.
+    described = plain.decode(plain.encode_chat(MESSAGES, [WEATHER], forced=True))
+    assert "get_weather" in described and '"arguments"' in described
     config = json.loads((folder / "tokenizer_config.json").read_text())
     config["chat_template"] = TOOL_TEMPLATE
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

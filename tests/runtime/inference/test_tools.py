@@ -18,9 +18,12 @@ from runtime.inference.tools import (
     MAX_TOOL_CALLS,
     MAX_TOOLS,
     ToolError,
+    Tools,
+    forced_call_schema,
     history_calls,
     parse_tool_calls,
     parse_tools,
+    untemplated_chat,
 )
 
 NAMES = frozenset({"get_weather", "add"})
@@ -136,3 +139,55 @@ def test_history_calls_give_templates_their_arguments_as_objects() -> None:
         with pytest.raises(ToolError) as caught:
             history_calls(bad, "m")
         assert caught.value.param == param
+
+
+def test_the_forced_call_is_one_of_the_offered_functions_or_the_named_one() -> None:
+    offered = [_function("add", {"type": "object"}), _function("neg", {"type": "integer"})]
+    assert forced_call_schema(_tools(offered, "auto")) is None
+    assert forced_call_schema(_tools(offered, "none")) is None
+    required = forced_call_schema(_tools(offered, "required"))
+    assert required is not None
+    assert [c["properties"]["name"]["const"] for c in required["anyOf"]] == ["add", "neg"]
+    named = forced_call_schema(_tools(offered, {"type": "function", "function": {"name": "neg"}}))
+    assert named == {
+        "type": "object",
+        "properties": {"name": {"const": "neg"}, "arguments": {"type": "integer"}},
+        "required": ["name", "arguments"],
+        "additionalProperties": False,
+    }
+    closed = forced_call_schema(_tools([_function("f", {"properties": {"x": {}}})], "required"))
+    assert closed is not None
+    assert closed["properties"]["arguments"]["additionalProperties"] is False
+    # What the constraint lets through is what the parser reads as a call.
+    text, calls = parse_tool_calls('{"name": "neg", "arguments": {}}', frozenset({"neg"}), "g")
+    assert text == "" and [c.name for c in calls] == ["neg"]
+
+
+def test_a_chat_without_a_tool_template_gets_the_tools_and_calls_as_text() -> None:
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": {"a": 1}}}
+    chat = untemplated_chat(
+        [
+            {"role": "system", "content": "be brief"},
+            {"role": "user", "content": "add one"},
+            {"role": "assistant", "content": "", "tool_calls": [call]},
+            {"role": "tool", "tool_call_id": "c1", "content": "2"},
+        ],
+        [_function("add", {"type": "object"})],
+    )
+    assert chat[0]["role"] == "system" and chat[0]["content"].startswith("be brief\n\n")
+    assert '"name": "add"' in chat[0]["content"]
+    assert chat[2] == {"role": "assistant", "content": '{"name": "add", "arguments": {"a": 1}}'}
+    assert chat[3] == {"role": "user", "content": "add returned: 2"}
+    bare = untemplated_chat([{"role": "user", "content": "hi"}], [_function("add", {})])
+    assert [m["role"] for m in bare] == ["system", "user"]
+    assert untemplated_chat([{"role": "user", "content": "hi"}], None) == [
+        {"role": "user", "content": "hi"}
+    ]
+
+
+def _function(name: str, parameters: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "function", "function": {"name": name, "parameters": parameters}}
+
+
+def _tools(functions: list[dict[str, Any]], choice: Any) -> Tools:
+    return Tools(tuple(functions), choice)
