@@ -14,7 +14,7 @@ Parsing the request's `tools`, `tool_choice` and the history's
 sure: `forced_call_schema`, the one JSON call `tool_choice` "required" or
 a named function allows (the last hop's constrained decoding writes it);
 `untemplated_chat`, the tools described and the calls written out as text
-for a template that has no place for them (docs/api.md#tools).
+for a template that has no place for them (docs/design/api.md#tool-calls).
 """
 
 from __future__ import annotations
