@@ -14,7 +14,9 @@ file through the swarm (its `local-completions` model) and in process (its
 A founder serves a GGUF file written with the `gguf` package
 (`serve model.gguf`): imported once into its state dir with progress, its
 chat template kept, so it chats, and the official client's chat
-`logprobs`/`top_logprobs` equal transformers' on the imported folder.
+`logprobs`/`top_logprobs` equal transformers' on the imported folder, and
+each of a hundred seeded sampled `json_schema` chats through that client
+parses and validates against the schema.
 """
 
 from __future__ import annotations
@@ -146,6 +148,46 @@ def chat_logprobs_with_openai(api: str, model_dir: Path) -> None:
         assert bytes(entry.bytes or []).decode() == entry.token
         worst = max(worst, *(min(abs(t.logprob - b) for b in best) for t in entry.top_logprobs))
     assert worst < TOLERANCE, worst
+
+
+SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {"colour": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
+    "required": ["colour", "ok"],
+    "additionalProperties": False,
+}
+"""A short object (about a dozen tiny-tokenizer tokens): a hundred runs stay cheap."""
+SCHEMA_RUNS = 100
+SCHEMA_MAX_TOKENS = 32
+"""Past the schema's longest object."""
+
+
+def json_schema_runs_with_openai(api: str) -> set[str]:
+    """Issue 32: every seeded sampled run of a `json_schema` chat through the
+    official client parses and validates; the texts they wrote."""
+    import jsonschema
+    import openai
+
+    client = openai.OpenAI(base_url=api + "/v1", api_key="unused")
+    texts = set()
+    for seed in range(SCHEMA_RUNS):
+        answer = client.chat.completions.create(
+            model="tiny",
+            messages=[{"role": "user", "content": "Pick a colour."}],
+            max_tokens=SCHEMA_MAX_TOKENS,
+            temperature=1.0,
+            seed=seed,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "pick", "schema": SCHEMA, "strict": True},
+            },
+        )
+        text = answer.choices[0].message.content
+        assert text is not None, answer
+        value = json.loads(text)
+        jsonschema.validate(value, SCHEMA)
+        texts.add(text)
+    return texts
 
 
 def complete_with_openai(api: str, ids: list[int], new: list[int], expected: Any) -> None:
@@ -315,6 +357,8 @@ async def test_serve_imports_a_gguf_file_once_and_keeps_its_chat_template(
         answer = await client.post(founder.api + "/v1/chat/completions", json=body)
         assert answer.status_code == 200, answer.text
     await trio.to_thread.run_sync(chat_logprobs_with_openai, founder.api, imported)
+    texts = await trio.to_thread.run_sync(json_schema_runs_with_openai, founder.api)
+    assert len(texts) > 1, f"sampled runs, not one answer repeated: {texts}"
     # The same file again: served from the import, not imported anew.
     assert await swarm.stop(founder) == 0
     await swarm.start_ready(founder, timeout=START_TIMEOUT_S)

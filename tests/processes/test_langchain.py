@@ -27,14 +27,14 @@ from pydantic import BaseModel, Field
 from runtime.cli.localswarm import LocalNode, LocalSwarm
 from runtime.model.pretrained import PretrainedUnavailable, smollm2_135m
 from tests.processes.test_completions import logged, served
-from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
+from tests.swarm_helpers import assert_no_internal_errors, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 SERVE_TIMEOUT_S = 300.0
-"""From start to all 30 layers admitted: the GGUF's import (dequantizing
-Q4_1 to fp32, the manifest and its goldens) and the doctor, on a loaded
-2-core box."""
+"""From start to ready (the GGUF's import: dequantizing Q4_1 to fp32, the
+manifest, its goldens and calibration; 15 s idle) and from ready to all 30
+layers admitted (the doctor), each on a loaded 2-core box."""
 MAX_TOKENS = 64
 
 
@@ -100,7 +100,7 @@ async def test_langchain_calls_a_tool_and_gets_structured_output_from_smollm2(
     except PretrainedUnavailable as exc:  # CI reaches the registry: fail, never skip
         pytest.fail(str(exc))
     founder = swarm.new_node("founder", command=["serve", str(pretrained.gguf)])
-    await swarm.start_ready(founder, timeout=START_TIMEOUT_S)
+    await swarm.start_ready(founder, timeout=SERVE_TIMEOUT_S)  # the import comes first
     await wait_for(swarm, [founder], served(founder, MODEL), SERVE_TIMEOUT_S, "served")
     await logged(founder, f"serving {MODEL} layers 0:30")
 
