@@ -451,13 +451,20 @@ class Placement:
     # --- views ----------------------------------------------------------------------
 
     def num_layers(self, model: str) -> int | None:
-        """The model's layer count, once its manifest has been read."""
+        """The model's layer count, once its manifest has been read: by a
+        placement round, or now from this node's own store (a request can
+        come before the first round that wanted the model)."""
         facts = self.facts.get(model)
+        if facts is None and (stored := self._store.get(model)) is not None:
+            facts = self.facts[model] = model_facts(stored.manifest)
         return None if facts is None else facts.num_layers
 
     def why_waiting(self, model: str) -> tuple[str, str]:
-        """(code, text) for a 503 `model_loading` body."""
-        code = self.waiting.get(model, "unknown_model")
+        """(code, text) for a 503 `model_loading` body. A model no round has
+        planned yet is `no_demand` when its size is known (the request that
+        asks is the demand), else `unknown_model`."""
+        known = self.num_layers(model) is not None
+        code = self.waiting.get(model, "no_demand" if known else "unknown_model")
         return code, WAIT_MESSAGES.get(code, code)
 
     def to_json(self) -> dict[str, Any]:

@@ -34,6 +34,7 @@ from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from runtime.cli.model_source import IMPORTED_DIR
 from runtime.model.manifest import has_chat_template
 from runtime.model.tiny import CHAT_TEMPLATE, make_tiny_model
+from tests.runtime.inference.test_constrained_engine import SCHEMA
 from tests.runtime.model.test_gguf_import import write_gguf
 from tests.swarm_helpers import START_TIMEOUT_S, assert_no_internal_errors, wait_for
 
@@ -150,13 +151,6 @@ def chat_logprobs_with_openai(api: str, model_dir: Path) -> None:
     assert worst < TOLERANCE, worst
 
 
-SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {"colour": {"enum": ["red", "green", "blue"]}, "ok": {"type": "boolean"}},
-    "required": ["colour", "ok"],
-    "additionalProperties": False,
-}
-"""A short object (about a dozen tiny-tokenizer tokens): a hundred runs stay cheap."""
 SCHEMA_RUNS = 100
 SCHEMA_MAX_TOKENS = 32
 """Past the schema's longest object."""

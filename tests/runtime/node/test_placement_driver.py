@@ -17,6 +17,7 @@ from consensus.config import ConsensusConfig
 from consensus.storage import RaftStorage
 from mesh.identity import Identity
 from runtime.model.store import ModelStore
+from runtime.model.tiny import make_tiny_model
 from runtime.node.placement_driver import DROP_UNKNOWN_MODEL, Placement
 from runtime.node.raft_driver import RaftDriver
 
@@ -35,11 +36,27 @@ class Swarm:
         return None
 
 
-def placement(raft: RaftDriver, identity: Identity, known: set[str]) -> Placement:
+def lone_raft(identity: Identity, store: RaftStorage, *, bootstrap: bool) -> RaftDriver:
+    """A one-node Raft driver that sends nothing: the founder of its own
+    swarm (`bootstrap`), else a follower that has no leader."""
+    return RaftDriver(
+        node_id=identity.node_id,
+        storage=store,
+        config=ConsensusConfig.local(),
+        bootstrap=bootstrap,
+        send=lambda to, payload: None,
+        members=lambda: (),
+        rng=random.Random(0),
+    )
+
+
+def placement(
+    raft: RaftDriver, identity: Identity, known: set[str], store: Path | None = None
+) -> Placement:
     return Placement(
         raft=raft,
         swarm=cast(Any, Swarm(identity.node_id, known)),
-        store=ModelStore.scan(None),
+        store=ModelStore.scan(store),
         slot=cast(Any, None),
         backend=None,
         auto_join=False,
@@ -50,15 +67,7 @@ def placement(raft: RaftDriver, identity: Identity, known: set[str]) -> Placemen
 async def test_demand_for_a_known_model_is_committed_unknown_refused(tmp_path: Path) -> None:
     identity = Identity.generate()
     with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
-        raft = RaftDriver(
-            node_id=identity.node_id,
-            storage=store,
-            config=ConsensusConfig.local(),
-            bootstrap=True,
-            send=lambda to, payload: None,
-            members=lambda: (),
-            rng=random.Random(0),
-        )
+        raft = lone_raft(identity, store, bootstrap=True)
         desk = placement(raft, identity, known={"m"})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(raft.run)
@@ -82,17 +91,24 @@ async def test_a_follower_with_no_leader_keeps_its_demand_for_the_next_flush(
 ) -> None:
     identity = Identity.generate()
     with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
-        raft = RaftDriver(
-            node_id=identity.node_id,
-            storage=store,
-            config=ConsensusConfig.local(),
-            bootstrap=False,
-            send=lambda to, payload: None,
-            members=lambda: (),
-            rng=random.Random(0),
-        )
+        raft = lone_raft(identity, store, bootstrap=False)
         desk = placement(raft, identity, known={"m"})
         desk.count_demand("m", unserved=True)
         assert not await desk._send_demand("m", 1), "no leader to take it: kept"
         assert desk.num_layers("m") is None
         assert desk.why_waiting("m")[0]
+
+
+def test_a_stored_model_is_known_before_any_round_planned_it(tmp_path: Path) -> None:
+    """The first request can come before the first placement round that
+    wanted the model: its size is read from this node's store, and the
+    503 says demand is what it waits for, not that nobody knows the model."""
+    make_tiny_model(tmp_path / "store" / "y", layers=8, name="y")
+    identity = Identity.generate()
+    with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
+        raft = lone_raft(identity, store, bootstrap=False)
+        desk = placement(raft, identity, known={"y"}, store=tmp_path / "store")
+        assert desk.num_layers("y") == 8
+        assert desk.why_waiting("y")[0] == "no_demand"
+        assert desk.num_layers("nope") is None
+        assert desk.why_waiting("nope")[0] == "unknown_model"
