@@ -1159,8 +1159,10 @@ class ChatService:
         times slower as it showed (`slowed`, for `_chain`), and nothing is
         backed off. A hop that went silent (it had not reported the step)
         may be dead instead; membership gets REROUTE_WAIT_S to declare it
-        first, and a declared hop loses the generation. Returns None to give
-        up."""
+        first. A suspect hop of the chain is waited for as long, until it is
+        dead (the generation is lost) or refuted (it goes on): a node behind
+        NAT whose relay died is suspected, then back at its other relay
+        within seconds. Returns None to give up."""
         chain = [n for n in route.node_ids if n != self.swarm.node_id]
         named = {bytes.fromhex(s) for s in failure.suspects}
         declared = self._declared(chain)
@@ -1170,9 +1172,9 @@ class ChatService:
         if variant is not None:
             found = reroute(variant, route, failed, self._route_inputs(frozenset(failed), variant))
         stall = failure.stall
-        if isinstance(found, NoRoute) and stall is not None and not declared:
-            if stall.silent:
-                declared = await self._declared_within(chain, REROUTE_WAIT_S)
+        if isinstance(found, NoRoute) and stall is not None and not self._gone(chain):
+            if stall.silent or declared:
+                declared = await self._settled_within(chain, REROUTE_WAIT_S)
                 failed |= declared
             if not declared:
                 node = bytes.fromhex(stall.node)
@@ -1203,15 +1205,25 @@ class ChatService:
         """The nodes membership sees suspect or dead (not alive, not unknown)."""
         return {n for n in nodes if self.swarm.member_state(n) not in (MemberState.ALIVE, None)}
 
-    async def _declared_within(self, nodes: Sequence[bytes], wait_s: float) -> set[bytes]:
-        """The nodes membership declares suspect or dead within `wait_s`
-        (empty when it declares none)."""
-        declared = self._declared(nodes)
+    def _gone(self, nodes: Sequence[bytes]) -> set[bytes]:
+        """The nodes membership sees dead or left (a suspect may come back)."""
+        return {
+            n for n in nodes if self.swarm.member_state(n) in (MemberState.DEAD, MemberState.LEFT)
+        }
+
+    async def _settled_within(self, nodes: Sequence[bytes], wait_s: float) -> set[bytes]:
+        """The nodes membership sees dead, or still suspect, once it has
+        settled within `wait_s`: at the first death, at the refutation of
+        the last suspect, else when the time is up (empty: none declared)."""
+        suspected = False
         with trio.move_on_after(wait_s):
-            while not declared:
-                await trio.sleep(REROUTE_POLL_S)
+            while not self._gone(nodes):
                 declared = self._declared(nodes)
-        return declared
+                if suspected and not declared:
+                    return set()  # refuted: alive again
+                suspected |= bool(declared)
+                await trio.sleep(REROUTE_POLL_S)
+        return self._declared(nodes)
 
 
 def _file_logprobs(

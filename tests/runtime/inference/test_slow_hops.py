@@ -332,7 +332,7 @@ async def test_a_silent_hop_that_stays_alive_is_waited_for_then_kept(
         assert slowed == {B: pytest.approx(30.0)}
 
 
-async def test_a_silent_hop_that_membership_declares_loses_the_generation(
+async def test_a_silent_hop_that_membership_declares_dead_loses_the_generation(
     tmp_path: Path, autojump_clock: trio.testing.MockClock
 ) -> None:
     swarm = single_holder_swarm()
@@ -340,17 +340,43 @@ async def test_a_silent_hop_that_membership_declares_loses_the_generation(
         chat = chat_service(swarm, Pipeline(plane, drops=Counter()), tmp_path)
         route = first_route(chat)
 
-        async def suspect_b_later() -> None:
+        async def kill_b_later() -> None:
             await trio.sleep(1.0)  # a probe round or two
             swarm.states[B] = "suspect"
+            await trio.sleep(1.0)  # the suspicion's timeout
+            swarm.states[B] = "dead"
 
-        nursery.start_soon(suspect_b_later)
+        nursery.start_soon(kill_b_later)
         began = trio.current_time()
         slowed: dict[bytes, float] = {}
         assert await chat._reroute(MODEL, route, stalled_at_b(silent=True), slowed) is None
-        assert 1.0 <= trio.current_time() - began < 1.5
+        assert 2.0 <= trio.current_time() - began < 2.5
         assert slowed == {}
         assert chat.backoff.avoided(trio.current_time()) == {B}
+
+
+async def test_a_suspect_hop_that_comes_back_keeps_the_generation(
+    tmp_path: Path, autojump_clock: trio.testing.MockClock
+) -> None:
+    """A node behind NAT whose relay died: suspected, then back (at its
+    other relay) before the suspicion ran out. The chain's other hop stalled
+    meanwhile; no chain avoids either, so the generation waits and goes on."""
+    swarm = single_holder_swarm()
+    swarm.states[C] = "suspect"
+    async with bare_plane() as plane, trio.open_nursery() as nursery:
+        chat = chat_service(swarm, Pipeline(plane, drops=Counter()), tmp_path)
+        route = first_route(chat)
+
+        async def refute_c_later() -> None:
+            await trio.sleep(2.0)
+            swarm.states[C] = "alive"
+
+        nursery.start_soon(refute_c_later)
+        began = trio.current_time()
+        slowed: dict[bytes, float] = {}
+        assert await chat._reroute(MODEL, route, stalled_at_b(silent=True), slowed) == route
+        assert 2.0 <= trio.current_time() - began < 2.5
+        assert chat.backoff.avoided(trio.current_time()) == frozenset()
 
 
 async def test_a_hop_that_failed_to_open_is_not_retried_on_the_same_chain(
