@@ -7,19 +7,18 @@ swarm placing shards across processes in tests/processes/.
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 from typing import Any, cast
 
 import trio
 
-from consensus.config import ConsensusConfig
 from consensus.storage import RaftStorage
 from mesh.identity import Identity
 from runtime.model.store import ModelStore
 from runtime.model.tiny import make_tiny_model
 from runtime.node.placement_driver import DROP_UNKNOWN_MODEL, Placement
 from runtime.node.raft_driver import RaftDriver
+from tests.runtime.node.test_raft_driver import driver
 
 
 class Swarm:
@@ -34,20 +33,6 @@ class Swarm:
 
     def member_api(self, node: bytes) -> str | None:
         return None
-
-
-def lone_raft(identity: Identity, store: RaftStorage, *, bootstrap: bool) -> RaftDriver:
-    """A one-node Raft driver that sends nothing: the founder of its own
-    swarm (`bootstrap`), else a follower that has no leader."""
-    return RaftDriver(
-        node_id=identity.node_id,
-        storage=store,
-        config=ConsensusConfig.local(),
-        bootstrap=bootstrap,
-        send=lambda to, payload: None,
-        members=lambda: (),
-        rng=random.Random(0),
-    )
 
 
 def placement(
@@ -67,7 +52,7 @@ def placement(
 async def test_demand_for_a_known_model_is_committed_unknown_refused(tmp_path: Path) -> None:
     identity = Identity.generate()
     with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
-        raft = lone_raft(identity, store, bootstrap=True)
+        raft = driver(store, bootstrap=True, node_id=identity.node_id)
         desk = placement(raft, identity, known={"m"})
         async with trio.open_nursery() as nursery:
             nursery.start_soon(raft.run)
@@ -91,7 +76,7 @@ async def test_a_follower_with_no_leader_keeps_its_demand_for_the_next_flush(
 ) -> None:
     identity = Identity.generate()
     with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
-        raft = lone_raft(identity, store, bootstrap=False)
+        raft = driver(store, bootstrap=False, node_id=identity.node_id)
         desk = placement(raft, identity, known={"m"})
         desk.count_demand("m", unserved=True)
         assert not await desk._send_demand("m", 1), "no leader to take it: kept"
@@ -106,7 +91,7 @@ def test_a_stored_model_is_known_before_any_round_planned_it(tmp_path: Path) -> 
     make_tiny_model(tmp_path / "store" / "y", layers=8, name="y")
     identity = Identity.generate()
     with RaftStorage.open(tmp_path / "raft.sqlite3") as store:
-        raft = lone_raft(identity, store, bootstrap=False)
+        raft = driver(store, bootstrap=False, node_id=identity.node_id)
         desk = placement(raft, identity, known={"y"}, store=tmp_path / "store")
         assert desk.num_layers("y") == 8
         assert desk.why_waiting("y")[0] == "no_demand"

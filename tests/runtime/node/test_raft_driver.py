@@ -24,9 +24,11 @@ from runtime.node.raft_driver import NotLeader, RaftDriver
 ME, OTHER = b"\x01" * 32, b"\x02" * 32
 
 
-def driver(store: RaftStorage, *, bootstrap: bool) -> RaftDriver:
+def driver(store: RaftStorage, *, bootstrap: bool, node_id: bytes = ME) -> RaftDriver:
+    """A lone driver that sends nothing: the founder of its own swarm
+    (`bootstrap`), else a follower that knows no leader."""
     return RaftDriver(
-        node_id=ME,
+        node_id=node_id,
         storage=store,
         config=ConsensusConfig.local(),
         bootstrap=bootstrap,
