@@ -186,13 +186,13 @@ class _Suspicion:
 
 RTT_SAMPLES = 5
 """A member's round trip (`Membership.rtts`) is the least of our last five
-direct probes' to it, the first probe not counted. Routes want the path's delay, and every excess is
-noise on it: the first probe to a member also opens the connection (CURVE's
-handshake, three round trips more), a lost packet waits for TCP's
-retransmission, a busy event loop answers late. Measured in the WAN lab, 40
-ms apart under load, single samples ran from 57 to 390 ms. The least of five
-is 40-odd ms there, and follows a path that got longer within five probes of
-that member (a few probe rounds)."""
+direct probes' to it, the first probe not counted. Routes want the path's
+delay, and every excess is noise on it: the first probe to a member also
+opens the connection (CURVE's handshake, three round trips more), a lost
+packet waits for TCP's retransmission, a busy event loop answers late.
+Measured in the WAN lab, 40 ms apart under load, single samples ran from 57
+to 390 ms. The least of five is 40-odd ms there, and follows a path that
+got longer within five probes of that member (a few probe rounds)."""
 
 
 class _Probe:

@@ -344,8 +344,8 @@ def _unobserved_step_s(node: ServingNode, ceiling_layers_per_s: float) -> float:
     step = 1.0 / max(claimed, MIN_DECODE_TOKENS_PER_S)
     if node.decode_tokens_per_s <= 0 or math.isinf(ceiling_layers_per_s):
         return step
-    hopeful = NEWCOMER_SPEEDUP * ceiling_layers_per_s / CLAIM_CEILING_FACTOR / layers
-    return min(step, 1.0 / hopeful)
+    fastest_layers_per_s = ceiling_layers_per_s / CLAIM_CEILING_FACTOR
+    return min(step, layers / (NEWCOMER_SPEEDUP * fastest_layers_per_s))
 
 
 def _network_cost_s(

@@ -227,7 +227,7 @@ class ChatRequest:
 
     def encode(self, tokenizer: ModelTokenizer) -> list[int]:
         tools = self.tools.functions if self.tools is not None and self.tools.offered else None
-        forced = self.tools is not None and forced_call_schema(self.tools) is not None
+        forced = self.tools is not None and self.tools.forces
         return tokenizer.encode_chat(self.messages, tools, forced=forced)
 
 

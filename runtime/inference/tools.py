@@ -72,6 +72,11 @@ class Tools:
         """Whether the model is told about the tools (not `tool_choice: none`)."""
         return bool(self.functions) and self.choice != "none"
 
+    @property
+    def forces(self) -> bool:
+        """Whether the answer must be a call (`"required"` or a named function)."""
+        return self.choice == "required" or isinstance(self.choice, dict)
+
 
 def parse_tools(body: Mapping[str, Any]) -> Tools | None:
     """The request's `tools` and `tool_choice`, or None when it has no tools."""
@@ -145,7 +150,7 @@ def forced_call_schema(tools: Tools) -> dict[str, Any] | None:
     """The JSON schema of the call `tool_choice` forces: any offered function
     ("required") or the named one, as `{"name", "arguments"}` (the form
     `parse_tool_calls` reads); None when the model chooses ("auto", "none")."""
-    if not isinstance(tools.choice, dict) and tools.choice != "required":
+    if not tools.forces:
         return None
     functions = [tool["function"] for tool in tools.functions]
     if isinstance(tools.choice, dict):
