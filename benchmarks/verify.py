@@ -269,6 +269,10 @@ class StaticSwarm:
             return None
         return NodeRecord(addresses=Addresses(found.address, found.address), started_at=0.0)
 
+    def dial_addresses(self, node: bytes) -> Addresses | None:
+        record = self.record(node)
+        return None if record is None else record.addresses
+
 
 # --- requests and checks -----------------------------------------------------------
 

@@ -13,8 +13,8 @@ More: docs/design/wire.md#node-records.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal, get_args
 
@@ -76,6 +76,11 @@ bounding it keeps per-layer arrays (replica counts) small."""
 MAX_ADDRESS_CHARS = 300
 """An endpoint is a scheme, a host and a port: DNS names stop at 253
 characters, plus `tcp://` and `:65535`."""
+
+MAX_RELAYED = 4
+"""Relays a record names a node reached through (`Addresses.relayed`): a
+node behind NAT holds two (`mesh.relay.RELAYS_WANTED`); four leaves room
+for a third while one is being replaced."""
 
 MAX_DEVICE_CHARS = 64
 """Device descriptors are short (`cuda:0`, `mps`, `cpu`, `gpu`)."""
@@ -172,16 +177,37 @@ def _address(value: object, name: str) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class RelayedAt:
+    """One relay a node behind NAT holds a reservation at: the relay's node
+    id (hex) and the ports it opened for the node's planes and API."""
+
+    via: str
+    control: str
+    data: str
+    api: str
+
+    @_as_record_error
+    def __post_init__(self) -> None:
+        hex_text(self.via, "addresses.relayed.via", min_chars=64, max_chars=64)
+        for name in ("control", "data", "api"):
+            _address(getattr(self, name), f"addresses.relayed.{name}")
+
+
+@dataclass(frozen=True, slots=True)
 class Addresses:
     """Where to reach the node: control plane (gossip, Raft), data plane
     (activations), if it serves one, the HTTP API, and, if it relays for
     nodes behind NAT, where they reserve (`mesh.relay`). A node reached
-    through a relay advertises the relay's ports as `control` and `data`."""
+    through relays advertises the first one's ports as `control`, `data`
+    and `api`, and names every relay it holds in `relayed`, the advertised
+    one first, so a dialer can go through another when that one is down
+    (`dial_addresses`)."""
 
     control: str
     data: str
     api: str | None = None
     relay: str | None = None
+    relayed: tuple[RelayedAt, ...] = ()
 
     @_as_record_error
     def __post_init__(self) -> None:
@@ -190,6 +216,27 @@ class Addresses:
         for name in ("api", "relay"):
             if getattr(self, name) is not None:
                 _address(getattr(self, name), f"addresses.{name}")
+        if not isinstance(self.relayed, tuple) or not all(
+            isinstance(at, RelayedAt) for at in self.relayed
+        ):
+            raise FieldError("addresses.relayed must be a list of relays")
+        if len(self.relayed) > MAX_RELAYED:
+            raise FieldError(f"addresses.relayed names more than {MAX_RELAYED} relays")
+
+
+def dial_addresses(addresses: Addresses, is_down: Callable[[str], bool]) -> Addresses:
+    """Where to dial a node: as advertised, unless the relay its addresses
+    go through is down (`is_down(relay id hex)`, the dialer's own view)
+    and another relay it holds is not; then through that one. The node
+    itself moves its advertised addresses when it loses a relay, but that
+    news takes a gossip round to arrive, and a relay whose host vanished
+    is only noticed by the node after `mesh.relay.SILENT_S`."""
+    if not addresses.relayed or not is_down(addresses.relayed[0].via):
+        return addresses
+    other = next((at for at in addresses.relayed[1:] if not is_down(at.via)), None)
+    if other is None:
+        return addresses
+    return replace(addresses, control=other.control, data=other.data, api=other.api)
 
 
 @dataclass(frozen=True, slots=True)
@@ -434,12 +481,7 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
     assignment = record.assignment
     capability = record.capability
     return {
-        "addresses": {
-            "control": addresses.control,
-            "data": addresses.data,
-            "api": addresses.api,
-            "relay": addresses.relay,
-        },
+        "addresses": _addresses_map(addresses),
         "backend": None
         if backend is None
         else {"kind": backend.kind, "device": backend.device, "memory_bytes": backend.memory_bytes},
@@ -484,6 +526,24 @@ def _record_map(record: NodeRecord) -> dict[str, Any]:
             "changed": [list(pair) for pair in record.ledger.changed],
         },
     }
+
+
+def _addresses_map(addresses: Addresses) -> dict[str, Any]:
+    """`relayed` only when the node is reached through relays, so a direct
+    node's record encodes as it did before the field."""
+    plain = {
+        "control": addresses.control,
+        "data": addresses.data,
+        "api": addresses.api,
+        "relay": addresses.relay,
+    }
+    if not addresses.relayed:
+        return plain
+    relayed = [
+        {"via": at.via, "control": at.control, "data": at.data, "api": at.api}
+        for at in addresses.relayed
+    ]
+    return {**plain, "relayed": relayed}
 
 
 def _with_rtts(view: dict[str, Any], record: NodeRecord) -> dict[str, Any]:
@@ -563,11 +623,26 @@ def _submap(value: Any, name: str) -> dict[str, Any]:
 
 def _decode_addresses(value: Any) -> Addresses:
     obj = _submap(value, "addresses")
+    relayed = obj.get("relayed", [])
+    if not isinstance(relayed, list) or len(relayed) > MAX_RELAYED:
+        raise _bad(f"addresses.relayed must be a list of at most {MAX_RELAYED} relays")
     return Addresses(
         control=_field(obj, "control", "addresses."),
         data=_field(obj, "data", "addresses."),
         api=_field(obj, "api", "addresses.", nullable=True),
         relay=_field(obj, "relay", "addresses.", nullable=True),
+        relayed=tuple(_decode_relayed(at) for at in relayed),
+    )
+
+
+def _decode_relayed(value: Any) -> RelayedAt:
+    obj = _submap(value, "addresses.relayed[]")
+    where = "addresses.relayed[]."
+    return RelayedAt(
+        via=_field(obj, "via", where),
+        control=_field(obj, "control", where),
+        data=_field(obj, "data", where),
+        api=_field(obj, "api", where),
     )
 
 

@@ -3,8 +3,8 @@
 A relay splices TCP byte streams and never speaks ZeroMQ: the two peers'
 ZMTP/CURVE session runs end to end through it, so it cannot read or alter
 what they say. A node behind NAT holds a *reservation* (an outbound control
-connection, signed with its key); the relay opens two public ports for it
-(control and data plane), and when someone dials one it tells the node over
+connection, signed with its key); the relay opens three public ports for it
+(control plane, data plane, HTTP API), and when someone dials one it tells the node over
 that connection, the node dials the relay again (outbound, so its NAT lets
 it) and the relay joins the two streams. This module holds what decides:
 the line protocol (`parse_line`), the relay's bookkeeping and limits
@@ -22,8 +22,11 @@ from typing import Final, Literal
 
 from mesh.identity import NODE_ID_BYTES
 
-Plane = Literal["control", "data"]
-PLANES: Final[tuple[Plane, ...]] = ("control", "data")
+Plane = Literal["control", "data", "api"]
+PLANES: Final[tuple[Plane, ...]] = ("control", "data", "api")
+"""What a relay opens a public port for: the two ZeroMQ planes (CURVE end to
+end) and the HTTP API (manifests, model files, the tokenizer an entry
+fetches, calls passed to a leader; plain HTTP as it is when direct)."""
 
 # --- limits -----------------------------------------------------------------
 
@@ -34,13 +37,14 @@ LINE_TIMEOUT_S: Final = 5.0
 """A new connection must send its line within this: two RTTs at 300 ms and
 a busy interpreter fit many times; a slowloris holding sockets does not."""
 MAX_RESERVATIONS: Final = 16
-"""Nodes one relay serves at once: each costs two listening ports and a
+"""Nodes one relay serves at once: each costs three listening ports and a
 connection. A swarm needs few relays per NAT'd node (two), so 16 per relay
 covers a swarm where most nodes sit behind NAT and a few relay."""
 MAX_SESSIONS: Final = 64
 """Spliced connections at once, all reservations together: a node's peers
-keep one connection per plane each, so 64 is a few NAT'd nodes each talking
-to a dozen peers; beyond it a dial is refused (and the dialer retries)."""
+keep one connection per ZeroMQ plane each (HTTP calls are short), so 64 is
+a few NAT'd nodes each talking to a dozen peers; beyond it a dial is
+refused (and the dialer retries)."""
 MAX_PENDING: Final = 8
 """Dials waiting for their node to connect back, per reservation: a dial
 burst from many peers at once is bounded, the rest refused."""
@@ -131,7 +135,7 @@ def parse_line(raw: bytes) -> Line:
     if verb in _HEX_FIELDS:
         return Line(verb, _hex_fields(parts, _HEX_FIELDS[verb]))
     if verb == "RESERVED":
-        return Line(verb, tuple(_port(p) for p in _exactly(parts, 2)))
+        return Line(verb, tuple(_port(p) for p in _exactly(parts, len(PLANES))))
     if verb == "CONNECT":
         token, plane = _exactly(parts, 2)
         if plane not in PLANES:
@@ -273,11 +277,13 @@ class TokenBucket:
 
 @dataclass(frozen=True, slots=True)
 class Held:
-    """A reservation a node holds: the relay and the addresses it gave."""
+    """A reservation a node holds: the relay and the addresses it gave
+    (`tcp://` for the planes, `http://` for the API)."""
 
     relay: bytes
     control: str
     data: str
+    api: str
 
 
 @dataclass(slots=True)

@@ -1000,7 +1000,7 @@ class ChatService:
                 observed_prefill_s_per_token=prefill_s.get(hop.node_id),
                 observed_step_s=step_s.get(hop.node_id),
             ).slowed(slowed.get(hop.node_id, 1.0))
-            address = record.addresses.data
+            address = (self.swarm.dial_addresses(hop.node_id) or record.addresses).data
             chain.append(ChainHop(node_id_text(hop.node_id), address, hop.layers, pace))
         return chain
 

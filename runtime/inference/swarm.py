@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from mesh.coverage import CoverageMap
-from mesh.records import NodeRecord
+from mesh.records import Addresses, NodeRecord
 
 
 class SwarmReader(Protocol):
@@ -23,3 +23,6 @@ class SwarmReader(Protocol):
     def node_id(self) -> bytes: ...
     def coverage(self) -> CoverageMap: ...
     def record(self, node: bytes) -> NodeRecord | None: ...
+    def dial_addresses(self, node: bytes) -> Addresses | None:
+        """Where to send to `node`: its record's addresses, or another
+        relay's it holds when the advertised relay is down."""

@@ -133,6 +133,7 @@ class Node:
             notice=self.raft.notice,
             reach=lambda: self.reachability.reach,
             rtts=self.membership.core.rtts,
+            relayed=lambda: self.relays.relayed(),
         )
         self.placement = Placement(
             raft=self.raft,

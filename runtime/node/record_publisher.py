@@ -89,6 +89,7 @@ class RecordPublisher:
         notice: Callable[[], records.LedgerNotice | None],
         reach: Callable[[], records.Reach] = lambda: "unknown",
         rtts: Callable[[], Mapping[bytes, float]] = dict,
+        relayed: Callable[[], tuple[records.RelayedAt, ...]] = tuple,
     ) -> None:
         """`publish` gossips an encoded record body (the membership driver
         signs it); `spare` is whether placement may give this node a shard
@@ -96,7 +97,8 @@ class RecordPublisher:
         node pinned by its operator has no spare slot); `notice` is the Raft
         driver's ledger notice (None unless this node leads); `reach` how
         peers reach this node (`runtime.node.reachability_driver`); `rtts`
-        the round trips membership measured (`Membership.rtts`)."""
+        the round trips membership measured (`Membership.rtts`); `relayed`
+        the relays this node is reached through (`runtime.node.relays`)."""
         self._publish = publish
         self._addresses = addresses
         self._started_at = started_at
@@ -107,6 +109,7 @@ class RecordPublisher:
         self._notice_of = notice
         self._reach = reach
         self._rtts = rtts
+        self._relayed = relayed
         self.published_rtts: dict[str, int] = {}
         self.rtts_published_at = -RTT_PUBLISH_S  # time.monotonic() of the last publish
         self.draining = False
@@ -119,7 +122,7 @@ class RecordPublisher:
         """The record as the node stands now."""
         admission = self._slot.admission
         return records.NodeRecord(
-            addresses=records.Addresses(**self._addresses()),
+            addresses=records.Addresses(**self._addresses(), relayed=self._relayed()),
             started_at=self._started_at,
             backend=self._slot.backend,
             assignment=admission.assignment() if admission else None,

@@ -1,14 +1,15 @@
 """A node behind NAT holding a relay reservation, as a trio task.
 
 `hold_reservation` connects out to a relay's reservation port, signs the
-relay's nonce with the node's key (`RESERVE`), hears the two public ports
-it got (`RESERVED`), and then keeps the reservation alive with pings. Each
-`CONNECT` the relay sends means someone dialed one of those ports: the
-node dials the relay again (outbound: its NAT lets that through), says
-`ACCEPT token`, connects to its own plane on this machine (the address the
-plane is bound to) and splices the two, so libzmq sees an ordinary inbound
-TCP connection and runs CURVE with the remote peer end to end. Which relays
-to hold is `mesh.relay.RelaySet`'s choice (`runtime/node/relays.py`).
+relay's nonce with the node's key (`RESERVE`), hears the public ports it
+got (`RESERVED`: control plane, data plane, HTTP API), and then keeps the
+reservation alive with pings. Each `CONNECT` the relay sends means someone
+dialed one of those ports: the node dials the relay again (outbound: its
+NAT lets that through), says `ACCEPT token`, connects to its own plane on
+this machine (the address the plane is bound to) and splices the two, so
+libzmq sees an ordinary inbound TCP connection and runs CURVE with the
+remote peer end to end. Which relays to hold is `mesh.relay.RelaySet`'s
+choice (`runtime/node/relays.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from mesh.identity import Signer
 from mesh.relay import (
     KEEPALIVE_S,
     LINE_TIMEOUT_S,
+    PLANES,
     SILENT_S,
     LineError,
     Plane,
@@ -67,12 +69,12 @@ async def hold_reservation(
     signer: Signer,
     relay: str,
     local: Mapping[Plane, HostPort],
-    on_reserved: Callable[[str, str], None],
+    on_reserved: Callable[[dict[Plane, HostPort]], None],
     counters: Counter[str],
 ) -> None:
     """Reserve at `relay` (`tcp://H:P`) and serve its dials to the planes
-    bound at `local` until the reservation ends; `on_reserved(control,
-    data)` hears the relayed addresses. Returns or raises (`RelayRefused`,
+    bound at `local` until the reservation ends; `on_reserved(ports)`
+    hears where each plane is reached at the relay. Returns or raises (`RelayRefused`,
     a stream error, `trio.TooSlowError`) when the reservation is over."""
     at = parse_hostport(relay)
     stream, reader, nonce = await _connect(at)
@@ -85,8 +87,12 @@ async def hold_reservation(
             raise RelayRefused(exc.reason) from None
         if answer.verb != "RESERVED":
             raise RelayRefused(" ".join(str(f) for f in answer.fields) or answer.verb)
-        control, data = (HostPort(at.host, int(port)).zmq() for port in answer.fields)
-        on_reserved(control, data)
+        on_reserved(
+            {
+                plane: HostPort(at.host, int(port))
+                for plane, port in zip(PLANES, answer.fields, strict=True)
+            }
+        )
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_ping, stream)
             await _serve(reader, at, local, nursery, counters)
@@ -117,7 +123,10 @@ async def _serve(
             return
         if line.verb == "CONNECT":
             token, plane = line.fields
-            assert isinstance(token, bytes) and plane in local
+            assert isinstance(token, bytes) and isinstance(plane, str)
+            if plane not in local:
+                counters["relay_plane_not_offered"] += 1  # the relay times the dial out
+                continue
             nursery.start_soon(_accept, at, token, local[plane], counters)  # type: ignore[index]
         elif line.verb != "PONG":
             counters["relay_garbage"] += 1

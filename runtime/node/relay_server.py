@@ -2,13 +2,14 @@
 
 A reachable node runs one (unless `--no-relay`). A node behind NAT connects
 to its reservation port, answers the `HELLO` nonce with a signed `RESERVE`,
-and gets two public ports (`RESERVED`), one per plane. A dial on either
-port is told to the node (`CONNECT` with a fresh token) on the reservation;
-the node dials the reservation port again with `ACCEPT token`, and the two
-streams are spliced byte for byte under the relay's `TokenBucket`. The relay
-never parses what it forwards (ZMTP with CURVE, end to end): it cannot read
-or alter it. Decisions and limits are `mesh.relay.RelayBook`'s; every bad
-input is refused with a counted reason and the server keeps running.
+and gets three public ports (`RESERVED`), one per plane (control, data,
+HTTP API). A dial on any of them is told to the node (`CONNECT` with a
+fresh token) on the reservation; the node dials the reservation port again
+with `ACCEPT token`, and the two streams are spliced byte for byte under
+the relay's `TokenBucket`. The relay never parses what it forwards (ZMTP
+with CURVE, end to end): it cannot read or alter it. Decisions and limits
+are `mesh.relay.RelayBook`'s; every bad input is refused with a counted
+reason and the server keeps running.
 """
 
 from __future__ import annotations
@@ -224,7 +225,7 @@ class RelayServer:
         try:
             with _quiet():
                 await reservation.stream.send_all(
-                    encode_line("RESERVED", ports["control"], ports["data"])
+                    encode_line("RESERVED", *(ports[plane] for plane in PLANES))
                 )
                 log.info("relay: ports %s for %s", ports, node_id_text(node)[:16])
                 while parse_line(await reader.line(SILENT_S)).verb == "PING":

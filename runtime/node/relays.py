@@ -6,9 +6,12 @@ and names it in its record (`addresses.relay`). A node the reachability
 check found behind NAT picks relays (`mesh.relay.RelaySet`: its join seeds
 first, then reachable members that offer one), holds a reservation with
 each (`runtime.node.relay_client`), and advertises the first one's ports as
-its control and data addresses: membership gossips a new Alive, the record
-is re-signed with `reach` "relayed", and replies come to the relayed data
-address. When that relay goes, the next one's ports are advertised.
+its control, data and API addresses (the API only when it listens beyond
+loopback: the relay must not publish what the operator kept local), and
+every relay it holds in the record's `addresses.relayed`: membership
+gossips a new Alive, the record is re-signed with `reach` "relayed", and
+replies come to the relayed data address. When that relay goes, the next
+one's ports are advertised.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import logging
 from collections import Counter
 from typing import Any, Final, Protocol
+from urllib.parse import urlsplit
 
 import trio
 
 from mesh.identity import Identity, node_id_text
+from mesh.records import RelayedAt
 from mesh.relay import RELAY_PORT_OFFSET, Held, Plane, RelaySet
 from mesh.transport import Plane as ZmqPlane
 from runtime.inference.dispatch import Engine
@@ -51,12 +56,26 @@ class RelayedNode(Protocol):
     def republish(self) -> None: ...
 
 
+LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "::1", "localhost"})
+
+
 def _local(address: str) -> HostPort:
     """Where this machine reaches a plane bound at `address`."""
     bound = parse_hostport(address)
     if bound.host in WILDCARD_HOSTS:
         return HostPort("::1" if ":" in bound.host else "127.0.0.1", bound.port)
     return bound
+
+
+def relayed_api(bind: HostPort, url: str) -> HostPort | None:
+    """Where the relay splices API dials to: the HTTP server bound at
+    `bind` (its port from `url`, the advertised URL), unless it listens on
+    loopback only, which the operator meant to keep off the network."""
+    if bind.host in LOOPBACK_HOSTS:
+        return None
+    port = urlsplit(url).port
+    assert port is not None, "the API's URL names its bound port"
+    return _local(HostPort(bind.host, port).zmq())
 
 
 class NodeRelays:
@@ -68,11 +87,13 @@ class NodeRelays:
             "control": _local(control.address),
             "data": _local(data.address),
         }
-        self._direct = (node.membership.address, node.options.advertised(data.address))
-        self._advertised = self._direct
+        self._data_bound = data.address
+        self._direct: dict[str, str] = {}
+        self._advertised: dict[str, str] = {}
         self.server: RelayServer | None = None
         self.held = RelaySet()
         self._relay_of: dict[bytes, str] = {}
+        self._published: tuple[RelayedAt, ...] = ()
         self.counters: Counter[str] = Counter()
 
     async def start(self, nursery: trio.Nursery, api: str) -> dict[str, str]:
@@ -83,9 +104,14 @@ class NodeRelays:
             port = options.relay_port or self._local["control"].port + RELAY_PORT_OFFSET
             self.server = await self._bind(nursery, options.listen.host, port)
             log.info("relay: nodes behind NAT reserve at port %d", self.server.port)
+        api_local = relayed_api(options.api_bind, api)
+        if api_local is not None:
+            self._local["api"] = api_local
         nursery.start_soon(self._choose_relays)
-        control, data = self._direct
-        return {"control": control, "data": data, "api": api, **self.offered_relay()}
+        data = options.advertised(self._data_bound)
+        self._direct = {"control": self._node.membership.address, "data": data, "api": api}
+        self._advertised = dict(self._direct)
+        return {**self._direct, **self.offered_relay()}
 
     async def _bind(self, nursery: trio.Nursery, host: str, port: int) -> RelayServer:
         try:
@@ -109,7 +135,12 @@ class NodeRelays:
         return {
             "offered": None if self.server is None else self.server.status(),
             "held": [
-                {"relay": self._relay_of.get(h.relay), "control": h.control, "data": h.data}
+                {
+                    "relay": self._relay_of.get(h.relay),
+                    "control": h.control,
+                    "data": h.data,
+                    "api": h.api,
+                }
                 for h in self.held.held
             ],
             "counters": dict(self.counters),
@@ -151,10 +182,11 @@ class NodeRelays:
                 await trio.sleep(TICK_S)
 
     async def _hold(self, relay: bytes, address: str) -> None:
-        def reserved(control: str, data: str) -> None:
-            self.held.reserved(Held(relay, control, data))
+        def reserved(ports: dict[Plane, HostPort]) -> None:
+            held = Held(relay, ports["control"].zmq(), ports["data"].zmq(), ports["api"].http())
+            self.held.reserved(held)
             self.counters["reserved"] += 1
-            log.info("relay: reserved at %s: control %s, data %s", address, control, data)
+            log.info("relay: reserved at %s: %s", address, held)
             self._advertise()
 
         try:
@@ -169,17 +201,32 @@ class NodeRelays:
             self.held.lost(relay, trio.current_time())
             self._advertise()
 
+    def relayed(self) -> tuple[RelayedAt, ...]:
+        """The record's `addresses.relayed`: every relay held, the
+        advertised one first."""
+        return tuple(
+            RelayedAt(node_id_text(h.relay), h.control, h.data, self._api_of(h))
+            for h in self.held.held
+        )
+
+    def _api_of(self, held: Held) -> str:
+        """The API address to advertise with `held`: its port if the relay
+        splices to our API, else the API as it is (loopback only)."""
+        return held.api if "api" in self._local else self._direct["api"]
+
     def _advertise(self) -> None:
         """Advertise the first held relay's ports (else our own addresses)."""
         first = self.held.advertised
-        wanted = self._direct if first is None else (first.control, first.data)
-        if wanted == self._advertised:
+        wanted = dict(self._direct)
+        if first is not None:
+            wanted.update(control=first.control, data=first.data, api=self._api_of(first))
+        if wanted == self._advertised and self.relayed() == self._published:
             return
-        self._advertised = control, data = wanted
+        self._advertised, self._published = wanted, self.relayed()
         node = self._node
-        node.addresses.update(control=control, data=data)
-        node.engine.pipeline.reply_address = data
+        node.addresses.update(wanted)
+        node.engine.pipeline.reply_address = wanted["data"]
         node.reachability.relay = None if first is None else self._relay_of.get(first.relay)
-        log.info("reached at control %s, data %s (%s)", control, data, node.reachability.reach)
+        log.info("reached at %s (%s)", wanted, node.reachability.reach)
         node.republish()  # the record first: the move tells every member of both at once
-        node.membership.set_address(control)
+        node.membership.set_address(wanted["control"])

@@ -306,10 +306,10 @@ def _checking_chain(
         if not pool:
             return None
         chosen = pool[secrets.randbelow(len(pool))]
-        record = swarm.record(chosen.node_id)
-        if record is None:
+        addresses = swarm.dial_addresses(chosen.node_id)
+        if addresses is None:
             return None
-        chain.append(ChainHop(node_id_text(chosen.node_id), record.addresses.data, span))
+        chain.append(ChainHop(node_id_text(chosen.node_id), addresses.data, span))
         independent.append(bool(others))
         recipes.append(chosen.recipe)
     return _Checking(chain, independent, recipes)

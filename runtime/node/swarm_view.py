@@ -24,7 +24,7 @@ from mesh.coverage import CoverageMap, build_coverage
 from mesh.identity import node_id_text
 from mesh.member_table import LIVE_STATES
 from mesh.membership import MemberView
-from mesh.records import NodeRecord, Record
+from mesh.records import Addresses, NodeRecord, Record, dial_addresses
 from runtime.node.membership_driver import MembershipDriver
 
 
@@ -73,10 +73,24 @@ class SwarmView:
         view = self._membership.member(node)
         return None if view is None else str(view.state)
 
-    def member_api(self, node: bytes) -> str | None:
-        """The HTTP API address `node` advertises in its record, if known."""
+    def dial_addresses(self, node: bytes) -> Addresses | None:
+        """Where to dial `node`: its record's addresses, through another
+        relay it holds when the one it advertises is not alive in this
+        node's view (`mesh.records.dial_addresses`)."""
         record = self.record(node)
-        return None if record is None else record.addresses.api
+        if record is None:
+            return None
+
+        def is_down(relay: str) -> bool:
+            state = self.member_state(bytes.fromhex(relay))
+            return state is not None and state != "alive"
+
+        return dial_addresses(record.addresses, is_down)
+
+    def member_api(self, node: bytes) -> str | None:
+        """The HTTP API address to reach `node` at (`dial_addresses`), if known."""
+        addresses = self.dial_addresses(node)
+        return None if addresses is None else addresses.api
 
     def _live_records(self) -> list[tuple[MemberView, NodeRecord]]:
         return [

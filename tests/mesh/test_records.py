@@ -20,6 +20,7 @@ from mesh.records import (
     MAX_MODEL_NAME_CHARS,
     MAX_MODELS,
     MAX_RECORD_BODY_BYTES,
+    MAX_RELAYED,
     MAX_RTT_PEERS,
     MAX_RTT_US,
     Addresses,
@@ -29,8 +30,10 @@ from mesh.records import (
     LedgerNotice,
     NodeRecord,
     RecordError,
+    RelayedAt,
     check_record,
     decode_record_body,
+    dial_addresses,
     encode_record_body,
     record_to_json,
     sign_record,
@@ -57,11 +60,19 @@ counters = st.integers(0, 2**63 - 1)
 recipes = st.sampled_from(["fp32", "bf16", "fp16", "q8", "q4"])
 kinds = st.sampled_from(["torch", "mlx"])
 endpoints = st.text(st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=40)
+relayed_at = st.builds(
+    RelayedAt,
+    via=st.sampled_from(["ab" * 32, "cd" * 32]),
+    control=endpoints,
+    data=endpoints,
+    api=endpoints,
+)
 addresses = st.builds(
     Addresses,
     control=endpoints,
     data=endpoints,
     api=st.none() | endpoints,
+    relayed=st.lists(relayed_at, max_size=MAX_RELAYED).map(tuple),
 )
 backends = st.builds(
     BackendInfo, kind=kinds, device=st.text(min_size=1, max_size=16), memory_bytes=counters
@@ -259,6 +270,35 @@ def test_round_trips_are_published_by_id_and_absent_from_records_without_them() 
     assert record_to_json(measured)["rtt_us"] == {"ab" * 32: 40_000}
 
 
+RELAY_B, RELAY_E = "b" * 64, "e" * 64
+HOME = Addresses(
+    "tcp://b:1",
+    "tcp://b:2",
+    "http://b:3",
+    relayed=(
+        RelayedAt(RELAY_B, "tcp://b:1", "tcp://b:2", "http://b:3"),
+        RelayedAt(RELAY_E, "tcp://e:1", "tcp://e:2", "http://e:3"),
+    ),
+)
+"""A home node advertising relay b's ports, holding e's too."""
+
+
+def test_the_relays_a_node_holds_ride_in_its_record_and_a_direct_node_has_none() -> None:
+    assert "relayed" not in raw_map(sample_record())["addresses"]
+    record = sample_record(addresses=HOME, reach="relayed")
+    assert decode_record_body(encode_record_body(record)).addresses == HOME
+    assert record_to_json(record)["addresses"]["relayed"][1]["via"] == RELAY_E
+
+
+def test_a_dialer_goes_through_the_other_relay_when_the_advertised_one_is_down() -> None:
+    assert dial_addresses(HOME, lambda relay: False) == HOME
+    moved = dial_addresses(HOME, lambda relay: relay == RELAY_B)
+    assert (moved.control, moved.data, moved.api) == ("tcp://e:1", "tcp://e:2", "http://e:3")
+    assert dial_addresses(HOME, lambda relay: True) == HOME, "both down: as advertised"
+    direct = Addresses("tcp://a:1", "tcp://a:2")
+    assert dial_addresses(direct, lambda relay: True) == direct
+
+
 def test_oversized_body() -> None:
     body = cbor2.dumps({**raw_map(), "padding": "x" * MAX_RECORD_BODY_BYTES})
     assert len(body) > MAX_RECORD_BODY_BYTES
@@ -350,6 +390,14 @@ def _with(path: tuple[str, ...], value: Any) -> dict[str, Any]:
         (("addresses", "data"), 7001),
         (("addresses", "api"), "tcp://h\u00e9:1"),
         (("addresses", "control"), "tcp://h:1\n"),
+        (("addresses", "relayed"), "tcp://x:1"),
+        (("addresses", "relayed"), [{"via": "zz", "control": "c", "data": "d", "api": "a"}]),
+        (("addresses", "relayed"), [{"via": "ab" * 32, "control": "c", "data": "d"}]),
+        (("addresses", "relayed"), [["ab" * 32, "c", "d", "a"]]),
+        (
+            ("addresses", "relayed"),
+            [{"via": "ab" * 32, "control": "c", "data": "d", "api": "a"}] * (MAX_RELAYED + 1),
+        ),
         (("backend", "kind"), "cuda"),
         (("backend", "memory_bytes"), -1),
         (("backend", "memory_bytes"), True),

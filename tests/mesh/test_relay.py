@@ -33,7 +33,8 @@ def line(verb: str, *fields: bytes | int | str) -> bytes:
 def test_every_line_round_trips() -> None:
     assert parse_line(line("HELLO", bytes(16))).fields == (bytes(16),)
     assert parse_line(line("RESERVE", NODE, bytes(64))).fields == (NODE, bytes(64))
-    assert parse_line(line("RESERVED", 7001, 7002)).fields == (7001, 7002)
+    assert parse_line(line("RESERVED", 7001, 7002, 7003)).fields == (7001, 7002, 7003)
+    assert parse_line(line("CONNECT", bytes(16), "api")).fields == (bytes(16), "api")
     assert parse_line(line("CONNECT", bytes(16), "data")).fields == (bytes(16), "data")
     assert parse_line(line("ACCEPT", bytes(16))).verb == "ACCEPT"
     assert parse_line(line("PING")).verb == "PING"
@@ -47,9 +48,10 @@ def test_every_line_round_trips() -> None:
         (b"HELLO", "garbage"),
         (b"HELLO zz", "garbage"),
         (b"HELLO " + b"00" * 15, "garbage"),
-        (b"RESERVED 0 7002", "garbage"),
-        (b"RESERVED 7001 99999", "garbage"),
-        (b"CONNECT " + b"00" * 16 + b" api", "garbage"),
+        (b"RESERVED 0 7002 7003", "garbage"),
+        (b"RESERVED 7001 99999 7003", "garbage"),
+        (b"RESERVED 7001 7002", "garbage"),
+        (b"CONNECT " + b"00" * 16 + b" raft", "garbage"),
         (b"PING extra", "garbage"),
         (b"LAUNCH", "garbage"),
         (b"A" * (MAX_LINE_BYTES + 1), "oversized"),
@@ -121,9 +123,9 @@ def test_a_node_holds_two_relays_seeds_first_and_replaces_a_lost_one_later() -> 
     offered = {b"seed": "tcp://s:7101", b"m1": "tcp://m1:7101", b"m2": "tcp://m2:7101"}
     assert relays.to_try(offered, 0.0) == [(b"seed", "tcp://s:7101"), (b"m1", "tcp://m1:7101")]
     assert relays.to_try(offered, 0.0) == [], "both being tried"
-    relays.reserved(Held(b"m1", "tcp://m1:1", "tcp://m1:2"))
-    relays.reserved(Held(b"seed", "tcp://s:1", "tcp://s:2"))
-    assert relays.advertised == Held(b"m1", "tcp://m1:1", "tcp://m1:2"), "the first made"
+    relays.reserved(Held(b"m1", "tcp://m1:1", "tcp://m1:2", "http://m1:3"))
+    relays.reserved(Held(b"seed", "tcp://s:1", "tcp://s:2", "http://s:3"))
+    assert relays.advertised == Held(b"m1", "tcp://m1:1", "tcp://m1:2", "http://m1:3")
     relays.lost(b"m1", 5.0)
     assert relays.advertised is not None and relays.advertised.relay == b"seed"
     assert relays.to_try(offered, 5.0) == [(b"m2", "tcp://m2:7101")], "not m1 again so soon"

@@ -11,8 +11,9 @@ only through relays), the text transformers' greedy `generate` gives in
 this process; a longer one still does when relay `b` is SIGKILLed after a
 few chunks (the home nodes move to `e`). A capture in each relay's
 namespace (`runtime.lab.capture`) shows that all it relayed was ZMTP with
-CURVE, no plaintext header in it. Root only: elsewhere it skips,
-saying why no lab can be built.
+CURVE, no plaintext header in it, or the home nodes' HTTP API: the entry
+holds no copy of the model and fetches its tokenizer through the relay.
+Root only: elsewhere it skips, saying why no lab can be built.
 """
 
 from __future__ import annotations
@@ -70,11 +71,12 @@ def model_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def node_args(site: str, model_dir: Path) -> list[str]:
-    """`a` is the entry: no relay (so the relay killed is not the entry) and
-    its own copy of the tokenizer (a home node's API is not relayed); `b`
-    and `e` relay; `c` and `d` serve."""
+    """`a` is the entry: no relay (so the relay killed is not the entry)
+    and no copy of the model: it fetches the tokenizer from the home nodes
+    that serve it, through their relayed APIs; `b` and `e` relay; `c` and
+    `d` serve."""
     if site == "a":
-        return ["--no-relay", "--models", str(model_dir.parent)]
+        return ["--no-relay"]
     if site in SPANS:
         return ["--model", str(model_dir), "--layers", SPANS[site]]
     return []
@@ -98,17 +100,21 @@ def own_record(document: dict[str, Any] | None) -> dict[str, Any]:
 
 
 def relayed_twice(home: list[LocalNode], lab: Lab) -> Callable[[Views], bool]:
-    """A check: each home node holds two relays, and its own record says
-    `relayed` at `b`'s ports (the first relay it reserved at: its seed)."""
+    """A check: each home node holds two relays, its own record says
+    `relayed` at `b`'s ports (the first relay it reserved at: its seed) for
+    both planes and its API, and names both relays, `b`'s first."""
+    at_b, at_e = f"//{lab.address('b')}:", f"//{lab.address('e')}:"
 
     def check(views: Views) -> bool:
         for node in home:
             document = views.get(node.name) or {}
             record = own_record(document)
-            control = (record.get("addresses") or {}).get("control", "")
-            if record.get("reach") != "relayed" or f"//{lab.address('b')}:" not in control:
+            addresses = record.get("addresses") or {}
+            planes = [addresses.get(plane) or "" for plane in ("control", "data", "api")]
+            if record.get("reach") != "relayed" or not all(at_b in p for p in planes):
                 return False
-            if len(document.get("relays", {}).get("held", [])) < 2:
+            relayed = [at["control"] for at in addresses.get("relayed", [])]
+            if len(relayed) < 2 or at_b not in relayed[0] or at_e not in relayed[1]:
                 return False
         return True
 
@@ -140,6 +146,8 @@ async def stream_killing(entry: LocalNode, victim: LocalNode, tokens: int) -> st
 ZMTP_CURVE_GREETING: Final = re.compile(rb"\xff.{8}\x7f\x03\x01CURVE\x00{15}", re.DOTALL)
 """ZMTP 3.1's greeting: signature, version, then the mechanism, CURVE."""
 RELAY_LINE: Final = re.compile(rb"(HELLO|RESERVE|RESERVED|ACCEPT|CONNECT|PING|PONG)( [0-9a-z]+)*\n")
+HTTP_START: Final = re.compile(rb"(GET|POST|HEAD) /[^ ]* HTTP/1\.1\r\n|HTTP/1\.1 \d{3} ")
+"""A relayed API flow: an HTTP/1.1 request line, or the response's status line."""
 PLAINTEXT: Final = (b"session", b"float32")
 """What any data-plane header says in the clear (its CBOR keys and dtype)."""
 
@@ -174,17 +182,22 @@ def relayed_flows(out: Path) -> dict[str, bytes]:
     return relayed
 
 
-def assert_only_curve(out: Path) -> int:
-    """Every relayed flow that carried anything opens with a ZMTP CURVE
-    greeting and shows no plaintext header; the number that did."""
-    spliced = 0
+def assert_curve_or_http(out: Path) -> tuple[int, int]:
+    """Every relayed flow that carried anything is either ZeroMQ (opens
+    with a ZMTP CURVE greeting and shows no plaintext header) or the HTTP
+    API (a request or response line: plain HTTP, as it is when direct);
+    how many of each."""
+    curve = http = 0
     for key, payload in relayed_flows(out).items():
         if not payload:
             continue  # a reservation: protocol lines only
+        if HTTP_START.match(payload):
+            http += 1
+            continue
         assert ZMTP_CURVE_GREETING.match(payload), f"{key} is not ZMTP/CURVE: {payload[:64]!r}"
         assert not any(word in payload for word in PLAINTEXT), f"{key} carries plaintext"
-        spliced += 1
-    return spliced
+        curve += 1
+    return curve, http
 
 
 async def test_home_nodes_behind_nat_serve_through_relays_and_survive_a_relay_killed(
@@ -231,9 +244,10 @@ async def test_home_nodes_behind_nat_serve_through_relays_and_survive_a_relay_ki
             for sniffer in sniffers:
                 sniffer.terminate()
                 sniffer.wait(10)
-            spliced = {site: assert_only_curve(out) for site, out in captures.items()}
-            print(f"relayed flows captured, all ZMTP/CURVE: {spliced}")
-            assert all(n > 0 for n in spliced.values())
+            spliced = {site: assert_curve_or_http(out) for site, out in captures.items()}
+            print(f"relayed flows captured (ZMTP/CURVE, HTTP): {spliced}")
+            assert all(curve > 0 for curve, _ in spliced.values())
+            assert spliced["b"][1] > 0, "the entry fetched the tokenizer through b"
         except BaseException:
             print_logs(nodes)
             for node, view in (await swarm.views([n for n in nodes if n.running])).items():

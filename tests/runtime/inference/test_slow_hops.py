@@ -208,6 +208,10 @@ class Swarm:
     def record(self, node: bytes) -> NodeRecord | None:
         return self.records.get(node)
 
+    def dial_addresses(self, node: bytes) -> Addresses | None:
+        record = self.records.get(node)
+        return None if record is None else record.addresses
+
     def member_state(self, node: bytes) -> str | None:
         return self.states.get(node)
 

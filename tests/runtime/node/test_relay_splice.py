@@ -1,21 +1,24 @@
 """A relay on real sockets, on loopback: a node "behind" it holds a
 reservation, a third party dials the relayed addresses with CURVE ZeroMQ
 and its messages arrive on the node's own planes with the third party's
-proved id; what the relay forwarded is ciphertext; a relay that dies ends
+proved id, and an HTTP client gets the node's API through the relayed API
+port; a relay that dies ends
 the reservation; bad input is refused, counted, and the relay keeps serving."""
 
 from __future__ import annotations
 
 import collections
 
+import httpx
 import trio
 
 from mesh.identity import Identity
-from mesh.relay import MAX_LINE_BYTES, Plane, encode_line
+from mesh.relay import MAX_LINE_BYTES, PLANES, Plane, encode_line
 from mesh.transport import open_planes
 from runtime.node.hostport import HostPort, parse_hostport
 from runtime.node.relay_client import RelayRefused, hold_reservation
 from runtime.node.relay_server import RelayServer
+from runtime.node.relays import relayed_api
 
 SECRET = b"only the two peers may read this " * 8
 TIMEOUT_S = 10.0
@@ -36,34 +39,53 @@ async def test_a_third_party_speaks_curve_zeromq_to_a_relayed_node_end_to_end() 
         ) as (their_control, their_data),
     ):
         port = await nursery.start(relay.run)
-        relayed: dict[str, str] = {}
+        relayed: dict[Plane, HostPort] = {}
         local: dict[Plane, HostPort] = {
             "control": parse_hostport(control.address),
             "data": parse_hostport(data.address),
+            "api": HostPort("127.0.0.1", await nursery.start(serve_api)),
         }
 
-        def reserved(c: str, d: str) -> None:
-            relayed.update(control=c, data=d)
-
         nursery.start_soon(
-            hold_reservation, behind, f"tcp://127.0.0.1:{port}", local, reserved, counters
+            hold_reservation, behind, f"tcp://127.0.0.1:{port}", local, relayed.update, counters
         )
         with trio.fail_after(TIMEOUT_S):
             while not relayed:
                 await trio.sleep(0.01)
-        assert relayed["control"] != control.address
+        assert relayed["control"].zmq() != control.address
         with trio.fail_after(TIMEOUT_S):
-            their_control.send(relayed["control"], [b"hello", SECRET], peer=behind.node_id)
+            their_control.send(relayed["control"].zmq(), [b"hello", SECRET], peer=behind.node_id)
             got = await control.receive()
-            their_data.send(relayed["data"], [SECRET], peer=behind.node_id)
+            their_data.send(relayed["data"].zmq(), [SECRET], peer=behind.node_id)
             got_data = await data.receive()
+            async with httpx.AsyncClient() as client:
+                answer = await client.get(relayed["api"].http() + "/v1/models")
         assert got.peer == dialer.node_id, "the id the CURVE handshake proved, through the relay"
         assert got.frames == [b"hello", SECRET]
         assert got_data.peer == dialer.node_id and got_data.frames[-1].endswith(SECRET)
+        assert answer.status_code == 200 and answer.text == "GET /v1/models"
         status = relay.status()
-        assert status["reservations"] == 1 and status["sessions"] == 2
+        assert status["reservations"] == 1 and status["sessions"] == 3
         assert status["forwarded_bytes"] > len(SECRET)
         nursery.cancel_scope.cancel()
+
+
+async def serve_api(*, task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """The node's API: an HTTP/1.1 server answering each request with its
+    own request line, on a free loopback port (`started(port)`)."""
+
+    async def answer(stream: trio.SocketStream) -> None:
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += await stream.receive_some(4096)
+        body = head.split(b"\r\n", 1)[0].rsplit(b" ", 1)[0]
+        reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\nConnection: close\r\n\r\n%s"
+        await stream.send_all(reply % (len(body), body))
+        await stream.aclose()
+
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    task_status.started(listeners[0].socket.getsockname()[1])
+    await trio.serve_listeners(answer, listeners)
 
 
 async def read_to_end(stream: trio.SocketStream) -> None:
@@ -78,7 +100,7 @@ async def read_to_end(stream: trio.SocketStream) -> None:
 
 def nowhere() -> dict[Plane, HostPort]:
     """Local planes for a reservation nobody dials."""
-    return {"control": HostPort("127.0.0.1", 1), "data": HostPort("127.0.0.1", 1)}
+    return {plane: HostPort("127.0.0.1", 1) for plane in PLANES}
 
 
 async def test_garbage_oversized_and_unknown_tokens_are_refused_and_counted() -> None:
@@ -112,7 +134,7 @@ async def test_garbage_oversized_and_unknown_tokens_are_refused_and_counted() ->
             identity,
             f"tcp://127.0.0.1:{port}",
             nowhere(),
-            lambda c, d: got.append(c),
+            lambda ports: got.append(ports["control"].zmq()),
             collections.Counter(),
         )
         with trio.fail_after(TIMEOUT_S):
@@ -132,7 +154,7 @@ async def test_a_full_relay_refuses_a_reservation_with_its_reason() -> None:
                     Identity.generate(),
                     f"tcp://127.0.0.1:{port}",
                     nowhere(),
-                    lambda c, d: None,
+                    lambda ports: None,
                     collections.Counter(),
                 )
         except RelayRefused as exc:
@@ -140,3 +162,11 @@ async def test_a_full_relay_refuses_a_reservation_with_its_reason() -> None:
         else:
             raise AssertionError("a full relay took a reservation")
         nursery.cancel_scope.cancel()
+
+
+def test_the_api_is_relayed_only_when_it_listens_beyond_loopback() -> None:
+    url = "http://10.77.3.2:41295"
+    assert relayed_api(HostPort("10.77.3.2", 0), url) == HostPort("10.77.3.2", 41295)
+    assert relayed_api(HostPort("0.0.0.0", 0), url) == HostPort("127.0.0.1", 41295)
+    for kept_local in ("127.0.0.1", "::1", "localhost"):
+        assert relayed_api(HostPort(kept_local, 0), url) is None
