@@ -435,6 +435,14 @@ class PacedShard:
         time.sleep(self.s_per_token * len(positions))
         return out
 
+    def forward_batch(
+        self, steps: Sequence[tuple[np.ndarray, np.ndarray, KVCache]]
+    ) -> list[np.ndarray]:
+        """The batch, then the sleep of its positions computed one by one."""
+        outs = self.shard.forward_batch(steps)
+        time.sleep(self.s_per_token * sum(len(positions) for _, positions, _ in steps))
+        return outs
+
     def info(self) -> dict[str, Any]:
         return {**self.shard.info(), "s_per_token": self.s_per_token}
 

@@ -10,11 +10,13 @@ Arrays cross the interface as NumPy arrays (float32 hidden states / logits,
 int64 token ids and positions) because that is what the wire codec, the
 doctor and the other backend all understand; the conversion is a copy of
 one activation row per decode step, which is noise beside a layer's matmuls.
-Batch size is 1: a session is one conversation.
+A session is one conversation; `forward_batch` runs several sessions' steps
+in one forward, each on its own cache.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -98,6 +100,25 @@ class ShardBackend(Protocol):
         [T, vocab_size] logits on the last shard, else [T, hidden_size].
         `cache` must come from this shard's `new_cache()`; any other handle
         is refused with BackendError.
+        """
+
+    def forward_batch(
+        self, steps: Sequence[tuple[np.ndarray, np.ndarray, KVCache]]
+    ) -> list[np.ndarray]:
+        """Run several sessions' steps as one batched forward.
+
+        Each step is what `forward` takes, (inputs, positions, cache), for
+        a different session: typically one decode token each, at different
+        positions, though any T >= 1 per row works (a row's padding is
+        dropped). All rows go through the layers together (the matmuls run
+        once for the batch); each row attends only to its own cache's keys
+        and its own new tokens, and its new keys are appended to its own
+        cache, so the caches stay independent and a session may take its
+        next step alone or in another batch. Returns per step, in order,
+        exactly what `forward` would (float32 [T_i, vocab_size] or
+        [T_i, hidden_size]), equal to it up to float rounding. Refused with
+        BackendError like `forward`, and when two steps share a cache; an
+        empty batch returns []. Design: docs/design/batching.md.
         """
 
     def info(self) -> dict[str, Any]:

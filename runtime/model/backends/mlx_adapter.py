@@ -29,6 +29,7 @@ from mlx_lm.models.switch_layers import SwitchLinear
 from runtime.model import architectures
 from runtime.model.architectures import FULL_ATTENTION, SLIDING_ATTENTION
 from runtime.model.backends.base import BackendError
+from runtime.model.backends.batching import BatchLayout
 from runtime.model.recipes import QUANT_GROUP_SIZE
 from runtime.model.weights import head_dim
 
@@ -213,6 +214,12 @@ class ShardModel(nn.Module):
         self.embed_scale = architectures.embedding_scale(config)
         self.softcap = architectures.final_logit_softcap(config)
         self.mask_array = family.mask_array
+        # Its attention masks scores grouped [B, kv_heads, repeats, T, K]
+        # (gemma2 with more query heads than key heads), so a per-row mask
+        # needs one more axis there.
+        self.grouped_scores = (
+            family.mask_array and args.num_attention_heads > args.num_key_value_heads
+        )
         if self.first:
             self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         block = getattr(family.module, family.block)
@@ -254,6 +261,51 @@ class ShardModel(nn.Module):
             if self.softcap is not None:
                 h = mx.tanh(h / self.softcap) * self.softcap
         return h
+
+    def batch_caches(self, sessions: list[list[Any]], rows: BatchLayout) -> list[BatchLayerCache]:
+        """Per local layer, the view of every session's cache for one
+        batched step of `rows` (session r's caches are `sessions[r]`)."""
+        return [
+            BatchLayerCache([caches[index] for caches in sessions], rows, self.grouped_scores)
+            for index in range(len(self.layers))
+        ]
+
+
+class BatchLayerCache:
+    """One layer's caches of several sessions seen as one batch for one
+    step, in place of an mlx-lm cache (its layers call `offset`,
+    `update_and_fetch`, and `make_mask` through `create_attention_mask`).
+    `offset` is every row's own position for the rotary embedding (mlx's
+    rope takes one offset per row, as mlx-lm's BatchKVCache relies on);
+    `update_and_fetch` appends row r's real new keys (not its padding) to
+    session r's own KVCache and returns all rows' keys right-padded with
+    zeros to the layout's key slots; `make_mask` is the layout's mask."""
+
+    def __init__(self, sessions: list[Any], rows: BatchLayout, grouped_scores: bool) -> None:
+        self.sessions = sessions
+        self.rows = rows
+        self.offset = mx.array(rows.past)
+        self.grouped_scores = grouped_scores
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        fetched = [
+            session.update_and_fetch(keys[r : r + 1, :, :count], values[r : r + 1, :, :count])
+            for r, (session, count) in enumerate(zip(self.sessions, self.rows.counts, strict=True))
+        ]
+        return self._padded([k for k, _ in fetched]), self._padded([v for _, v in fetched])
+
+    def _padded(self, rows: list[mx.array]) -> mx.array:
+        """[1, heads, L_r, dim] per row -> [rows, heads, key_slots, dim]."""
+        slots = self.rows.key_slots
+        return mx.concatenate(
+            [mx.pad(row, [(0, 0), (0, 0), (0, slots - row.shape[2]), (0, 0)]) for row in rows]
+        )
+
+    def make_mask(self, n: int, window_size: int | None = None, **_: Any) -> mx.array:
+        """The layout's boolean mask [rows, 1, T, keys] (one more axis for
+        grouped scores); `n`, the batch's query slots, is the layout's width."""
+        mask = mx.array(self.rows.mask(window_size))
+        return mask[:, :, None] if self.grouped_scores else mask
 
 
 def module_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:

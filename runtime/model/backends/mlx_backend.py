@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import platform
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any, cast
@@ -23,7 +24,9 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from runtime.model import architectures
+from runtime.model.backends import batching
 from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
+from runtime.model.backends.batching import Step
 from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
 from runtime.model.weights import SafetensorsReader, read_config, read_shard_tensors
 
@@ -193,6 +196,29 @@ class MlxShard(ShardPosition):
         out = self._model(x, own.layers)[0].astype(mx.float32)
         mlx_adapter.eval_step(out, own.layers)
         return np.array(out)
+
+    def forward_batch(self, steps: Sequence[Step]) -> list[np.ndarray]:
+        """ShardBackend.forward_batch: the sessions' steps as one forward of
+        right-padded rows (batching.BatchLayout), each row attending to its
+        own cache's keys through mlx_adapter.BatchLayerCache."""
+        import mlx.core as mx
+
+        from runtime.model.backends import mlx_adapter
+
+        caches = [self._check_inputs(np.asarray(i), np.asarray(p), c) for i, p, c in steps]
+        if not caches:
+            return []
+        rows = batching.layout(steps, [cache.offset for cache in caches])
+        inputs = rows.padded([np.asarray(inputs) for inputs, _, _ in steps])
+        if self.is_first:
+            x = mx.array(inputs.astype(np.int32))
+        else:
+            x = mx.array(inputs.astype(np.float32, copy=False)).astype(self._dtype)
+        views = self._model.batch_caches([cache.layers for cache in caches], rows)
+        out = self._model(x, views).astype(mx.float32)
+        mlx_adapter.eval_step(out, [layer for cache in caches for layer in cache.layers])
+        batch = np.array(out)
+        return [batch[r, :count] for r, count in enumerate(rows.counts)]
 
     @property
     def weight_bytes(self) -> int:

@@ -287,3 +287,47 @@ def run_layer(
         use_cache=True,
         position_embeddings=position_embeddings,
     )
+
+
+class BatchCache:
+    """One batched step's view of several sessions' caches, passed to the
+    decoder layers in place of one session's cache (they call only
+    `update`). Each layer's update appends row r's first `counts[r]` new
+    keys and values (not its padding) to session r's own DynamicCache, then
+    hands attention every row's keys right-padded with zeros to
+    `key_slots` (batching.BatchLayout): the sessions stay independent
+    caches, at the price of one padded copy of their keys per layer and
+    step."""
+
+    def __init__(self, sessions: list[Any], counts: tuple[int, ...], key_slots: int) -> None:
+        self.sessions = sessions
+        self.counts = counts
+        self.key_slots = key_slots
+
+    def update(
+        self, keys: torch.Tensor, values: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = [
+            session.update(keys[r : r + 1, :, :count], values[r : r + 1, :, :count], layer_idx)
+            for r, (session, count) in enumerate(zip(self.sessions, self.counts, strict=True))
+        ]
+        return self._padded([k for k, _ in rows]), self._padded([v for _, v in rows])
+
+    def _padded(self, rows: list[torch.Tensor]) -> torch.Tensor:
+        """[1, heads, L_r, dim] per row -> [rows, heads, key_slots, dim]."""
+        _, heads, _, dim = rows[0].shape
+        out = rows[0].new_zeros(len(rows), heads, self.key_slots, dim)
+        for r, row in enumerate(rows):
+            out[r, :, : row.shape[2]] = row[0]
+        return out
+
+
+def batch_mask(config: PretrainedConfig, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """A batched step's mask [rows, 1, T, keys] from `visible` (True where
+    a query may attend) in the form the layers' attention kernel takes:
+    boolean for SDPA, additive (0 or the dtype's minimum, as transformers'
+    own eager masks) for the eager kernel, which adds it to the scores."""
+    if config._attn_implementation == FALLBACK_ATTENTION_IMPLEMENTATION:
+        blocked = torch.tensor(torch.finfo(dtype).min, dtype=dtype, device=visible.device)
+        return torch.where(visible, torch.zeros((), dtype=dtype, device=visible.device), blocked)
+    return visible

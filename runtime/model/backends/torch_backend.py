@@ -17,7 +17,7 @@ embedding: docs/design/recipes.md#q8-and-q4-on-torch.
 from __future__ import annotations
 
 import platform
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,8 +26,10 @@ import torch
 from torch import nn
 
 from runtime.model import architectures
+from runtime.model.backends import batching
 from runtime.model.backends import torch_adapter as adapter
 from runtime.model.backends.base import BackendError, KVCache, ShardPosition, ShardSpec
+from runtime.model.backends.batching import Step
 from runtime.model.recipes import QUANT_GROUP_SIZE, Recipe, check_recipe
 from runtime.model.weights import RawTensor, SafetensorsReader, architecture, shard_shapes
 
@@ -305,6 +307,7 @@ class TorchShard(ShardPosition):
         self._experts = architectures.num_experts(config)
         self._embed_scale = architectures.embedding_scale(config)
         self._softcap = architectures.final_logit_softcap(config)
+        self._window = architectures.sliding_window(config)
         self._hf_config = adapter.load_config(spec.model_dir, self._arch)
         kinds = architectures.layer_kinds(config)
         adapter.check_layer_kinds(self._hf_config, kinds, architectures.sliding_window(config))
@@ -479,6 +482,51 @@ class TorchShard(ShardPosition):
                 return self._head(hidden)
             return hidden[0].float().cpu().numpy()
 
+    def forward_batch(self, steps: Sequence[Step]) -> list[np.ndarray]:
+        """ShardBackend.forward_batch: the sessions' steps as one forward of
+        right-padded rows (batching.BatchLayout), each row attending to its
+        own cache's keys through adapter.BatchCache."""
+        caches = [self._own_cache(cache) for _, _, cache in steps]
+        if not caches:
+            return []
+        sessions = [cache.inner for cache in caches]
+        rows = batching.layout(steps, [adapter.cache_length(s) for s in sessions])
+        with torch.inference_mode():
+            hidden = self._batch_hidden([inputs for inputs, _, _ in steps], rows)
+            position_ids = torch.from_numpy(rows.position_ids()).to(self.device)
+            kinds = set(self._kinds)
+            masks = {kind: self._batch_mask(rows, kind) for kind in kinds}
+            rotary = adapter.position_embeddings(
+                self._rotary, self._arch, hidden, position_ids, kinds
+            )
+            view = adapter.BatchCache(sessions, rows.counts, rows.key_slots)
+            for layer, kind in zip(self._layers, self._kinds, strict=True):
+                hidden = adapter.run_layer(
+                    layer, hidden, masks[kind], rotary[kind], position_ids, view
+                )
+            out = self._logits(hidden) if self.is_last else hidden
+            batch = out.float().cpu().numpy()
+        return [batch[r, :count] for r, count in enumerate(rows.counts)]
+
+    def _batch_mask(self, rows: batching.BatchLayout, kind: str) -> torch.Tensor:
+        window = self._window if kind == architectures.SLIDING_ATTENTION else None
+        visible = torch.from_numpy(rows.mask(window)).to(self.device)
+        return adapter.batch_mask(self._hf_config, visible, self._dtype)
+
+    def _own_cache(self, cache: KVCache) -> _Cache:
+        if not isinstance(cache, _Cache):
+            raise BackendError("cache was not made by this torch shard")
+        return cache
+
+    def _batch_hidden(self, inputs: list[np.ndarray], rows: batching.BatchLayout) -> torch.Tensor:
+        """The rows' inputs as one padded batch [rows, width, H] (ids padded
+        with 0, hidden states with zeros; padding slots' outputs are
+        dropped), checked as `forward` checks each."""
+        embedded = [self._input_hidden(row)[0] for row in inputs]
+        if rows.width == 1:
+            return torch.cat(embedded)[:, None]
+        return torch.nn.utils.rnn.pad_sequence(embedded, batch_first=True)
+
     def head(self, hidden: np.ndarray) -> np.ndarray:
         """Final norm and LM head (and the family's softcap) applied to
         hidden states [T, hidden_size] (last shard only): logits
@@ -490,11 +538,15 @@ class TorchShard(ShardPosition):
             return self._head(x.to(self.device, self._dtype)[None])
 
     def _head(self, hidden: torch.Tensor) -> np.ndarray:
+        return self._logits(hidden)[0].float().cpu().numpy()
+
+    def _logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head and softcap on hidden states [rows, T, H]."""
         assert self._norm is not None and self._lm_head is not None
         logits = self._lm_head(self._norm(hidden))
         if self._softcap is not None:
             logits = torch.tanh(logits / self._softcap) * self._softcap
-        return logits[0].float().cpu().numpy()
+        return logits
 
     def _input_hidden(self, inputs: np.ndarray) -> torch.Tensor:
         inputs = np.asarray(inputs)
