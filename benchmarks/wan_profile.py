@@ -406,8 +406,8 @@ def eligible(per_case: Sequence[dict[str, Any]]) -> bool:
 
 
 def by_candidate(cases: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Each candidate's rows across the cases, whether it qualifies, and its
-    slowest detection (what the choice ranks by)."""
+    """Each candidate's rows across the cases, whether it qualifies (in
+    every case), and its slowest detection (what the choice ranks by)."""
     table: dict[str, dict[str, Any]] = {}
     for case in cases:
         label = f"{case['rtt_ms']:g}ms/{case['loss']:g}"
@@ -416,7 +416,7 @@ def by_candidate(cases: Sequence[dict[str, Any]]) -> dict[str, dict[str, Any]]:
             entry["by_case"][label] = row
     for entry in table.values():
         rows = list(entry["by_case"].values())
-        entry["eligible"] = eligible(rows)
+        entry["eligible"] = len(rows) == len(cases) and eligible(rows)
         detections = [row["detect_s"] for row in rows]
         entry["worst_detect_s"] = None if None in detections else max(detections)
     return table
