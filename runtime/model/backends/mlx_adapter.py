@@ -292,20 +292,31 @@ class BatchLayerCache:
             session.update_and_fetch(keys[r : r + 1, :, :count], values[r : r + 1, :, :count])
             for r, (session, count) in enumerate(zip(self.sessions, self.rows.counts, strict=True))
         ]
-        return self._padded([k for k, _ in fetched]), self._padded([v for _, v in fetched])
-
-    def _padded(self, rows: list[mx.array]) -> mx.array:
-        """[1, heads, L_r, dim] per row -> [rows, heads, key_slots, dim]."""
         slots = self.rows.key_slots
-        return mx.concatenate(
-            [mx.pad(row, [(0, 0), (0, 0), (0, slots - row.shape[2]), (0, 0)]) for row in rows]
-        )
+        keys = right_padded([k for k, _ in fetched], slots)
+        return keys, right_padded([v for _, v in fetched], slots)
 
     def make_mask(self, n: int, window_size: int | None = None, **_: Any) -> mx.array:
         """The layout's boolean mask [rows, 1, T, keys] (one more axis for
         grouped scores); `n`, the batch's query slots, is the layout's width."""
         mask = mx.array(self.rows.mask(window_size))
         return mask[:, :, None] if self.grouped_scores else mask
+
+
+def right_padded(rows: list[mx.array], slots: int) -> mx.array:
+    """[1, heads, L_r, dim] per row -> [rows, heads, slots, dim], zeros after
+    each row's own. Written row by row into zeros: on mlx's CPU build a
+    quarter of the time of padding each row and concatenating them."""
+    _, heads, _, dim = rows[0].shape
+    out = mx.zeros((len(rows), heads, slots, dim), rows[0].dtype)
+    for r, row in enumerate(rows):
+        out[r : r + 1, :, : row.shape[2]] = row
+    return out
+
+
+def cached_keys(caches: list[Any]) -> list[tuple[mx.array, mx.array]]:
+    """A session's keys and values [1, heads, L, dim], per local layer."""
+    return [cache.keys_and_values() for cache in caches]
 
 
 def module_weights(weights: dict[str, mx.array]) -> dict[str, mx.array]:

@@ -311,15 +311,23 @@ class BatchCache:
             session.update(keys[r : r + 1, :, :count], values[r : r + 1, :, :count], layer_idx)
             for r, (session, count) in enumerate(zip(self.sessions, self.counts, strict=True))
         ]
-        return self._padded([k for k, _ in rows]), self._padded([v for _, v in rows])
+        keys = right_padded([k for k, _ in rows], self.key_slots)
+        return keys, right_padded([v for _, v in rows], self.key_slots)
 
-    def _padded(self, rows: list[torch.Tensor]) -> torch.Tensor:
-        """[1, heads, L_r, dim] per row -> [rows, heads, key_slots, dim]."""
-        _, heads, _, dim = rows[0].shape
-        out = rows[0].new_zeros(len(rows), heads, self.key_slots, dim)
-        for r, row in enumerate(rows):
-            out[r, :, : row.shape[2]] = row[0]
-        return out
+
+def right_padded(rows: list[torch.Tensor], slots: int) -> torch.Tensor:
+    """[1, heads, L_r, dim] per row -> [rows, heads, slots, dim], zeros after
+    each row's own."""
+    _, heads, _, dim = rows[0].shape
+    out = rows[0].new_zeros(len(rows), heads, slots, dim)
+    for r, row in enumerate(rows):
+        out[r, :, : row.shape[2]] = row[0]
+    return out
+
+
+def cached_keys(cache: Any) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """A session's keys and values [1, heads, L, dim], per cache slot."""
+    return [(layer.keys, layer.values) for layer in cache.layers]
 
 
 def batch_mask(config: PretrainedConfig, visible: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
