@@ -15,6 +15,7 @@ and `runtime/node/relay_client.py`; the design: docs/design/relays.md.
 
 from __future__ import annotations
 
+import ipaddress
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -135,7 +136,8 @@ def parse_line(raw: bytes) -> Line:
     if verb in _HEX_FIELDS:
         return Line(verb, _hex_fields(parts, _HEX_FIELDS[verb]))
     if verb == "RESERVED":
-        return Line(verb, tuple(_port(p) for p in _exactly(parts, len(PLANES))))
+        *ports, seen = _exactly(parts, len(PLANES) + 1)
+        return Line(verb, (*(_port(p) for p in ports), _ip(seen)))
     if verb == "CONNECT":
         token, plane = _exactly(parts, 2)
         if plane not in PLANES:
@@ -166,6 +168,13 @@ def _hex_fields(parts: list[str], sizes: tuple[int, ...]) -> tuple[bytes, ...]:
             raise LineError(REASON_GARBAGE)
         values.append(value)
     return tuple(values)
+
+
+def _ip(text: str) -> str:
+    try:
+        return str(ipaddress.ip_address(text))
+    except ValueError:
+        raise LineError(REASON_GARBAGE) from None
 
 
 def _port(text: str) -> int:

@@ -372,6 +372,7 @@ class Plane:
         self._closed = False
         self._handler: Callable[[bytes, list[bytes]], None] | None = None
         self._own_addresses = {address}
+        self._redirects: dict[str, str] = {}
         self._zap = zap
         self._gate: HandshakeGate | None = None
         self._verified: collections.OrderedDict[tuple[bytes, bytes], bytes] = (
@@ -482,6 +483,24 @@ class Plane:
         """Another name of this plane (the address it advertises, when that
         differs from the bound one): messages to it never leave the process."""
         self._own_addresses.add(addr)
+
+    def redirect(self, addr: str, via: str | None) -> None:
+        """Send what is meant for ``addr`` to ``via`` from now on (a direct
+        path to the node a relay reaches at ``addr``, spliced at ``via`` on
+        this machine), or to ``addr`` again (``via`` None). The peer must
+        still prove the same key at ``via``. The connection to a former
+        ``via`` is closed; one to ``addr`` idles out (`idle_disconnect_s`)."""
+        old = self._redirects.pop(addr, None)
+        if via is not None:
+            self._redirects[addr] = via
+        peer = None if old is None or old == via else self._peers.get(old)
+        if peer is not None:
+            self._evict(peer, "unreachable")
+
+    def talks_to(self, addr: str) -> bool:
+        """Whether this plane holds a connection for ``addr`` (sent to it
+        lately, itself or through a redirect)."""
+        return self._redirects.get(addr, addr) in self._peers
 
     def deliver_to(self, handler: Callable[[bytes, list[bytes]], None] | None) -> None:
         """Hand each inbound message straight to ``handler`` from the plane's
@@ -709,6 +728,7 @@ class Plane:
         """Hand one message to libzmq: as is, or on a chunked plane as
         chunks when it is bigger than one. A chunk that cannot go out ends
         the message (counted once; the receiver gives up on the rest)."""
+        addr = self._redirects.get(addr, addr)
         peer = self._peer_for(addr, node, trio.current_time())
         if peer is None:
             return

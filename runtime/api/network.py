@@ -6,7 +6,8 @@ small classes whose handlers are methods: `StatusRoutes` (status, coverage),
 `LedgerRoutes` (the signed ledger copy, voters, refound), `PlacementRoutes`
 (demand, assignments), `PolicyRoutes`, `EvidenceRoutes` (spot checks),
 `InvitationRoutes` (a private swarm's invitations and joins) and `FaultRoutes`
-(`--fault-injection`, for tests); each class's docstring names its endpoints.
+(`--fault-injection`, for tests) and `PunchRoutes` (a member asking for a
+direct path past NAT); each class's docstring names its endpoints.
 Reads are public; every POST but a join is checked by the node's one `Gate`
 (`runtime.api.auth`: the operator, a voter, a member); what changes the
 ledger commits through `Leader` (`runtime.api.leader`), forwarded when this
@@ -28,6 +29,7 @@ from starlette.routing import Route
 from consensus.commands import MAX_INT, MAX_TEXT, Eligible, LedgerError, RecordDemand, SetPolicy
 from consensus.settings import PlacementSettings, policy_json, settings_error
 from mesh.identity import NODE_ID_BYTES, node_id_from_text, node_id_text
+from mesh.punch import ANSWER_INTERVAL_S, PunchError, PunchRequest
 from mesh.records import RECIPES
 from runtime.api.auth import Gate, GateNode, forbidden
 from runtime.api.http import BadRequest, error_response, json_object
@@ -35,9 +37,11 @@ from runtime.api.leader import Leader, LeaderNode
 from runtime.model.manifest import GOLDEN_FILE, MANIFEST_FILE, ManifestError, artifact_files
 from runtime.model.store import ModelStore
 from runtime.node.access import BUSY_RETRY_S, AccessError, RedemptionBusy, SwarmAccess
+from runtime.node.direct_paths import MAX_PUNCH_BYTES, PUNCH_PATH, PunchRefused
 from runtime.node.ledger_follower import LEDGER_PATH, LedgerClaim, LedgerFollower, signed_headers
 from runtime.node.placement_driver import AlreadyAssigned, NodeQuarantined, Placement
 from runtime.node.raft_driver import NotLeader, RefoundRefused
+from runtime.node.relays import NodeRelays
 from runtime.node.spot_check import EVIDENCE_PATH, MAX_EVIDENCE_BYTES, Adjudicator, Evidence
 
 log = logging.getLogger("shardmesh.api")
@@ -53,6 +57,7 @@ class NetworkNode(GateNode, LeaderNode, Protocol):
     store: ModelStore
     ledger_follower: LedgerFollower
     adjudicator: Adjudicator
+    relays: NodeRelays
 
     @property
     def access(self) -> SwarmAccess:
@@ -83,6 +88,7 @@ def network_routes(node: NetworkNode) -> list[Route]:
         FaultRoutes(node, gate),
         LedgerRoutes(node, gate, leader),
         InvitationRoutes(node, gate, leader),
+        PunchRoutes(node, gate),
     ]
     return [route for group in groups for route in group.routes()]
 
@@ -283,6 +289,30 @@ class EvidenceRoutes:
                 429, "too much evidence is waiting", code="busy", headers={"Retry-After": "5"}
             )
         return JSONResponse({"queued": True, "digest": evidence.digest().hex()}, status_code=202)
+
+
+class PunchRoutes:
+    """`POST /v1/network/punch`: a live member asks this node to meet it on
+    a direct path (`runtime.node.direct_paths`); the answer is where, and
+    the connection follows at once. 429 while this node answers enough."""
+
+    def __init__(self, node: NetworkNode, gate: Gate) -> None:
+        self.node = node
+        self.gate = gate
+
+    def routes(self) -> list[Route]:
+        return [Route(PUNCH_PATH, self.punch, methods=["POST"])]
+
+    async def punch(self, request: Request) -> JSONResponse:
+        signer = await self.gate.member(request)
+        try:
+            asked = PunchRequest.from_json(await json_object(request, MAX_PUNCH_BYTES))
+            return JSONResponse(await self.node.relays.direct.answer(signer, asked))
+        except PunchError as exc:
+            raise BadRequest(str(exc)) from None
+        except PunchRefused as exc:
+            retry = {"Retry-After": str(int(ANSWER_INTERVAL_S))}
+            return error_response(429, f"no punch now: {exc}", code="busy", headers=retry)
 
 
 class LedgerRoutes:

@@ -69,12 +69,13 @@ async def hold_reservation(
     signer: Signer,
     relay: str,
     local: Mapping[Plane, HostPort],
-    on_reserved: Callable[[dict[Plane, HostPort]], None],
+    on_reserved: Callable[[dict[Plane, HostPort], str], None],
     counters: Counter[str],
 ) -> None:
     """Reserve at `relay` (`tcp://H:P`) and serve its dials to the planes
-    bound at `local` until the reservation ends; `on_reserved(ports)`
-    hears where each plane is reached at the relay. Returns or raises (`RelayRefused`,
+    bound at `local` until the reservation ends; `on_reserved(ports, seen)`
+    hears where each plane is reached at the relay, and the address the
+    relay saw this node come from (its NAT's public one). Returns or raises (`RelayRefused`,
     a stream error, `trio.TooSlowError`) when the reservation is over."""
     at = parse_hostport(relay)
     stream, reader, nonce = await _connect(at)
@@ -87,12 +88,12 @@ async def hold_reservation(
             raise RelayRefused(exc.reason) from None
         if answer.verb != "RESERVED":
             raise RelayRefused(" ".join(str(f) for f in answer.fields) or answer.verb)
-        on_reserved(
-            {
-                plane: HostPort(at.host, int(port))
-                for plane, port in zip(PLANES, answer.fields, strict=True)
-            }
-        )
+        *ports, seen = answer.fields
+        assert isinstance(seen, str)
+        relayed = {
+            plane: HostPort(at.host, int(port)) for plane, port in zip(PLANES, ports, strict=True)
+        }
+        on_reserved(relayed, seen)
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_ping, stream)
             await _serve(reader, at, local, nursery, counters)

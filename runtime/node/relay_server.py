@@ -3,7 +3,8 @@
 A reachable node runs one (unless `--no-relay`). A node behind NAT connects
 to its reservation port, answers the `HELLO` nonce with a signed `RESERVE`,
 and gets three public ports (`RESERVED`), one per plane (control, data,
-HTTP API). A dial on any of them is told to the node (`CONNECT` with a
+HTTP API), and the address it was seen from (its NAT's, which a direct
+path needs). A dial on any of them is told to the node (`CONNECT` with a
 fresh token) on the reservation; the node dials the reservation port again
 with `ACCEPT token`, and the two streams are spliced byte for byte under
 the relay's `TokenBucket`. The relay never parses what it forwards (ZMTP
@@ -224,8 +225,9 @@ class RelayServer:
         ports = reservation.ports
         try:
             with _quiet():
+                seen = reservation.stream.socket.getpeername()[0]
                 await reservation.stream.send_all(
-                    encode_line("RESERVED", *(ports[plane] for plane in PLANES))
+                    encode_line("RESERVED", *(ports[plane] for plane in PLANES), seen)
                 )
                 log.info("relay: ports %s for %s", ports, node_id_text(node)[:16])
                 while parse_line(await reader.line(SILENT_S)).verb == "PING":

@@ -28,6 +28,7 @@ from mesh.records import RelayedAt
 from mesh.relay import RELAY_PORT_OFFSET, Held, Plane, RelaySet
 from mesh.transport import Plane as ZmqPlane
 from runtime.inference.dispatch import Engine
+from runtime.node.direct_paths import NodeDirectPaths, Reach, public_reach
 from runtime.node.hostport import WILDCARD_HOSTS, HostPort, parse_hostport
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.options import NodeOptions
@@ -94,6 +95,16 @@ class NodeRelays:
         self.held = RelaySet()
         self._relay_of: dict[bytes, str] = {}
         self._published: tuple[RelayedAt, ...] = ()
+        self.seen_as: str | None = None
+        """This node's public IP as the last relay that took its
+        reservation saw it (its NAT's): where a direct path meets it."""
+        self.direct = NodeDirectPaths(
+            node.identity,
+            node.swarm,
+            {"control": control, "data": data},
+            {"control": self._local["control"], "data": self._local["data"]},
+            self._reach,
+        )
         self.counters: Counter[str] = Counter()
 
     async def start(self, nursery: trio.Nursery, api: str) -> dict[str, str]:
@@ -108,6 +119,7 @@ class NodeRelays:
         if api_local is not None:
             self._local["api"] = api_local
         nursery.start_soon(self._choose_relays)
+        nursery.start_soon(self.direct.run)
         data = options.advertised(self._data_bound)
         self._direct = {"control": self._node.membership.address, "data": data, "api": api}
         self._advertised = dict(self._direct)
@@ -122,6 +134,10 @@ class NodeRelays:
             server = RelayServer(host, 0)
             await nursery.start(server.run)
         return server
+
+    def _reach(self) -> Reach:
+        node = self._node
+        return public_reach(node.reachability.reach, node.membership.address, self.seen_as)
 
     def offered_relay(self) -> dict[str, str]:
         """`relay` for the record's addresses, when this node offers one."""
@@ -144,6 +160,7 @@ class NodeRelays:
                 for h in self.held.held
             ],
             "counters": dict(self.counters),
+            "direct": self.direct.status(),
         }
 
     # --- reached through relays ------------------------------------------------
@@ -182,9 +199,10 @@ class NodeRelays:
                 await trio.sleep(TICK_S)
 
     async def _hold(self, relay: bytes, address: str) -> None:
-        def reserved(ports: dict[Plane, HostPort]) -> None:
+        def reserved(ports: dict[Plane, HostPort], seen: str) -> None:
             held = Held(relay, ports["control"].zmq(), ports["data"].zmq(), ports["api"].http())
             self.held.reserved(held)
+            self.seen_as = seen
             self.counters["reserved"] += 1
             log.info("relay: reserved at %s: %s", address, held)
             self._advertise()

@@ -33,7 +33,8 @@ def line(verb: str, *fields: bytes | int | str) -> bytes:
 def test_every_line_round_trips() -> None:
     assert parse_line(line("HELLO", bytes(16))).fields == (bytes(16),)
     assert parse_line(line("RESERVE", NODE, bytes(64))).fields == (NODE, bytes(64))
-    assert parse_line(line("RESERVED", 7001, 7002, 7003)).fields == (7001, 7002, 7003)
+    reserved = parse_line(line("RESERVED", 7001, 7002, 7003, "10.77.3.2"))
+    assert reserved.fields == (7001, 7002, 7003, "10.77.3.2")
     assert parse_line(line("CONNECT", bytes(16), "api")).fields == (bytes(16), "api")
     assert parse_line(line("CONNECT", bytes(16), "data")).fields == (bytes(16), "data")
     assert parse_line(line("ACCEPT", bytes(16))).verb == "ACCEPT"
@@ -48,9 +49,10 @@ def test_every_line_round_trips() -> None:
         (b"HELLO", "garbage"),
         (b"HELLO zz", "garbage"),
         (b"HELLO " + b"00" * 15, "garbage"),
-        (b"RESERVED 0 7002 7003", "garbage"),
-        (b"RESERVED 7001 99999 7003", "garbage"),
-        (b"RESERVED 7001 7002", "garbage"),
+        (b"RESERVED 0 7002 7003 10.0.0.1", "garbage"),
+        (b"RESERVED 7001 99999 7003 10.0.0.1", "garbage"),
+        (b"RESERVED 7001 7002 7003", "garbage"),
+        (b"RESERVED 7001 7002 7003 relay.example", "garbage"),
         (b"CONNECT " + b"00" * 16 + b" raft", "garbage"),
         (b"PING extra", "garbage"),
         (b"LAUNCH", "garbage"),

@@ -9,7 +9,9 @@ reaches it and it becomes a member (docs/design/membership.md#introductions).
 A greedy chat entered at `a` streams, over the chain c -> d (both reached
 only through relays), the text transformers' greedy `generate` gives in
 this process; a longer one still does when relay `b` is SIGKILLed after a
-few chunks (the home nodes move to `e`). A capture in each relay's
+few chunks (the home nodes move to `e`). The entry, reachable, gets direct
+paths past both NATs (`runtime.node.direct_paths`): the home nodes dial it
+back. A capture in each relay's
 namespace (`runtime.lab.capture`) shows that all it relayed was ZMTP with
 CURVE, no plaintext header in it, or the home nodes' HTTP API: the entry
 holds no copy of the model and fetches its tokenizer through the relay.
@@ -121,6 +123,20 @@ def relayed_twice(home: list[LocalNode], lab: Lab) -> Callable[[Views], bool]:
     return check
 
 
+def direct_from_entry(entry: LocalNode, home: list[LocalNode]) -> Callable[[Views], bool]:
+    """A check: the entry (public) holds direct paths past both home NATs,
+    each punched by reversal (the home node dials the entry): control to
+    both, data to the first hop, the one it sends activations to."""
+    wanted = [(home[0], "data"), (home[0], "control"), (home[1], "control")]
+
+    def check(views: Views) -> bool:
+        direct = ((views.get(entry.name) or {}).get("relays") or {}).get("direct") or {}
+        paths = {(p["node"], p["plane"]) for p in direct.get("paths", [])}
+        return all((node.node_id[:16], plane) in paths for node, plane in wanted)
+
+    return check
+
+
 async def stream_killing(entry: LocalNode, victim: LocalNode, tokens: int) -> str:
     """A greedy streamed chat at `entry`; `victim` SIGKILLed after a few chunks."""
     body = {"model": MODEL, "messages": MESSAGES, "max_tokens": tokens, "temperature": 0}
@@ -145,7 +161,10 @@ async def stream_killing(entry: LocalNode, victim: LocalNode, tokens: int) -> st
 
 ZMTP_CURVE_GREETING: Final = re.compile(rb"\xff.{8}\x7f\x03\x01CURVE\x00{15}", re.DOTALL)
 """ZMTP 3.1's greeting: signature, version, then the mechanism, CURVE."""
-RELAY_LINE: Final = re.compile(rb"(HELLO|RESERVE|RESERVED|ACCEPT|CONNECT|PING|PONG)( [0-9a-z]+)*\n")
+RELAY_LINE: Final = re.compile(
+    rb"(HELLO|RESERVE|RESERVED|ACCEPT|CONNECT|PING|PONG)( [0-9a-z.:]+)*\n"
+)
+"""A relay protocol line (fields: hex, ports, the IP a `RESERVED` saw)."""
 HTTP_START: Final = re.compile(rb"(GET|POST|HEAD) /[^ ]* HTTP/1\.1\r\n|HTTP/1\.1 \d{3} ")
 """A relayed API flow: an HTTP/1.1 request line, or the response's status line."""
 PLAINTEXT: Final = (b"session", b"float32")
@@ -171,7 +190,7 @@ def relayed_flows(out: Path) -> dict[str, bytes]:
         rest = head
         while (line := RELAY_LINE.match(rest)) is not None:
             if line.group(1) == b"RESERVED":
-                ports.update(p.decode() for p in line.group(0).split()[1:])
+                ports.update(p.decode() for p in line.group(0).split()[1:-1])
             rest = rest[line.end() :]
         if rest is not head:
             relayed[key] = rest
@@ -225,6 +244,8 @@ async def test_home_nodes_behind_nat_serve_through_relays_and_survive_a_relay_ki
             print(f"relayed {took:.1f} s after start; members {joined:.1f} s later")
             print(f"covered {covered:.1f} s later")
             assert await streamed_text(entry) == text
+            took = await wait_for(swarm, [entry], direct_from_entry(entry, home), 15.0, "direct")
+            print(f"the entry's direct paths {took:.1f} s after the first chat")
             for node in home:
                 says = (await swarm.status(node) or {})["reachability"]["says"]
                 assert says.startswith(

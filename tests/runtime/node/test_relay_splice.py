@@ -40,6 +40,7 @@ async def test_a_third_party_speaks_curve_zeromq_to_a_relayed_node_end_to_end() 
     ):
         port = await nursery.start(relay.run)
         relayed: dict[Plane, HostPort] = {}
+        seen_as: list[str] = []
         local: dict[Plane, HostPort] = {
             "control": parse_hostport(control.address),
             "data": parse_hostport(data.address),
@@ -47,12 +48,18 @@ async def test_a_third_party_speaks_curve_zeromq_to_a_relayed_node_end_to_end() 
         }
 
         nursery.start_soon(
-            hold_reservation, behind, f"tcp://127.0.0.1:{port}", local, relayed.update, counters
+            hold_reservation,
+            behind,
+            f"tcp://127.0.0.1:{port}",
+            local,
+            lambda ports, seen: relayed.update(ports) or seen_as.append(seen),
+            counters,
         )
         with trio.fail_after(TIMEOUT_S):
             while not relayed:
                 await trio.sleep(0.01)
         assert relayed["control"].zmq() != control.address
+        assert seen_as == ["127.0.0.1"], "the relay says where it saw the node come from"
         with trio.fail_after(TIMEOUT_S):
             their_control.send(relayed["control"].zmq(), [b"hello", SECRET], peer=behind.node_id)
             got = await control.receive()
@@ -134,7 +141,7 @@ async def test_garbage_oversized_and_unknown_tokens_are_refused_and_counted() ->
             identity,
             f"tcp://127.0.0.1:{port}",
             nowhere(),
-            lambda ports: got.append(ports["control"].zmq()),
+            lambda ports, seen: got.append(ports["control"].zmq()),
             collections.Counter(),
         )
         with trio.fail_after(TIMEOUT_S):
@@ -154,7 +161,7 @@ async def test_a_full_relay_refuses_a_reservation_with_its_reason() -> None:
                     Identity.generate(),
                     f"tcp://127.0.0.1:{port}",
                     nowhere(),
-                    lambda ports: None,
+                    lambda ports, seen: None,
                     collections.Counter(),
                 )
         except RelayRefused as exc:
