@@ -310,7 +310,7 @@ class TorchShard(ShardPosition):
         self._window = architectures.sliding_window(config)
         self._hf_config = adapter.load_config(spec.model_dir, self._arch)
         kinds = architectures.layer_kinds(config)
-        adapter.check_layer_kinds(self._hf_config, kinds, architectures.sliding_window(config))
+        adapter.check_layer_kinds(self._hf_config, kinds, self._window)
         self._kinds = kinds[spec.start : spec.end]
 
         self._embed: nn.Module | None = None
