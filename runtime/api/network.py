@@ -50,6 +50,14 @@ MAX_DEMAND_COUNT: Final = 1_000_000
 """One report's count; larger is a client bug, not demand."""
 
 
+class Punches(Protocol):
+    """Who answers a punch (`runtime.node.direct_paths.NodeDirectPaths`)."""
+
+    async def answer(self, requester: bytes, request: PunchRequest) -> dict[str, Any]:
+        """The meeting point; the connection follows. `PunchRefused` if not now."""
+        ...
+
+
 class NetworkNode(GateNode, LeaderNode, Protocol):
     """What the network routes need from a node (`runtime.node.daemon.Node`)."""
 
@@ -57,7 +65,11 @@ class NetworkNode(GateNode, LeaderNode, Protocol):
     store: ModelStore
     ledger_follower: LedgerFollower
     adjudicator: Adjudicator
-    relays: NodeRelays
+
+    @property
+    def punches(self) -> Punches:
+        """Who answers a member's punch."""
+        ...
 
     @property
     def access(self) -> SwarmAccess:
@@ -307,7 +319,7 @@ class PunchRoutes:
         signer = await self.gate.member(request)
         try:
             asked = PunchRequest.from_json(await json_object(request, MAX_PUNCH_BYTES))
-            return JSONResponse(await self.node.relays.direct.answer(signer, asked))
+            return JSONResponse(await self.node.punches.answer(signer, asked))
         except PunchError as exc:
             raise BadRequest(str(exc)) from None
         except PunchRefused as exc:

@@ -76,6 +76,7 @@ OPERATIONS: Final[dict[tuple[str, str], Operation]] = {
     ("/v1/network/policy", "GET"): Operation("The swarm's placement policy"),
     ("/v1/network/policy", "POST"): Operation("Change the policy", OPERATOR_OR_SIGNED),
     ("/v1/network/evidence", "POST"): Operation("File evidence against a hop", SIGNED),
+    ("/v1/network/punch", "POST"): Operation("Meet a member on a direct path past NAT", SIGNED),
     ("/v1/network/ledger", "GET"): Operation("The replicated ledger's entries"),
     ("/v1/network/voters", "GET"): Operation("The swarm's voters"),
     ("/v1/network/voters", "POST"): Operation("Change the voters", OPERATOR_OR_SIGNED),

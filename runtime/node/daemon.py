@@ -40,6 +40,7 @@ from runtime.node.provision import Provisioner
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.reachability_driver import ReachabilityDriver
 from runtime.node.record_publisher import RecordPublisher
+from runtime.node.direct_paths import NodeDirectPaths
 from runtime.node.relays import NodeRelays
 from runtime.node.state_dir import StateDir
 from runtime.node.status import status_document
@@ -97,6 +98,7 @@ class Node:
         self.records: RecordPublisher
         self.reachability: ReachabilityDriver
         self.relays: NodeRelays  # reached through relays behind NAT; offers one if not
+        self.punches: NodeDirectPaths  # direct paths past NAT (the relays')
 
     def _wire(self, control: Plane, data: Plane) -> None:
         options = self.options
@@ -163,6 +165,7 @@ class Node:
             checks=self.spot_checks,
         )
         self.relays = NodeRelays(self, control, data)
+        self.punches = self.relays.direct  # the API's punch route answers through it
 
     async def run(self, *, task_status: trio.TaskStatus[Node] = trio.TASK_STATUS_IGNORED) -> None:
         """Open the sockets, join, serve until SIGTERM/SIGINT, leave, return.

@@ -42,6 +42,7 @@ from runtime.inference.chat import ArtifactStore, ChatService
 from runtime.model.store import ModelStore
 from runtime.node.access import SwarmAccess
 from runtime.node.admission import ShardSlot
+from runtime.node.direct_paths import NodeDirectPaths, Reach
 from runtime.node.ledger_follower import LedgerFollower
 from runtime.node.membership_driver import MembershipDriver
 from runtime.node.placement_driver import Placement
@@ -49,6 +50,7 @@ from runtime.node.raft_driver import Committed, NotLeader, ProposalFailed, RaftD
 from runtime.node.signed_http import sign_request
 from runtime.node.spot_check import Adjudicator
 from runtime.node.swarm_view import SwarmView
+from tests.runtime.node.test_direct_paths import NoSwarm
 
 TOKEN = "operator-token-of-the-node-under-test"
 BEARER = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
@@ -108,6 +110,11 @@ class FollowerRaft:
         raise NotLeader(self._leader)
 
 
+def unplaced_punches() -> NodeDirectPaths:
+    """Direct paths of a node whose public address is unknown."""
+    return NodeDirectPaths(Identity.generate(), NoSwarm(), {}, {}, lambda: Reach("unknown", None))
+
+
 @dataclass
 class ApiNode:
     """What `network_routes` reads of a node (`NetworkNode`), built from real parts."""
@@ -121,6 +128,9 @@ class ApiNode:
     adjudicator: Adjudicator
     access: SwarmAccess
     members: Members
+    punches: NodeDirectPaths = field(default_factory=lambda: unplaced_punches())
+    """Real, for a node that does not know its public address yet: it
+    refuses every punch (429)."""
     operator_token: str = TOKEN
     fault_injection: bool = False
     addresses: dict[str, str] = field(

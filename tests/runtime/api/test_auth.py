@@ -32,6 +32,7 @@ from runtime.cli import operator_token as token_module
 from runtime.cli.localswarm import LocalNode, LocalSwarm
 from runtime.cli.operator_token import TOKEN_ENV, TokenError, find_token
 from runtime.model.tiny import make_tiny_model
+from runtime.node.direct_paths import PUNCH_PATH
 from runtime.node.signed_http import (
     MAX_SKEW_S,
     SIGNATURE,
@@ -128,7 +129,7 @@ def test_a_signed_request_is_accepted_once() -> None:
 
 # --- in process: every route's gate ---------------------------------------------------
 
-MEMBER_REPORTS = (DEMAND, EVIDENCE_PATH)
+MEMBER_REPORTS = (DEMAND, EVIDENCE_PATH, PUNCH_PATH)
 """Taken only signed by a live member: never the operator's to invent."""
 OPERATOR_ONLY = ("/v1/network/refound", "/v1/network/invitations", "/v1/debug/faults")
 """This node's operator's calls only: no other node may ask them for it."""

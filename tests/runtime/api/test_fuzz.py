@@ -41,6 +41,7 @@ from runtime.api.app import NodeAPI, create_app
 from runtime.api.http import MAX_JSON_DEPTH
 from runtime.inference.commitment import SKETCH_DIMS, Commitment, ids_digest
 from runtime.model.sampling import SamplingParams
+from runtime.node.direct_paths import PUNCH_PATH
 from runtime.node.spot_check import EVIDENCE_PATH, Evidence
 from tests.runtime.api.inprocess import TOKEN, ApiNode, chat_service, leading_node
 
@@ -65,8 +66,8 @@ BOUNDED = settings(
 BODY_FUZZ = settings(BOUNDED, max_examples=BODIES_PER_ROUTE)
 ENVELOPE_FUZZ = settings(BOUNDED, max_examples=ENVELOPES_PER_ROUTE)
 JSON_TYPE = "application/json"
-MEMBER_REPORTS = frozenset({"/v1/network/demand", EVIDENCE_PATH})
-"""The routes that take a live member's signed report, not the operator's token."""
+MEMBER_REPORTS = frozenset({"/v1/network/demand", EVIDENCE_PATH, PUNCH_PATH})
+"""The routes that take a live member's signed call, not the operator's token."""
 MEMBER = Identity.generate()
 STRANGER = Identity.generate()
 FIELDS = sorted(
@@ -76,6 +77,7 @@ FIELDS = sorted(
         *("max_completion_tokens", "memory_bytes", "models", "node_id", "layers", "recipe"),
         *("count", "invitation", "at", "signature", "voter", "expires_s", "uses", "isolate"),
         *("reporter", "kind", "hop_index", "prompt", "tokens", "sampling", "commitment"),
+        *("plane", "method", "host", "port"),
         *("links", "pos", "entry", "digest", "echo", "logprobs", "suffix", "best_of"),
         *(knob.name for knob in fields(PlacementSettings)),
     }
@@ -263,6 +265,7 @@ def valid_bodies() -> dict[str, dict[str, Any]]:
         "/v1/network/refound": {},
         "/v1/network/demand": {"model": "tiny", "count": 1},
         EVIDENCE_PATH: evidence_json(MEMBER.node_id),
+        PUNCH_PATH: {"plane": "data", "method": "reverse", "host": "10.0.0.1", "port": 45000},
     }
 
 

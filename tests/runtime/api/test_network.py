@@ -28,6 +28,7 @@ from runtime.model.manifest import GOLDEN_FILE, MANIFEST_FILE
 from runtime.model.sampling import SamplingParams
 from runtime.model.store import ModelStore
 from runtime.node.access import DEFAULT_VOTER_INVITATION_S
+from runtime.node.direct_paths import PUNCH_PATH
 from runtime.node.ledger_follower import LEDGER_PATH, verify_pull
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.spot_check import EVIDENCE_PATH, MAX_PENDING_VERDICTS, Evidence
@@ -75,6 +76,7 @@ async def test_the_routes_are_the_documented_paths_and_methods(node: ApiNode) ->
         "/v1/network/coverage": {"GET", "HEAD"},
         DEMAND: {"POST"},
         EVIDENCE_PATH: {"POST"},
+        PUNCH_PATH: {"POST"},
         POLICY: {"GET", "HEAD", "POST"},
         SUGGEST: {"POST"},
         NODES_ASSIGN: {"POST"},
@@ -391,6 +393,31 @@ async def test_evidence_is_queued_only_well_formed_from_its_reporter(node: ApiNo
             assert (await post(good, member)).status_code == 202
         busy = await post(good, member)
         error_of(busy, 429, "busy")
+        assert busy.headers["retry-after"] == "5"
+
+
+# --- direct paths ------------------------------------------------------------------------
+
+
+async def test_a_punch_is_asked_by_a_member_well_formed_and_refused_while_no_address_is_known(
+    node: ApiNode,
+) -> None:
+    member, stranger = Identity.generate(), Identity.generate()
+    node.members.add(member.node_id)
+    asked = {"plane": "data", "method": "reverse", "host": "10.77.1.2", "port": 45000}
+
+    async def post(body: dict[str, Any], key: Identity) -> Any:
+        content = body_of(body)
+        return await client.post(
+            PUNCH_PATH, content=content, headers=node.signed(PUNCH_PATH, content, key)
+        )
+
+    async with client_of(node) as client:
+        error_of(await post(asked, stranger), 403, "forbidden")
+        bad = error_of(await post({**asked, "host": "relay.example"}, member), 400)
+        assert "unicast IP" in bad["message"]
+        busy = await post(asked, member)
+        assert "public address" in error_of(busy, 429, "busy")["message"]
         assert busy.headers["retry-after"] == "5"
 
 
