@@ -10,11 +10,13 @@ three hops (site a holds layers 0:3 and takes the chat, b 3:6, c 6:8).
 Per-token time is the entry's decode time over tokens (`decode_ms_per_token`,
 not gaps between chunks); the floor is the sum of the one-way delays around
 the loop (entry -> hop -> ... -> last hop -> entry) plus the hops' measured
-compute. A last case puts b and c at home behind NAT routers, reached only
-through the relay the entry runs (`relay_per_token_vs_direct`, beside the
-direct chain at 40 ms). Needs root (network namespaces). `--quick` runs one
-case with few tokens, for a test; `--relay` only the two chains compared.
-The last line printed is one JSON object; what each key means:
+compute. Two last cases put b and c at home behind NAT routers, reached
+through the relay the entry runs: one with a symmetric NAT, which lets no
+direct path through from b to c (`relay_per_token_vs_direct`, beside the
+direct chain at 40 ms), and one with two port-keeping NATs, which b and c
+punch through (`punched_per_token_vs_direct`). Needs root (network
+namespaces). `--quick` runs one case with few tokens, for a test;
+`--relay` only the chains compared. The last line printed is one JSON object; what each key means:
 docs/benchmarks.md#wan.
 """
 
@@ -62,16 +64,23 @@ RELAY_CASE = (40.0, 0.0)
 """The relayed chain is measured at 40 ms RTT without loss, beside the
 direct chain of the same case."""
 TARGET_RELAY_PER_TOKEN_VS_DIRECT = 1.3
-HOME_NATS = {"b": "port-preserving", "c": "symmetric"}
-"""The relayed chain: hops b and c at home behind NAT routers, reached only
-through the relay that the entry a runs (their join seed)."""
+HOME_NATS: dict[str, dict[str, str]] = {
+    "": {},
+    "relayed": {"b": "port-preserving", "c": "symmetric"},
+    "punched": {"b": "port-preserving", "c": "port-preserving"},
+}
+"""Which hops sit at home behind which NAT routers. `relayed`: b and c,
+reached through the relay the entry a runs (their join seed); a reaches
+both directly by reversal, but b's activations to c go b -> relay -> c, as
+c's symmetric NAT lets no punch through. `punched`: both NATs keep the
+port, so b and c punch a direct path too (docs/design/relays.md#direct-paths)."""
 
 
-def spec(rtt_ms: float, loss: float, relayed: bool = False) -> dict[str, Any]:
+def spec(rtt_ms: float, loss: float, homes: str = "") -> dict[str, Any]:
     """Three sites, RTT/4 one way on every access link, `loss` on each;
-    `relayed`: b and c behind NAT routers (`HOME_NATS`)."""
+    b and c behind NAT routers as `HOME_NATS[homes]` says."""
     link = {"delay_ms": rtt_ms / 4, "jitter_ms": 0, "loss": loss}
-    nats = HOME_NATS if relayed else {}
+    nats = HOME_NATS[homes]
     sites = [{"name": name, **({"nat": nats[name]} if name in nats else {})} for name in SITES]
     return {"seed": 29, "link": link, "sites": sites}
 
@@ -171,15 +180,25 @@ def run_case(
     tokens: int,
     requests: int,
     probes: int,
-    relayed: bool = False,
+    homes: str = "",
 ) -> dict[str, Any]:
     """A fresh lab for one (RTT, loss): measured, then a swarm in it."""
     rtt_ms, loss = case
-    with Lab(load_topology(spec(rtt_ms, loss, relayed))) as lab:
-        check = run_check(lab, count=probes) if not relayed else {"rtt_error_ms": None, "ok": True}
-        folder = root / f"rtt{rtt_ms:g}-loss{loss:g}{'-relayed' if relayed else ''}"
+    with Lab(load_topology(spec(rtt_ms, loss, homes))) as lab:
+        check = run_check(lab, count=probes) if not homes else {"rtt_error_ms": None, "ok": True}
+        folder = root / f"rtt{rtt_ms:g}-loss{loss:g}{'-' + homes if homes else ''}"
         rows = trio.run(measure_swarm, lab, folder, model_dir, tokens, requests)
-    return {**summarize(rtt_ms, loss, check, rows), "relayed": relayed}
+    return {**summarize(rtt_ms, loss, check, rows), "relayed": bool(homes), "homes": homes}
+
+
+def vs_direct(
+    cases: list[dict[str, Any]], homes: str, beside: dict[str, Any] | None
+) -> float | None:
+    """Per token with b and c at home (`homes`) over the direct chain's."""
+    case = next((c for c in cases if c.get("homes") == homes), None)
+    if case is None or beside is None:
+        return None
+    return round(case["per_token_ms"] / beside["per_token_ms"], 3)
 
 
 def result(cases: list[dict[str, Any]], began: float) -> dict[str, Any]:
@@ -187,11 +206,8 @@ def result(cases: list[dict[str, Any]], began: float) -> dict[str, Any]:
     headline = next((c for c in direct if (c["rtt_ms"], c["loss"]) == HEADLINE), None)
     errors = [abs(c["rtt_error_ms"]) for c in cases if c["rtt_error_ms"] is not None]
     ratio = None if headline is None else headline["per_token_vs_floor"]
-    relayed = next((c for c in cases if c["relayed"]), None)
     beside = next((c for c in direct if (c["rtt_ms"], c["loss"]) == RELAY_CASE), None)
-    relay_ratio = None
-    if relayed is not None and beside is not None:
-        relay_ratio = round(relayed["per_token_ms"] / beside["per_token_ms"], 3)
+    relay_ratio, punched_ratio = (vs_direct(cases, homes, beside) for homes in HOME_NATS if homes)
     return {
         "benchmark": "wan",
         "wan_per_token_vs_floor": ratio,
@@ -201,6 +217,7 @@ def result(cases: list[dict[str, Any]], began: float) -> dict[str, Any]:
         "relay_per_token_vs_direct": relay_ratio,
         "target_relay_per_token_vs_direct": TARGET_RELAY_PER_TOKEN_VS_DIRECT,
         **({"relay_per_token_vs_direct_why": RELAY_WHY} if relay_ratio is None else {}),
+        "punched_per_token_vs_direct": punched_ratio,
         "cases": cases,
         "wall_s": round(time.perf_counter() - began, 1),
     }
@@ -213,7 +230,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--relay",
         action="store_true",
-        help="only the relayed chain and the direct one beside it (40 ms, no loss)",
+        help="only the chains at home and the direct one beside them (40 ms, no loss)",
     )
     parser.add_argument("--tokens", type=int, default=64, help="tokens per request (default 64)")
     parser.add_argument("--requests", type=int, default=3, help="measured requests (default 3)")
@@ -232,13 +249,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="shardmesh-wan-") as tmp:
         root = Path(tmp)
         model_dir = make_tiny_model(root / MODEL, layers=8, name=MODEL)
-        runs = [(case, False) for case in grid] + ([] if args.quick else [(RELAY_CASE, True)])
-        for case, relayed in runs:
-            cases.append(run_case(root, model_dir, case, tokens, requests, probes, relayed))
+        homes = [] if args.quick else [(RELAY_CASE, h) for h in HOME_NATS if h]
+        runs = [(case, "") for case in grid] + homes
+        for case, home in runs:
+            cases.append(run_case(root, model_dir, case, tokens, requests, probes, home))
             if not args.json:
                 done = cases[-1]
                 print(
-                    f"{case[0]:g} ms RTT, loss {case[1]:g}{', relayed' if relayed else ''}: "
+                    f"{case[0]:g} ms RTT, loss {case[1]:g}{', ' + home if home else ''}: "
                     f"{done['per_token_ms']} ms/token, floor {done['floor_ms']} ms "
                     f"({done['per_token_vs_floor']}x)",
                     file=sys.stderr,
