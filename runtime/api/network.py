@@ -41,7 +41,6 @@ from runtime.node.direct_paths import MAX_PUNCH_BYTES, PUNCH_PATH, PunchRefused
 from runtime.node.ledger_follower import LEDGER_PATH, LedgerClaim, LedgerFollower, signed_headers
 from runtime.node.placement_driver import AlreadyAssigned, NodeQuarantined, Placement
 from runtime.node.raft_driver import NotLeader, RefoundRefused
-from runtime.node.relays import NodeRelays
 from runtime.node.spot_check import EVIDENCE_PATH, MAX_EVIDENCE_BYTES, Adjudicator, Evidence
 
 log = logging.getLogger("shardmesh.api")

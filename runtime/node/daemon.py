@@ -30,6 +30,7 @@ from runtime.model.store import ModelStore
 from runtime.node.access import AccessError, SwarmAccess, redeem_invitation
 from runtime.node.admission import ShardSlot
 from runtime.node.control import Control, wire_control
+from runtime.node.direct_paths import NodeDirectPaths
 from runtime.node.drain import span_replaceable, stop_on_signal
 from runtime.node.http_server import start_http
 from runtime.node.ledger_follower import LedgerFollower
@@ -40,7 +41,6 @@ from runtime.node.provision import Provisioner
 from runtime.node.raft_driver import RaftDriver
 from runtime.node.reachability_driver import ReachabilityDriver
 from runtime.node.record_publisher import RecordPublisher
-from runtime.node.direct_paths import NodeDirectPaths
 from runtime.node.relays import NodeRelays
 from runtime.node.state_dir import StateDir
 from runtime.node.status import status_document

@@ -104,6 +104,10 @@ class NodeDirectPaths:
         self.budget = PunchBudget()
         self._nursery: trio.Nursery | None = None
 
+    def peers(self) -> int:
+        """Members this node holds a direct path with, on any plane."""
+        return len({node for node, _ in self.book.direct()})
+
     def status(self) -> dict[str, Any]:
         """The status document's `relays.direct`."""
         return {

@@ -58,13 +58,17 @@ FLUSH_LINGER_MS: Final = 1_000
 TEXT_CHECKING: Final = "checking reachability…"
 
 
-def reachability_text(verdict: Verdict, address: str | None, relay: str | None = None) -> str:
+def reachability_text(
+    verdict: Verdict, address: str | None, relay: str | None = None, direct_peers: int = 0
+) -> str:
     """The verdict in the words the status page and `shardmesh status` show
-    (`relay`: the relay this node is reached through, if any)."""
+    (`relay`: the relay this node is reached through, if any;
+    `direct_peers`: members it holds a direct path past NAT with)."""
+    past_nat = f"; direct to {direct_peers} peers past NAT" if direct_peers else ""
     if verdict == "direct":
-        return f"reachable at {address}"
+        return f"reachable at {address}{past_nat}"
     if verdict == "unreachable" and relay is not None:
-        return f"behind NAT: serving through relay {relay} (peers cannot dial {address})"
+        return f"behind NAT: serving through relay {relay} (peers cannot dial {address}){past_nat}"
     if verdict == "unreachable":
         return f"behind NAT: peers cannot dial {address} back; looking for a relay"
     return TEXT_CHECKING
@@ -158,6 +162,9 @@ class ReachabilityDriver:
         sets it): while one holds, the verdict stands unchecked, since the
         advertised address is the relay's and a dial-back would prove only
         that the relay works."""
+        self.direct_peers: Callable[[], int] = lambda: 0
+        """How many members this node holds a direct path past NAT with
+        (`runtime.node.direct_paths`, which sets it), for the words."""
         self.counters: Counter[str] = Counter()
         membership.on_dial = self.handle
 
@@ -181,7 +188,7 @@ class ReachabilityDriver:
         return {
             "verdict": self._verdict,
             "address": address,
-            "says": reachability_text(self._verdict, address, self.relay),
+            "says": reachability_text(self._verdict, address, self.relay, self.direct_peers()),
             "relay": self.relay,
             "answers": self.core.answers(),
             "counters": dict(self.counters),

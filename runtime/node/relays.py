@@ -105,6 +105,7 @@ class NodeRelays:
             {"control": self._local["control"], "data": self._local["data"]},
             self._reach,
         )
+        node.reachability.direct_peers = self.direct.peers
         self.counters: Counter[str] = Counter()
 
     async def start(self, nursery: trio.Nursery, api: str) -> dict[str, str]:

@@ -224,6 +224,12 @@ def test_the_verdicts_in_words() -> None:
     assert reachability_text("unreachable", "tcp://x:1", "tcp://r:7101") == (
         "behind NAT: serving through relay tcp://r:7101 (peers cannot dial tcp://x:1)"
     )
+    assert reachability_text("unreachable", "tcp://x:1", "tcp://r:7101", 2).endswith(
+        "; direct to 2 peers past NAT"
+    )
+    assert reachability_text("direct", "tcp://a:1", None, 3) == (
+        "reachable at tcp://a:1; direct to 3 peers past NAT"
+    )
 
 
 async def test_a_prober_with_every_dial_in_use_refuses_more(tmp_path: Path) -> None:
