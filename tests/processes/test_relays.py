@@ -167,6 +167,9 @@ RELAY_LINE: Final = re.compile(
 """A relay protocol line (fields: hex, ports, the IP a `RESERVED` saw)."""
 HTTP_START: Final = re.compile(rb"(GET|POST|HEAD) /[^ ]* HTTP/1\.1\r\n|HTTP/1\.1 \d{3} ")
 """A relayed API flow: an HTTP/1.1 request line, or the response's status line."""
+CHAT_WORDS: Final = MESSAGES[0]["content"].encode()
+"""The prompt, which only ever travels to the entry (not relayed) and, as
+token ids, inside CURVE."""
 PLAINTEXT: Final = (b"session", b"float32")
 """What any data-plane header says in the clear (its CBOR keys and dtype)."""
 
@@ -203,14 +206,18 @@ def relayed_flows(out: Path) -> dict[str, bytes]:
 
 def assert_curve_or_http(out: Path) -> tuple[int, int]:
     """Every relayed flow that carried anything is either ZeroMQ (opens
-    with a ZMTP CURVE greeting and shows no plaintext header) or the HTTP
-    API (a request or response line: plain HTTP, as it is when direct);
-    how many of each."""
+    with a ZMTP CURVE greeting and shows no plaintext header) or a call
+    between nodes on the HTTP API (`/v1/network/...`: public files, signed
+    calls; plain HTTP, as it is when direct), never a chat; how many of
+    each."""
     curve = http = 0
     for key, payload in relayed_flows(out).items():
         if not payload:
             continue  # a reservation: protocol lines only
         if HTTP_START.match(payload):
+            paths = re.findall(rb"(?:GET|POST|HEAD) (/[^ ]*) HTTP/1\.1\r\n", payload)
+            assert all(p.startswith(b"/v1/network/") for p in paths), f"{key}: {paths}"
+            assert CHAT_WORDS not in payload, f"{key} carries the chat"
             http += 1
             continue
         assert ZMTP_CURVE_GREETING.match(payload), f"{key} is not ZMTP/CURVE: {payload[:64]!r}"
