@@ -18,7 +18,6 @@ import trio
 from mesh.identity import Identity
 from mesh.punch import PUNCH_TIMEOUT_S, PunchRequest
 from mesh.records import Addresses
-from mesh.transport import open_planes
 from runtime.node.direct_paths import (
     NodeDirectPaths,
     Reach,
@@ -28,6 +27,7 @@ from runtime.node.direct_paths import (
 )
 from runtime.node.hostport import parse_hostport
 from tests.runtime.lab.fixtures import MakeLab, make_lab  # noqa: F401 - the fixture
+from tests.runtime.node.test_relay_splice import loopback_planes
 
 TIMEOUT_S = 10.0
 RELAYED = "tcp://127.0.0.1:9"
@@ -51,12 +51,8 @@ async def test_a_punched_path_carries_curve_zeromq_in_place_of_the_relay() -> No
     drops: collections.Counter[str] = collections.Counter()
     async with (
         trio.open_nursery() as nursery,
-        open_planes(
-            "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=home.plane_keys()
-        ) as (control, data),
-        open_planes(
-            "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=entry.plane_keys()
-        ) as (their_control, their_data),
+        loopback_planes(home, drops) as (control, data),
+        loopback_planes(entry, drops) as (their_control, their_data),
     ):
         local = {"control": parse_hostport(control.address), "data": parse_hostport(data.address)}
         answering = NodeDirectPaths(

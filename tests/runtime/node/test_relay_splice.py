@@ -8,12 +8,14 @@ the reservation; bad input is refused, counted, and the relay keeps serving."""
 from __future__ import annotations
 
 import collections
+from contextlib import AbstractAsyncContextManager
 
 import httpx
 import trio
 
 from mesh.identity import Identity
 from mesh.relay import MAX_LINE_BYTES, PLANES, Plane, encode_line
+from mesh.transport import Plane as Plane_
 from mesh.transport import open_planes
 from runtime.node.hostport import HostPort, parse_hostport
 from runtime.node.relay_client import RelayRefused, hold_reservation
@@ -24,6 +26,15 @@ SECRET = b"only the two peers may read this " * 8
 TIMEOUT_S = 10.0
 
 
+def loopback_planes(
+    identity: Identity, drops: collections.Counter[str]
+) -> AbstractAsyncContextManager[tuple[Plane_, Plane_]]:
+    """A node's two CURVE planes on free loopback ports."""
+    return open_planes(
+        "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=identity.plane_keys()
+    )
+
+
 async def test_a_third_party_speaks_curve_zeromq_to_a_relayed_node_end_to_end() -> None:
     behind, dialer = Identity.generate(), Identity.generate()
     relay = RelayServer("127.0.0.1", 0)
@@ -31,12 +42,8 @@ async def test_a_third_party_speaks_curve_zeromq_to_a_relayed_node_end_to_end() 
     counters: collections.Counter[str] = collections.Counter()
     async with (
         trio.open_nursery() as nursery,
-        open_planes(
-            "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=behind.plane_keys()
-        ) as (control, data),
-        open_planes(
-            "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=dialer.plane_keys()
-        ) as (their_control, their_data),
+        loopback_planes(behind, drops) as (control, data),
+        loopback_planes(dialer, drops) as (their_control, their_data),
     ):
         port = await nursery.start(relay.run)
         relayed: dict[Plane, HostPort] = {}
