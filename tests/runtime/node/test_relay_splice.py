@@ -15,7 +15,7 @@ import trio
 
 from mesh.identity import Identity
 from mesh.relay import MAX_LINE_BYTES, PLANES, Plane, encode_line
-from mesh.transport import Plane as Plane_
+from mesh.transport import Plane as ZmqPlane
 from mesh.transport import open_planes
 from runtime.node.hostport import HostPort, parse_hostport
 from runtime.node.relay_client import RelayRefused, hold_reservation
@@ -28,7 +28,7 @@ TIMEOUT_S = 10.0
 
 def loopback_planes(
     identity: Identity, drops: collections.Counter[str]
-) -> AbstractAsyncContextManager[tuple[Plane_, Plane_]]:
+) -> AbstractAsyncContextManager[tuple[ZmqPlane, ZmqPlane]]:
     """A node's two CURVE planes on free loopback ports."""
     return open_planes(
         "tcp://127.0.0.1:0", "tcp://127.0.0.1:0", drops=drops, keys=identity.plane_keys()
