@@ -170,8 +170,8 @@ def say(message: str) -> None:
 class LyingShard:
     """A real shard that adds noise to its output on each forward with
     probability ``probability`` (1: always), from a seeded generator: an
-    attacker's patched node, not a mock. ``lies`` counts the forwards it
-    corrupted."""
+    attacker's patched node, not a mock. A batched forward's rows are
+    steps each, and each lies so. ``lies`` counts the outputs it corrupted."""
 
     def __init__(self, shard: ShardBackend, probability: float, seed: int) -> None:
         self._shard = shard
@@ -183,7 +183,14 @@ class LyingShard:
         return getattr(self._shard, name)
 
     def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
-        output = self._shard.forward(inputs, positions, cache)
+        return self._maybe_lie(self._shard.forward(inputs, positions, cache))
+
+    def forward_batch(
+        self, steps: Sequence[tuple[np.ndarray, np.ndarray, KVCache]]
+    ) -> list[np.ndarray]:
+        return [self._maybe_lie(output) for output in self._shard.forward_batch(steps)]
+
+    def _maybe_lie(self, output: np.ndarray) -> np.ndarray:
         if self._rng.random() < self._probability:
             self.lies += 1
             noise = self._rng.standard_normal(output.shape).astype(np.float32)

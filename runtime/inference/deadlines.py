@@ -22,6 +22,7 @@ from typing import Final
 from mesh.routes import MIN_DECODE_TOKENS_PER_S
 
 __all__ = [
+    "BATCHED_STEP_STRETCH",
     "DEADLINE_CEILING_S",
     "DEADLINE_FACTOR",
     "DEADLINE_FLOOR_S",
@@ -103,6 +104,19 @@ class HopPace:
         return HopPace(self.prefill_s_per_token * factor, self.decode_step_s * factor)
 
 
+BATCHED_STEP_STRETCH: Final = 4.0
+"""How many times its lone decode step a loaded hop's step is expected to
+take. A hop runs the decode steps that wait for its shard as one batched
+forward (`runtime.inference.batcher`), up to `batcher.MAX_BATCH_ROWS`
+sessions' steps, and each of them takes the whole batch's time: on the
+development CPU a full batch of 16 took 36-58 ms at 32-128 positions of
+context, 3-4x a step alone (docs/design/batching.md); a GPU, whose decode
+step is bound by reading the weights, takes less. A node's stated decode
+rate is its doctor's, of one step alone, so the step it states is
+stretched by this; a step the entry observed is not (it took whatever
+batches the hop ran). `DEADLINE_FACTOR` then allows for the wait behind
+the forward already running, as for any queue."""
+
 UNMEASURED_PACE: Final = HopPace(prefill_s_per_token=0.005, decode_step_s=0.05)
 """For a hop the caller has no figure for (a spot check's replay, a test):
 200 prompt tokens and 20 steps a second, a 7B-class model's span on a
@@ -119,17 +133,21 @@ def expected_pace(
 ) -> HopPace:
     """What to expect of a node: what this entry observed it take where it
     has (`mesh.observed_speed.ObservedSpeeds`), else what its capability
-    report states its doctor measured, else (no report: None)
-    `UNMEASURED_PACE`.
+    report states its doctor measured (a lone step's, so a decode step is
+    expected to take `BATCHED_STEP_STRETCH` times it: the hop may be
+    running a full batch), else (no report: None) `UNMEASURED_PACE`.
 
     A stated decode rate of 0 (measurement missing) counts as
     `mesh.routes.MIN_DECODE_TOKENS_PER_S`, as routes price it; a stated
     prefill rate of 0 as the decode step per token (a prefill is never
     slower than its tokens one step at a time)."""
+    claimed_step = None
+    if claimed_decode_tokens_per_s is not None:
+        claimed_step = 1.0 / max(claimed_decode_tokens_per_s, MIN_DECODE_TOKENS_PER_S)
     if observed_step_s is not None:
         step = observed_step_s
-    elif claimed_decode_tokens_per_s is not None:
-        step = 1.0 / max(claimed_decode_tokens_per_s, MIN_DECODE_TOKENS_PER_S)
+    elif claimed_step is not None:
+        step = claimed_step * BATCHED_STEP_STRETCH
     else:
         step = UNMEASURED_PACE.decode_step_s
     if observed_prefill_s_per_token is not None:
@@ -138,6 +156,8 @@ def expected_pace(
         per_token = UNMEASURED_PACE.prefill_s_per_token
     elif claimed_prefill_tokens_per_s > 0:
         per_token = 1.0 / max(claimed_prefill_tokens_per_s, MIN_DECODE_TOKENS_PER_S)
+    elif observed_step_s is None and claimed_step is not None:
+        per_token = claimed_step  # no slower than its tokens one lone step at a time
     else:
         per_token = step
     return HopPace(per_token, step)

@@ -6,9 +6,12 @@ over the inputs with the session's KV cache and pushes the result on:
 activations to the next hop, or, on the last hop, the sampled token back to
 the entry. This module is what a hop does with the messages of
 `runtime.inference.protocol` (`HopServer`) and what it counts (`HopStats`).
+Decode steps that find the shard busy wait and run together, as one
+batched forward (`runtime.inference.batcher`).
 
 Why the hop behaves as it does (threads, bad input, errors):
-docs/design/inference-protocol.md#the-hop-server.
+docs/design/inference-protocol.md#the-hop-server; how batches form:
+docs/design/batching.md#forming-batches-at-a-hop.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from mesh.identity import Signer
 from mesh.newcomers import neighbourhood
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS
+from runtime.inference.batcher import MAX_BATCH_ROWS, BatchStats, DecodeQueue
 from runtime.inference.blame import (
     Contradiction,
     Receipt,
@@ -151,6 +155,14 @@ REAP_FRACTION: Final = 4
 # pos, a compute_us per hop): a few hundred bytes in practice.
 HEADER_ROOM_BYTES: Final = 16 * 1024
 
+# A session that stepped on this hop within this long is live: its next step
+# is due, so a step of another session goes to the batcher instead of running
+# at once on the loop (HopServer._idle). A decode step comes back within a
+# few hundred milliseconds on a chain fast enough for batching to matter, and
+# the entry closes a session when its request ends; a second is past both,
+# and a lone session is back on the fast path a second after the others end.
+LIVE_S: Final = 1.0
+
 # Steps that may wait for one session's task. The entry sends one step and
 # waits for its token before the next, so an honest session never queues
 # more than one; the bound only stops a misbehaving peer from queueing
@@ -171,13 +183,18 @@ class HopStats:
     prefill_tokens: int = 0
     prefill_compute_s: float = 0.0
     reaped: int = 0  # sessions closed by the idle reaper
-    # Each step's time, by phase (``/metrics``: shardmesh_hop_step_seconds).
+    # Each forward's time, by phase (``/metrics``: shardmesh_hop_step_seconds);
+    # a batch of decode steps is one forward.
     decode_step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
     prefill_step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
+    batching: BatchStats = field(default_factory=BatchStats)
 
-    def count(self, tokens: int, seconds: float) -> None:
+    def count(self, tokens: int, seconds: float, rows: int = 1) -> None:
+        """One forward of ``tokens`` per row took ``seconds``; ``rows`` > 1
+        is a batch of decode steps, whose time is counted once (the shard
+        was busy that long), its steps one each."""
         if tokens == 1:  # a decode step; more tokens are a prefill or a replay
-            self.decode_steps += 1
+            self.decode_steps += rows
             self.decode_compute_s += seconds
             self.decode_step_s.observe(seconds)
         else:
@@ -198,6 +215,7 @@ class HopStats:
                 "decode": self.decode_step_s.to_json(),
                 "prefill": self.prefill_step_s.to_json(),
             },
+            "batching": self.batching.to_json(),
         }
 
 
@@ -230,6 +248,10 @@ class _Result:
     refusal: Contradiction | str | None = None
     """Set when the step was not computed: what arrived disagrees with the
     sender's commitment (proof against it, or text when nothing is provable)."""
+
+
+def _refused(refusal: Contradiction | str) -> _Result:
+    return _Result(None, None, 0, None, {}, refusal)
 
 
 @dataclass(eq=False)
@@ -280,6 +302,18 @@ class _Session:
     matcher: Matcher | None = None
 
 
+@dataclass(eq=False)
+class _Row:
+    """A decode step waiting for the batcher, and what came of it: its
+    result, or the error that failed it; ``done`` once either is set."""
+
+    session: _Session
+    work: _Step
+    done: trio.Event = field(default_factory=trio.Event)
+    result: _Result | None = None
+    error: Exception | None = None
+
+
 class HopServer:
     """Serves one shard to entries over the data plane.
 
@@ -326,6 +360,9 @@ class HopServer:
         self._sessions: dict[str, _Session] = {}
         # One forward at a time on this shard's device (see the module docstring).
         self._compute = trio.CapacityLimiter(1)
+        # Decode steps waiting for the busy shard, and the batcher's wake-up.
+        self._decodes: DecodeQueue[str, _Row] = DecodeQueue()
+        self._wake = trio.Event()
         self._nursery: trio.Nursery | None = None
         self.leaving = False
         """Set when the node is stopping: new sessions are refused (`busy`),
@@ -364,9 +401,11 @@ class HopServer:
         return await trio.to_thread.run_sync(fn, *args, limiter=self._compute)
 
     async def run(self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Host the session tasks and reap idle sessions, until cancelled."""
+        """Host the session tasks and the batcher, and reap idle sessions,
+        until cancelled."""
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self._batch_forever, name="hop.batcher")
             task_status.started()
             try:
                 while True:
@@ -606,8 +645,8 @@ class HopServer:
         # read-only memory without a warning. One activation row per decode step.
         inputs = np.frombuffer(raw, dtype=np.dtype(dtype)).reshape(shape).copy()
         work = _Step(step, pos, inputs, compute_us, handoff)
-        if shape[0] <= INLINE_MAX_TOKENS and not session.queued and self._compute.available_tokens:
-            # Nothing of this session's is ahead of it and the shard is free.
+        if shape[0] <= INLINE_MAX_TOKENS and not session.queued and self._idle(session):
+            # Nothing is ahead of it, and no other session's step is due.
             session.next_pos = pos + shape[0]
             self._run_now(session, work)
             return
@@ -620,6 +659,22 @@ class HopServer:
         session.queued += 1
         session.last_used = trio.current_time()
 
+    def _idle(self, session: _Session) -> bool:
+        """Whether a step of ``session`` may run at once, on the loop: the
+        shard is free, no decode step waits for it (a step that arrives
+        while others wait joins their batch), and no other session stepped
+        here within ``LIVE_S``. Under load, every decode step goes to the
+        batcher, whose forwards run in a worker thread: a step run on the
+        loop would hold it, the others' steps would arrive only after, find
+        the shard free and run alone too, and no batch would ever form."""
+        if not self._compute.available_tokens or self._decodes:
+            return False
+        horizon = trio.current_time() - LIVE_S
+        return not any(
+            other.started and other.last_used > horizon and other is not session
+            for other in self._sessions.values()
+        )
+
     async def _serve(
         self,
         session: _Session,
@@ -631,21 +686,70 @@ class HopServer:
             try:
                 async for work in inbox:
                     try:
-                        if work.inputs.shape[0] <= INLINE_MAX_TOKENS:
-                            async with self._compute:
-                                result = self._compute_step(session, work)
-                        else:
-                            result = await trio.to_thread.run_sync(
-                                self._compute_step, session, work, limiter=self._compute
-                            )
+                        result = await self._queued_step(session, work)
                     except Exception as exc:  # a failing shard must not take the server down
                         self._shard_failed(session, work.step, exc)
                         return
                     finally:
                         session.queued -= 1
+                    if self._sessions.get(session.id) is not session:
+                        return  # closed while its step ran in a batch: nobody waits for it
                     self._push(session, work, result)
             finally:
                 self._close(session)
+
+    async def _queued_step(self, session: _Session, work: _Step) -> _Result:
+        """Run a step that waited: a decode step in the batcher's next batch;
+        a prefill, a replay or a spot check's step alone, a prefill in a
+        worker thread."""
+        tokens = work.inputs.shape[0]
+        if tokens == 1 and session.check is None:
+            return await self._in_batch(session, work)
+        if tokens <= INLINE_MAX_TOKENS:
+            async with self._compute:
+                return self._compute_step(session, work)
+        return await trio.to_thread.run_sync(
+            self._compute_step, session, work, limiter=self._compute
+        )
+
+    async def _in_batch(self, session: _Session, work: _Step) -> _Result:
+        """Wait for the batcher to run ``work`` in a batch; its result, or
+        the error that failed it. A session closed meanwhile leaves the
+        queue (a batch already running computes its row, unsent)."""
+        row = _Row(session, work)
+        self._decodes.add(session.id, row, trio.current_time())
+        self._wake.set()
+        try:
+            await row.done.wait()
+        finally:
+            if not row.done.is_set():
+                self._decodes.discard(row)
+        if row.error is not None:
+            raise row.error
+        assert row.result is not None
+        return row.result
+
+    async def _batch_forever(self) -> None:
+        """The batcher: whenever decode steps wait, run them in batches."""
+        while True:
+            await self._wake.wait()
+            self._wake = trio.Event()
+            while self._decodes:
+                await self._run_batch()
+
+    async def _run_batch(self) -> None:
+        """Take the shard, then the waiting steps (those that arrived while
+        it was busy included), and run them as one forward in a worker
+        thread, even one alone: the loop keeps receiving meanwhile, and the
+        steps that arrive make the next batch (see :meth:`_idle`)."""
+        async with self._compute:
+            rows, waits = self._decodes.take(MAX_BATCH_ROWS, trio.current_time())
+            if not rows:
+                return  # their sessions left while the shard was busy
+            self.stats.batching.count(waits)
+            await trio.to_thread.run_sync(self._compute_rows, rows)
+        for row in rows:
+            row.done.set()
 
     def _run_now(self, session: _Session, work: _Step) -> None:
         """Run a decode step right here in the receive loop, as the session's
@@ -742,25 +846,77 @@ class HopServer:
         microseconds the forward took (the commitment is not counted: the
         entry wants the compute's cost, and the benchmark measures the
         commitment's separately)."""
-        received = b""  # what this hop signs it received: the sender's rows' digest
-        if work.handoff is not None:
-            sender, signature = work.handoff
-            digests = row_digests(work.inputs)
-            refusal = check_handoff(sender, signature, work.inputs, digests)
-            if refusal is not None:
-                return _Result(None, None, 0, None, {}, refusal)
-            received = joined_digest(digests)
+        received, refusal = _received(work)
+        if refusal is not None:
+            return _refused(refusal)
         tokens = work.inputs.shape[0]
-        positions = np.arange(work.pos, work.pos + tokens, dtype=np.int64)
         began = time.perf_counter()
-        output = self.shard.forward(work.inputs, positions, session.cache)
-        token: int | None = None
-        if session.sampling is not None:
-            token = self._sample(session, output[-1], work.step)
+        output = self.shard.forward(work.inputs, _positions(work), session.cache)
+        token = self._sampled(session, output, work.step)
         took = time.perf_counter() - began
         # Only one forward runs at a time (the compute limiter), so this is
         # the stats' only writer even when it runs in a worker thread.
         self.stats.count(tokens, took)
+        return self._committed(session, work, received, output, token, took)
+
+    def _compute_rows(self, rows: list[_Row]) -> None:
+        """Run a batch's decode steps, setting each row's result or error: a
+        row whose handoff is refused leaves the batch (refused alone), the
+        others go through the shard as one forward; then each samples and
+        commits on its own, and a row that fails there fails alone. Every
+        row reports the batch's time as its compute: the step took that
+        long for each of them."""
+        if len(rows) == 1:
+            row = rows[0]
+            row.result = _attempt(row, self._compute_step, row.session, row.work)
+            return
+        accepted: list[tuple[_Row, bytes]] = []
+        for row in rows:
+            received, refusal = _attempt(row, _received, row.work) or (b"", None)
+            if refusal is not None:
+                row.result = _refused(refusal)
+            elif row.error is None:
+                accepted.append((row, received))
+        if not accepted:
+            return
+        steps = [(r.work.inputs, _positions(r.work), r.session.cache) for r, _ in accepted]
+        began = time.perf_counter()
+        try:
+            outputs = self.shard.forward_batch(steps)
+        except Exception as exc:  # one forward: every row of it failed
+            for row, _ in accepted:
+                row.error = exc
+            return
+        tokens = [
+            _attempt(row, self._sampled, row.session, output, row.work.step)
+            for (row, _), output in zip(accepted, outputs, strict=True)
+        ]
+        took = time.perf_counter() - began
+        self.stats.count(1, took, rows=len(accepted))
+        for (row, received), output, token in zip(accepted, outputs, tokens, strict=True):
+            if row.error is None:
+                args = (row.session, row.work, received, output, token, took)
+                row.result = _attempt(row, self._committed, *args)
+
+    def _sampled(self, session: _Session, output: np.ndarray, step: int) -> int | None:
+        """The last hop's token for ``step`` from its logits; None elsewhere."""
+        if session.sampling is None:
+            return None
+        return self._sample(session, output[-1], step)
+
+    def _committed(
+        self,
+        session: _Session,
+        work: _Step,
+        received: bytes,
+        output: np.ndarray,
+        token: int | None,
+        took: float,
+    ) -> _Result:
+        """A computed step's result: its output (activations, or the token
+        and a spot check's verdicts) and this hop's commitment to it, the
+        next link of the session's hash chain, signed where it must be."""
+        tokens = work.inputs.shape[0]
         checked: dict[str, list[Any]] = {}
         if session.check is not None:
             checked, judged = self._check_tokens(session, work.pos, output)
@@ -901,6 +1057,35 @@ class HopServer:
 
     def _send(self, addr: str, peer: bytes, header: Mapping[str, Any]) -> None:
         self.plane.send(addr, encode_message(header), peer=peer)
+
+
+# --- a step's parts -------------------------------------------------------------
+
+
+def _positions(work: _Step) -> np.ndarray:
+    return np.arange(work.pos, work.pos + work.inputs.shape[0], dtype=np.int64)
+
+
+def _received(work: _Step) -> tuple[bytes, Contradiction | str | None]:
+    """What this hop signs it received (the sender's rows' digest; nothing
+    on the first hop), or why the rows are refused: they disagree with the
+    sender's commitment (runtime.inference.blame.check_handoff)."""
+    if work.handoff is None:
+        return b"", None
+    sender, signature = work.handoff
+    digests = row_digests(work.inputs)
+    refusal = check_handoff(sender, signature, work.inputs, digests)
+    return (b"", refusal) if refusal is not None else (joined_digest(digests), None)
+
+
+def _attempt(row: _Row, part: Callable[..., T], *args: Any) -> T | None:
+    """``part(*args)``, one row's part of a batch; an exception fails that
+    row alone (its ``error``), and gives None."""
+    try:
+        return part(*args)
+    except Exception as exc:
+        row.error = exc
+        return None
 
 
 # --- handoffs: the sender's commitment and receipt, riding on its forward -----

@@ -27,6 +27,7 @@ patches only what goes out.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -40,7 +41,8 @@ NOISE = 0.5
 
 
 class _LyingShard:
-    """The real shard, whose forward lies on the steps ``lies`` picks."""
+    """The real shard, whose forward lies on the steps ``lies`` picks; a
+    batched forward's rows are served steps each, and lie each the same way."""
 
     def __init__(self, shard: Any, lies: Any) -> None:
         self._shard = shard
@@ -52,7 +54,14 @@ class _LyingShard:
         return getattr(self._shard, name)
 
     def forward(self, inputs: np.ndarray, positions: np.ndarray, cache: Any) -> np.ndarray:
-        output = self._shard.forward(inputs, positions, cache)
+        return self._served_step(self._shard.forward(inputs, positions, cache))
+
+    def forward_batch(
+        self, steps: Sequence[tuple[np.ndarray, np.ndarray, Any]]
+    ) -> list[np.ndarray]:
+        return [self._served_step(output) for output in self._shard.forward_batch(steps)]
+
+    def _served_step(self, output: np.ndarray) -> np.ndarray:
         served, self._served = self._served, self._served + 1
         if not self._lies(served, self._rng):
             return output
@@ -61,12 +70,13 @@ class _LyingShard:
 
 
 def _lie_in_transit(mode: str) -> None:
-    """Patch what a step sends, after its honest commitment is made."""
-    honest_step = hop_server.HopServer._compute_step
+    """Patch what a step sends, after its honest commitment is made: every
+    step's result, alone or a row of a batch, comes from `_committed`."""
+    honest_step = hop_server.HopServer._committed
     rng = np.random.default_rng(11)
 
-    def lying_step(self: Any, session: Any, work: Any) -> Any:
-        result = honest_step(self, session, work)
+    def lying_step(self: Any, session: Any, work: Any, *computed: Any) -> Any:
+        result = honest_step(self, session, work, *computed)
         if mode == "transit" and result.hidden is not None:
             spread = float(result.hidden.std())
             noise = rng.standard_normal(result.hidden.shape).astype(np.float32)
@@ -75,7 +85,7 @@ def _lie_in_transit(mode: str) -> None:
             return dataclasses.replace(result, token=(result.token + 1) % self.shard.vocab_size)
         return result
 
-    hop_server.HopServer._compute_step = lying_step  # type: ignore[method-assign]
+    hop_server.HopServer._committed = lying_step  # type: ignore[method-assign]
 
 
 def _equivocate() -> None:

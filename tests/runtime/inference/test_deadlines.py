@@ -9,7 +9,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mesh.routes import MIN_DECODE_TOKENS_PER_S
+from runtime.inference.batcher import MAX_BATCH_ROWS
 from runtime.inference.deadlines import (
+    BATCHED_STEP_STRETCH,
     DEADLINE_CEILING_S,
     DEADLINE_FACTOR,
     DEADLINE_FLOOR_S,
@@ -54,9 +56,10 @@ def test_the_issue_15_hop_gets_the_time_its_doctor_measured() -> None:
     deadline = DEFAULT_DEADLINES.step_s(expected)
     assert deadline == pytest.approx(DEADLINE_FLOOR_S + DEADLINE_FACTOR * sum(expected))
     assert deadline > 100 > 2 + 512 * 0.005
-    # A decode step of a fast chain is given about what the fixed 2 s gave.
+    # A decode step of a fast chain is given about what the fixed 2 s gave,
+    # though each hop may be running a full batch.
     fast = [gpu.step_s(1, prefill=False)] * 3
-    assert DEFAULT_DEADLINES.step_s(fast) == pytest.approx(DEADLINE_FLOOR_S + 4 * 0.03)
+    assert DEFAULT_DEADLINES.step_s(fast) == pytest.approx(DEADLINE_FLOOR_S + 4 * 3 * 0.04)
 
 
 @settings(max_examples=200, deadline=None)
@@ -89,13 +92,17 @@ def test_what_a_node_is_expected_to_take() -> None:
         observed_step_s=0.03,
     )
     assert pace == HopPace(0.004, 0.03)
-    # ...and the claim stands in for what was not observed.
+    # ...and the claim stands in for what was not observed: a lone step's,
+    # stretched for a batch the hop may be running.
     pace = expected_pace(claimed_prefill_tokens_per_s=1000.0, claimed_decode_tokens_per_s=100.0)
-    assert (pace.prefill_s_per_token, pace.decode_step_s) == pytest.approx((0.001, 0.01))
+    assert (pace.prefill_s_per_token, pace.decode_step_s) == pytest.approx(
+        (0.001, 0.01 * BATCHED_STEP_STRETCH)
+    )
     # A rate of 0 is a missing measurement: decode as slow as routes price
-    # it, prefill no slower than its tokens one decode step at a time.
+    # it, prefill no slower than its tokens one lone decode step at a time.
     pace = expected_pace(claimed_prefill_tokens_per_s=0.0, claimed_decode_tokens_per_s=0.0)
-    assert pace == HopPace(1 / MIN_DECODE_TOKENS_PER_S, 1 / MIN_DECODE_TOKENS_PER_S)
+    slowest = 1 / MIN_DECODE_TOKENS_PER_S
+    assert pace == HopPace(slowest, slowest * BATCHED_STEP_STRETCH)
     pace = expected_pace(
         claimed_prefill_tokens_per_s=0.0, claimed_decode_tokens_per_s=50.0, observed_step_s=0.1
     )
@@ -202,3 +209,23 @@ def test_the_stall_is_the_hop_that_held_the_step_the_most_times_its_expectation(
         assert (report - start) / expected[i] <= stall.slowdown * (1 + 1e-9)
         start = report
     assert (now - start) / expected[reporting] <= stall.slowdown * (1 + 1e-9)
+
+
+def test_a_claimed_step_allows_for_a_full_batch_an_observed_one_is_as_seen() -> None:
+    """A doctor times a lone step; a loaded hop runs up to MAX_BATCH_ROWS
+    sessions' steps as one forward, each taking the batch's time (measured
+    3-4x a lone step on a CPU at 16 rows): a step on such a hop is expected
+    that much slower, so a loaded hop is not taken for a slow one. What the
+    entry observed already holds the batches the hop ran."""
+    assert MAX_BATCH_ROWS > 1 and 1 < BATCHED_STEP_STRETCH <= MAX_BATCH_ROWS
+    lone = 1 / 50.0
+    claimed = expected_pace(claimed_prefill_tokens_per_s=500.0, claimed_decode_tokens_per_s=50.0)
+    batch = lone * BATCHED_STEP_STRETCH
+    assert claimed.decode_step_s == pytest.approx(batch)
+    # A step of a full batch, behind another one, is within the deadline.
+    deadline = DEFAULT_DEADLINES.step_s([claimed.step_s(1, prefill=False)])
+    assert deadline > DEADLINE_FLOOR_S + 2 * batch
+    observed = expected_pace(
+        claimed_prefill_tokens_per_s=500.0, claimed_decode_tokens_per_s=50.0, observed_step_s=0.03
+    )
+    assert observed.decode_step_s == 0.03
