@@ -1,8 +1,9 @@
 """The `wan` membership profile tuned in the WAN lab: candidates measured side by side.
 
-    python -m benchmarks.wan_profile [--json] [--quick] [--minutes M]
+    python -m benchmarks.wan_profile [--json] [--quick] [--minutes M] [--case RTT:LOSS]
 
-For each case (40 ms RTT and 1% loss on every link, then 100 ms and 3%) a
+For each case (40 ms RTT and 1% loss on every link, 100 ms and 3%, 300 ms
+and 1%; `--case` picks others) a
 lab of five public sites (`runtime.lab`) runs one five-node swarm of real
 `shardmesh node` processes (membership only, no model) per candidate
 setting of probe_interval / probe_timeout / suspicion_mult, all at once,
@@ -59,14 +60,17 @@ CANDIDATES: tuple[dict[str, float], ...] = (
 )
 """A ladder from slow to fast: the profile's first, guessed values (5 s /
 3 s / 6), two steps between, and lan's probe and suspicion timings."""
-CASES = ((40.0, 0.01), (100.0, 0.03))
+CASES = ((40.0, 0.01), (100.0, 0.03), (300.0, 0.01))
 """(RTT ms between every pair, loss on every access link): the issue's
-volunteers, and a harsh internet (a 3% path loss is 6% per round trip)."""
+volunteers; a harsh internet (3% on each link: 6% of round trips lose a
+packet); and the far end of the profile's range, a home link across the
+world (300 ms), where a lost packet's TCP retransmission alone takes
+longer than a short probe timeout."""
 SITES = ("a", "b", "c", "d", "e")
 VICTIM = "e"
 """The site whose node is SIGKILLed (a founds each swarm and stays)."""
-DEFAULT_MINUTES = 7.0
-"""Watched per case: two cases and their kills in about 17 minutes."""
+DEFAULT_MINUTES = 5.0
+"""Watched per case: three cases and their kills in about 20 minutes."""
 QUICK_OBSERVE_S = 10.0
 MAX_FALSE_SUSPICIONS_PER_NODE_MINUTE = 0.1
 """"Few": a live node falsely suspected at most once in ten minutes. Each
@@ -468,6 +472,17 @@ def print_case(case: dict[str, Any]) -> None:
         )
 
 
+def case_arg(text: str) -> tuple[float, float]:
+    """`100:0.03` -> (100.0, 0.03): RTT in ms, loss as a fraction."""
+    try:
+        rtt, loss = (float(part) for part in text.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want RTT_MS:LOSS, e.g. 100:0.03") from None
+    if not (rtt > 0 and 0 <= loss < 1):
+        raise argparse.ArgumentTypeError(f"{text!r}: RTT must be > 0 and loss in [0, 1)")
+    return rtt, loss
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == [NODE_SETTINGS_FLAG] and len(argv) >= 2:
@@ -483,13 +498,20 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help=f"watched per case (default {DEFAULT_MINUTES:g}; --quick {QUICK_OBSERVE_S:g} s)",
     )
+    parser.add_argument(
+        "--case",
+        action="append",
+        type=case_arg,
+        metavar="RTT:LOSS",
+        help="measure this case (ms, fraction) instead of the defaults; repeatable",
+    )
     args = parser.parse_args(argv)
     reason = unavailable()
     if reason is not None:
         parser.error(f"no WAN lab here: {reason}")
     default_s = QUICK_OBSERVE_S if args.quick else DEFAULT_MINUTES * 60
     observe_s = default_s if args.minutes is None else args.minutes * 60
-    cases_run = CASES[:1] if args.quick else CASES
+    cases_run = args.case or (CASES[:1] if args.quick else CASES)
     candidates = [shipped()] if args.quick else list(CANDIDATES)
     began = time.perf_counter()
     cases = []
