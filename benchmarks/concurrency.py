@@ -45,6 +45,10 @@ PROMPT_TOKENS = 16
 no padding and both sides decode the same positions."""
 VOCAB_SIZE = 8192
 SEED = 31
+ENTRIES = 4
+"""Entry nodes the streams are spread over, round robin: a hop gives one
+peer at most its share of its sessions (`session_policy.MAX_SESSION_SHARE`,
+8 of 16), so 16 streams need two entries, 32 four, as many clients would."""
 
 
 async def _stream(
@@ -70,7 +74,9 @@ async def _swarm(
     rng = np.random.default_rng(SEED)
     runs = []
     async with trio.open_nursery() as nursery:
-        entry: Engine = await nursery.start(serve_engine, None, MODEL)
+        entries: list[Engine] = [
+            await nursery.start(serve_engine, None, MODEL) for _ in range(ENTRIES)
+        ]
         nodes: list[Engine] = [await nursery.start(serve_engine, s, MODEL) for s in shards]
         chain = [
             ChainHop(n.plane.keys.node_id.hex(), n.plane.address, (s.spec.start, s.spec.end))
@@ -82,7 +88,8 @@ async def _swarm(
             times: list[list[float]] = []
             began = time.perf_counter()
             async with trio.open_nursery() as streams:
-                for prompt in prompts:
+                for index, prompt in enumerate(prompts):
+                    entry = entries[index % ENTRIES]
                     streams.start_soon(_collect, times, entry, chain, prompt, tokens)
             wall = time.perf_counter() - began
             after = [_batching(node) for node in nodes]
