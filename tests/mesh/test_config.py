@@ -51,8 +51,8 @@ def test_lan_suspects_for_9_s_at_1000_nodes_and_at_most_six_times_that() -> None
 def test_confirmations_needed_grow_with_the_swarm_up_to_the_multiplier() -> None:
     lan = MembershipConfig.lan()  # suspicion_mult 3
     assert [lan.suspicion_confirmations(n) for n in (1, 2, 3, 100)] == [0, 0, 1, 1]
-    wan = MembershipConfig.wan()  # suspicion_mult 6
-    assert wan.suspicion_confirmations(1000) == 4
+    wan = MembershipConfig.wan()  # suspicion_mult 4
+    assert wan.suspicion_confirmations(1000) == 2
 
 
 def test_syncs_slow_down_above_32_nodes_so_their_total_stays_flat() -> None:
