@@ -62,7 +62,7 @@ from runtime.inference.fields import (
     check_fields,
 )
 from runtime.inference.latency import INTER_TOKEN_BUCKETS_S, TTFT_BUCKETS_S, Histogram
-from runtime.inference.protocol import MAX_TOP_LOGPROBS, LogprobRow, max_logprob_rows
+from runtime.inference.protocol import MAX_TOP_LOGPROBS, OP_BUSY, LogprobRow, max_logprob_rows
 from runtime.inference.swarm import SwarmReader
 from runtime.inference.tools import (
     MAX_TOOLS,
@@ -117,6 +117,9 @@ OUTCOME_MODEL_NOT_FOUND: Final = "model_not_found"
 OUTCOME_MODEL_LOADING: Final = "model_loading"
 """503 before generating: coverage incomplete, no routable chain, or the
 tokenizer not to be had from any serving node."""
+CHAINS_FULL_RETRY_S: Final = 1
+"""What a 429 for full chains tells clients to wait: a hop's sessions free
+as generations end, which at tens of tokens a second is seconds."""
 OUTCOME_SWARM_LOST: Final = "swarm_lost"
 """A chain failed mid-generation and no re-route saved it."""
 OUTCOME_CANCELLED: Final = "cancelled"
@@ -1116,7 +1119,19 @@ class ChatService:
         generation.last_token_at = now
 
     def _lost(self, generation: Generation, exc: PipelineError) -> ChatError:
-        """The 503 for a generation no chain could finish, counted and logged."""
+        """The 503 for a generation no chain could finish, counted and logged;
+        a 429 when it never started because every chain's hops were full
+        (busy at `open`): the client may simply come back in a moment."""
+        if generation.completion_tokens == 0 and exc.failure.reason.startswith(OP_BUSY):
+            self.counters["refused_chains_full"] += 1
+            return ChatError(
+                429,
+                f"every chain that serves this model is full ({exc}); try again shortly",
+                type_="requests",  # OpenAI's rate-limit error: type "requests"
+                code="rate_limit_exceeded",
+                headers={"Retry-After": str(CHAINS_FULL_RETRY_S)},
+                extra={"reason": "chains_full"},
+            )
         self.counters["failed"] += 1
         generation.finish_reason = "error"
         log.warning("generation %s failed: %s", generation.id, exc)

@@ -355,7 +355,52 @@ async def test_bad_requests_get_openai_errors_and_the_node_keeps_serving(
         assert error["coverage"]["covered"] == [[0, 3]] and error["coverage"]["gaps"] == [[3, 8]]
         still = await client.post(url, json=good)
         assert still.status_code == 200, still.text
+        await full_chain_answers_429(swarm, node, client, good)
     await assert_no_internal_errors(swarm, nodes)
+
+
+HELD_STREAMS = 8
+"""A hop gives one entry half its 16 sessions (`MAX_SESSION_SHARE`); the
+streams come from two client addresses, four each (the client quota)."""
+
+
+async def full_chain_answers_429(
+    swarm: LocalSwarm, node: LocalNode, client: httpx.AsyncClient, good: dict[str, Any]
+) -> None:
+    """While streams hold every session the only chain gives this entry, one
+    more chat is a 429 that says to come back, not a lost generation."""
+    url = node.api + "/v1/chat/completions"
+    long = {**good, "max_tokens": 1500, "stream": True}
+
+    async def hold(address: str) -> None:
+        transport = httpx.AsyncHTTPTransport(local_address=address)
+        async with (
+            httpx.AsyncClient(transport=transport, timeout=120) as own,
+            own.stream("POST", url, json=long) as streamed,
+        ):
+            async for _ in streamed.aiter_lines():
+                pass
+
+    async with trio.open_nursery() as nursery:
+        for index in range(HELD_STREAMS):
+            nursery.start_soon(hold, f"127.0.0.{2 + index // 4}")
+        await wait_for(
+            swarm,
+            [node],
+            lambda views: views[node.name]["sessions"] >= HELD_STREAMS,
+            READY_TIMEOUT_S,
+            "every session held",
+        )
+        refused = await client.post(url, json=good)
+        nursery.cancel_scope.cancel()
+    assert refused.status_code == 429, refused.text
+    assert refused.headers["retry-after"] == "1"
+    error = refused.json()["error"]
+    assert (error["type"], error["code"], error["reason"]) == (
+        "requests",
+        "rate_limit_exceeded",
+        "chains_full",
+    )
 
 
 def maps_library(node: LocalNode, library: str) -> bool:
