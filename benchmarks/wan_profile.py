@@ -1,22 +1,17 @@
-"""The `wan` membership profile tuned in the WAN lab: candidates measured side by side.
+"""The `wan` membership profile's timings, measured in the WAN lab rather than guessed.
 
     python -m benchmarks.wan_profile [--json] [--quick] [--minutes M] [--case RTT:LOSS]
 
-For each case (40 ms RTT and 1% loss on every link, 100 ms and 3%, 300 ms
-and 1%; `--case` picks others) a
-lab of five public sites (`runtime.lab`) runs one five-node swarm of real
-`shardmesh node` processes (membership only, no model) per candidate
-setting of probe_interval / probe_timeout / suspicion_mult, all at once,
-one node of each swarm in every site. Each swarm converges, is watched for
-`--minutes`, then its node in site e is SIGKILLed. The nodes' own logs
-give false suspicions and deaths per node-minute and the seconds from the
-kill to `dead` at every survivor (beside `detection_bound(5)`); a capture
-in every site gives the bytes each node sends. `chosen` is the fastest
-candidate with no false death and few false suspicions in every case.
-A candidate reaches its nodes through this module's `--node-settings`
-launcher, which overrides the wan profile in that node process only.
-`--quick` runs the shipped profile alone at 40 ms, briefly. Needs root.
-The last line printed is one JSON object: docs/benchmarks.md#wan_profile.
+Per case (`CASES`) one lab of five public sites runs, side by side, a
+five-node swarm of real `shardmesh node` processes (no model) per candidate
+probe_interval / probe_timeout / suspicion_mult, started through this
+module's `--node-settings` launcher (the wan profile overridden in that
+process only). Each swarm is watched for `--minutes`, then its node in
+site e is SIGKILLed. The nodes' logs give false suspicions and deaths per
+node-minute and kill-to-dead time (beside `detection_bound(5)`); a capture
+per site, the bytes a node sends. `chosen`: the fastest candidate clean in
+every case. `--quick`: the shipped profile alone, 40 ms, 10 s. Root only;
+the last line is one JSON object (docs/benchmarks.md#wan_profile).
 """
 
 from __future__ import annotations
@@ -62,8 +57,8 @@ CANDIDATES: tuple[dict[str, float], ...] = (
 3 s / 6), two steps between, and lan's probe and suspicion timings."""
 CASES = ((40.0, 0.01), (100.0, 0.03), (300.0, 0.01))
 """(RTT ms between every pair, loss on every access link): the issue's
-volunteers; a harsh internet (3% on each link: 6% of round trips lose a
-packet); and the far end of the profile's range, a home link across the
+volunteers; a harsh internet (3% on each access link, so about 6% on
+each path one way); and the far end of the profile's range, a home link across the
 world (300 ms), where a lost packet's TCP retransmission alone takes
 longer than a short probe timeout."""
 SITES = ("a", "b", "c", "d", "e")
