@@ -40,7 +40,6 @@ once), while the other workers take the in-process tests."""
 SWARM_MODULES = frozenset(
     {
         "tests/benchmarks/test_wan.py",
-        "tests/benchmarks/test_wan_profile.py",
         "tests/runtime/api/test_app.py",
         "tests/runtime/api/test_auth.py",
         "tests/runtime/api/test_metrics.py",
@@ -63,7 +62,6 @@ LAB_MODULES = frozenset(
         "tests/runtime/lab/test_check.py",
         "tests/runtime/cli/commands/test_lab.py",
         "tests/benchmarks/test_wan.py",
-        "tests/benchmarks/test_wan_profile.py",
     }
 )
 """Modules that build network namespaces (the WAN lab) without the `make_lab`

@@ -1,8 +1,10 @@
 """The wan-profile benchmark (`benchmarks.wan_profile`): how it reads the
-nodes' logs and picks a candidate, that its launcher really gives a node
-process the candidate's profile, and one quick run of the shipped profile
-in a lab, as `--quick --json` prints it (root only: elsewhere it skips,
-saying why no lab can be built)."""
+nodes' logs and picks a candidate, and that its launcher really gives a
+node process the candidate's profile. The shipped profile in a lab (no
+live node taken for dead, a killed one dead within the bound, at 40 ms
+and 1% loss) is tests/processes/test_wan.py's to hold in the suite; the
+benchmark's own runs, `--quick` included, are by hand
+(docs/benchmarks.md#wan_profile)."""
 
 from __future__ import annotations
 
@@ -20,12 +22,10 @@ from benchmarks.wan_profile import (
     choose,
     detection,
     false_alarms,
-    main,
     parse_events,
     shipped,
 )
 from mesh.config import MembershipConfig
-from tests.runtime.lab.fixtures import skip_without_lab
 
 LOG = """\
 2026-12-07 01:51:24,459 INFO shardmesh.node: member b70794ea116d joined (incarnation 0)
@@ -122,33 +122,3 @@ def test_the_launcher_gives_the_node_process_the_candidates_wan_profile() -> Non
     ).stdout
     assert json.loads(out.splitlines()[-1]) == [2.5, 1.25, 7]
     assert MembershipConfig.wan().probe_interval == shipped()["probe_interval"]  # not here
-
-
-def test_quick_mode_holds_the_shipped_profile_to_its_bound_in_a_lab(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    skip_without_lab()
-    assert main(["--quick", "--json"]) == 0
-    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    (case,) = result["cases"]
-    assert (case["rtt_ms"], case["loss"]) == (40.0, 0.01) and case["lab_ok"], case
-    (entry,) = result["candidates"].values()
-    assert entry["settings"] == result["shipped"] == shipped()
-    (run,) = entry["by_case"].values()
-    assert run["converge_s"] is not None and run["node_minutes"] > 0
-    # The issue's acceptance, briefly: no live node taken for dead, and the
-    # SIGKILLed one dead at every survivor within the profile's own bound.
-    assert run["false_deaths"] == 0, run
-    bound = MembershipConfig.wan().detection_bound(5)
-    assert run["detection_bound_s"] == pytest.approx(bound, abs=0.1)
-    assert 0 < run["detect_first_s"] <= run["detect_s"] <= bound, run
-    assert run["within_bound"]
-    # Probes and gossip cost bytes; a bare node sends far less than 100 KB/s.
-    assert 0 < run["sent_bytes_per_node_s"] < 100_000
-    # The choice follows its own rule on what was measured.
-    clean = run["false_suspicions_per_node_minute"] <= MAX_FALSE_SUSPICIONS_PER_NODE_MINUTE
-    assert entry["eligible"] == clean
-    assert result["chosen"] == (shipped() if clean else None)
-    assert result["chosen_is_shipped"] == clean
-    if clean:
-        assert result["false_deaths"] == 0 and result["detect_s"] == run["detect_s"]
