@@ -32,10 +32,12 @@ from mesh.transport import (
     DATA_MAX_MESSAGE_BYTES,
     DEFAULT_DATA_CONFIG,
     NODE_ID_PROPERTY,
+    TCP_RTO_MIN_US,
     Plane,
     PlaneConfig,
     open_plane,
     open_planes,
+    tune_rto_min,
 )
 from mesh.zap import HandshakeGate
 
@@ -197,6 +199,38 @@ async def test_a_plane_knows_where_each_peers_messages_come_from() -> None:
         assert b.source_of(a.keys.node_id) == "127.0.5.9"
         assert b.source_of(b.keys.node_id) is None and b.source_of(STRANGER) is None
     assert not drops
+
+
+def kernel_takes_rto_min() -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US, 10_000)
+        except OSError:
+            return False
+    return True
+
+
+async def test_a_planes_connections_retransmit_after_its_floor_not_the_systems() -> None:
+    """Where the kernel has TCP_RTO_MIN_US, every connection the plane makes
+    gets its `rto_min_ms` (a lost decode step then waits tens of
+    milliseconds, not 200); elsewhere the plane says it could not."""
+    drops: collections.Counter[str] = collections.Counter()
+    async with planes(2, drops) as (a, b):
+        a.send(b.address, [b"hi"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            await b.receive()
+            while not a.rto_tuned:
+                await trio.sleep(0.01)
+    supported = kernel_takes_rto_min()
+    assert a.rto_tuned == {supported: 1}
+    with socket.socket() as sock:
+        assert tune_rto_min(sock.fileno(), 20.0) == supported
+        if supported:  # rounded up to the kernel's clock tick
+            assert 20_000 <= sock.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MIN_US) < 40_000
+    read, write = os.pipe()
+    assert not tune_rto_min(read, 20.0), "a closed connection's number reused by a pipe"
+    os.close(read)
+    os.close(write)
 
 
 async def test_two_planes_exchange_multiframe_messages_both_ways() -> None:
