@@ -10,13 +10,14 @@ three hops (site a holds layers 0:3 and takes the chat, b 3:6, c 6:8).
 Per-token time is the entry's decode time over tokens (`decode_ms_per_token`,
 not gaps between chunks); the floor is the sum of the one-way delays around
 the loop (entry -> hop -> ... -> last hop -> entry) plus the hops' measured
-compute. Two last cases put b and c at home behind NAT routers, reached
-through the relay the entry runs: one with a symmetric NAT, which lets no
+compute. Three last cases put b and c at home behind NAT routers: with a
+symmetric NAT, reached through the relay the entry runs, which lets no
 direct path through from b to c (`relay_per_token_vs_direct`, beside the
-direct chain at 40 ms), and one with two port-keeping NATs, which b and c
-punch through (`punched_per_token_vs_direct`). Needs root (network
-namespaces). `--quick` runs one case with few tokens, for a test;
-`--relay` only the chains compared. The last line printed is one JSON object; what each key means:
+direct chain at 40 ms); the same through a well-connected relay in a site
+of its own (`near_relay_per_token_vs_direct`); and with two port-keeping
+NATs, which b and c punch through (`punched_per_token_vs_direct`). Needs
+root (network namespaces). `--quick` runs one case with few tokens, for a
+test; `--relay` only the chains compared. The last line printed is one JSON object; what each key means:
 docs/benchmarks.md#wan.
 """
 
@@ -68,12 +69,20 @@ HOME_NATS: dict[str, dict[str, str]] = {
     "": {},
     "relayed": {"b": "port-preserving", "c": "symmetric"},
     "punched": {"b": "port-preserving", "c": "port-preserving"},
+    "near": {"b": "port-preserving", "c": "symmetric"},
 }
 """Which hops sit at home behind which NAT routers. `relayed`: b and c,
 reached through the relay the entry a runs (their join seed); a reaches
 both directly by reversal, but b's activations to c go b -> relay -> c, as
 c's symmetric NAT lets no punch through. `punched`: both NATs keep the
-port, so b and c punch a direct path too (docs/design/relays.md#direct-paths)."""
+port, so b and c punch a direct path too (docs/design/relays.md#direct-paths).
+`near`: as `relayed`, but b and c join through a bare relay node in site
+`r`, `NEAR_RELAY_MS` from the core (a relay in a data centre), so b -> c
+crosses it instead of the entry's site."""
+NEAR_RELAY_SITE = "r"
+NEAR_RELAY_MS = 1.0
+"""Site r's one-way access delay: a well-connected relay, one that adds
+2 ms to the relayed leg where a volunteer's site like a's adds 20."""
 
 
 def spec(rtt_ms: float, loss: float, homes: str = "") -> dict[str, Any]:
@@ -82,6 +91,8 @@ def spec(rtt_ms: float, loss: float, homes: str = "") -> dict[str, Any]:
     link = {"delay_ms": rtt_ms / 4, "jitter_ms": 0, "loss": loss}
     nats = HOME_NATS[homes]
     sites = [{"name": name, **({"nat": nats[name]} if name in nats else {})} for name in SITES]
+    if homes == "near":
+        sites.append({"name": NEAR_RELAY_SITE, "delay_ms": NEAR_RELAY_MS})
     return {"seed": 29, "link": link, "sites": sites}
 
 
@@ -99,14 +110,20 @@ def floor_ms(topology: Topology, sites: Sequence[str], timing: dict[str, Any]) -
     return {"loop_ms": loop, "compute_ms": round(compute, 3), "floor_ms": round(loop + compute, 3)}
 
 
-async def start_chain(swarm: LocalSwarm, model_dir: Path) -> list[LocalNode]:
-    """One hop per site, a founding; chat routes once the model is covered."""
+async def start_chain(swarm: LocalSwarm, model_dir: Path, homes: str = "") -> list[LocalNode]:
+    """One hop per site, a founding; chat routes once the model is covered.
+    For `near` a bare relay node in site r first, the others' first seed."""
     nodes = [
         swarm.new_node(site, args=["--model", str(model_dir), "--layers", span], site=site)
         for site, span in zip(SITES, SPANS, strict=True)
     ]
     await swarm.start_ready(nodes[0], timeout=START_TIMEOUT_S)
-    await swarm.start_many(nodes[1:], [nodes[0].seed], timeout=START_TIMEOUT_S)
+    seeds = [nodes[0].seed]
+    if homes == "near":
+        relay = swarm.new_node(NEAR_RELAY_SITE, site=NEAR_RELAY_SITE)
+        await swarm.start_many([relay], seeds, timeout=START_TIMEOUT_S)
+        seeds.insert(0, relay.seed)
+    await swarm.start_many(nodes[1:], seeds, timeout=START_TIMEOUT_S)
 
     def covered(views: dict[str, Any]) -> bool:
         coverage = (views.get(nodes[0].name) or {}).get("coverage", {}).get(MODEL)
@@ -125,11 +142,11 @@ async def chat(client: httpx.AsyncClient, entry: LocalNode, tokens: int) -> dict
 
 
 async def measure_swarm(
-    lab: Lab, root: Path, model_dir: Path, tokens: int, requests: int
+    lab: Lab, root: Path, model_dir: Path, tokens: int, requests: int, homes: str = ""
 ) -> list[dict[str, Any]]:
     """Each measured request's per-token time beside its floor (one warm-up first)."""
     async with LocalSwarm(root, profile="wan", lab=lab) as swarm:
-        nodes = await start_chain(swarm, model_dir)
+        nodes = await start_chain(swarm, model_dir, homes)
         site_of = {node.node_id: node.site or "" for node in nodes}
         rows = []
         async with httpx.AsyncClient(timeout=CHAT_TIMEOUT_S) as client:
@@ -187,7 +204,7 @@ def run_case(
     with Lab(load_topology(spec(rtt_ms, loss, homes))) as lab:
         check = run_check(lab, count=probes) if not homes else {"rtt_error_ms": None, "ok": True}
         folder = root / f"rtt{rtt_ms:g}-loss{loss:g}{'-' + homes if homes else ''}"
-        rows = trio.run(measure_swarm, lab, folder, model_dir, tokens, requests)
+        rows = trio.run(measure_swarm, lab, folder, model_dir, tokens, requests, homes)
     return {**summarize(rtt_ms, loss, check, rows), "relayed": bool(homes), "homes": homes}
 
 
@@ -207,7 +224,9 @@ def result(cases: list[dict[str, Any]], began: float) -> dict[str, Any]:
     errors = [abs(c["rtt_error_ms"]) for c in cases if c["rtt_error_ms"] is not None]
     ratio = None if headline is None else headline["per_token_vs_floor"]
     beside = next((c for c in direct if (c["rtt_ms"], c["loss"]) == RELAY_CASE), None)
-    relay_ratio, punched_ratio = (vs_direct(cases, homes, beside) for homes in HOME_NATS if homes)
+    relay_ratio, punched_ratio, near_ratio = (
+        vs_direct(cases, homes, beside) for homes in HOME_NATS if homes
+    )
     return {
         "benchmark": "wan",
         "wan_per_token_vs_floor": ratio,
@@ -218,6 +237,7 @@ def result(cases: list[dict[str, Any]], began: float) -> dict[str, Any]:
         "target_relay_per_token_vs_direct": TARGET_RELAY_PER_TOKEN_VS_DIRECT,
         **({"relay_per_token_vs_direct_why": RELAY_WHY} if relay_ratio is None else {}),
         "punched_per_token_vs_direct": punched_ratio,
+        "near_relay_per_token_vs_direct": near_ratio,
         "cases": cases,
         "wall_s": round(time.perf_counter() - began, 1),
     }
