@@ -165,9 +165,22 @@ def format_status(status: dict[str, Any]) -> str:
     if settings:
         knobs = ", ".join(f"{name}={value}" for name, value in sorted(settings.items()))
         lines.append(f"policy: {knobs} (the rest default; see `shardmesh policy`)")
-    lines.append(f"sessions: {status.get('sessions', 0)}")
+    lines.append(f"sessions: {status.get('sessions', 0)}{batching_text(status)}")
     lines.append(format_drops(status.get("drops", {})))
     return "\n".join(lines)
+
+
+def batching_text(status: dict[str, Any]) -> str:
+    """How full this hop's batched decode steps ran, once it ran any
+    (docs/design/batching.md): `; decode batches: 12, 3.4 rows on average,
+    at most 8`."""
+    batching = (status.get("hop") or {}).get("batching") or {}
+    if not batching.get("batches"):
+        return ""
+    return (
+        f"; decode batches: {batching['batches']}, {batching['mean_rows']:g} rows on average, "
+        f"at most {batching['largest']}"
+    )
 
 
 def render(status: dict[str, Any], *, as_json: bool) -> str:

@@ -438,7 +438,11 @@ function loadCell(m, s) {
     if (typeof sessions !== "number") return el("td", { className: "muted", text: "-" });
     return el("td", { text: sessionsText(sessions), title: "as the node last published it" });
   }
-  const steps = s.hop ? ` · ${s.hop.decode_steps} decode steps` : "";
+  const batching = s.hop && s.hop.batching;
+  const batches = batching && batching.batches
+    ? ` · ${batching.batches} batches of ${batching.mean_rows} rows on average (at most ${batching.largest})`
+    : "";
+  const steps = s.hop ? ` · ${s.hop.decode_steps} decode steps${batches}` : "";
   return el("td", { text: `${sessionsText(s.sessions)}${steps}` });
 }
 

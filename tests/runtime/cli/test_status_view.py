@@ -182,6 +182,14 @@ def test_the_report_has_a_line_for_each_section() -> None:
     ]
 
 
+def test_a_hop_that_batched_says_how_full_its_batches_ran() -> None:
+    batched = {**STATUS, "hop": {"batching": {"batches": 12, "mean_rows": 3.5, "largest": 8}}}
+    sessions = next(line for line in format_status(batched).splitlines() if "sessions" in line)
+    assert sessions == "sessions: 1; decode batches: 12, 3.5 rows on average, at most 8"
+    none_yet = {**STATUS, "hop": {"batching": {"batches": 0, "mean_rows": 0, "largest": 0}}}
+    assert "sessions: 1" in format_status(none_yet).splitlines()
+
+
 def test_an_empty_document_reports_the_defaults() -> None:
     assert format_status({}).splitlines() == [
         "node - (incarnation None, profile ?): 0 members: none",
