@@ -8,7 +8,9 @@ two of one session: the second continues the first's cache), at most
 Nothing waits on purpose: a batch forms while the forward before it runs,
 so a step that finds the hop idle runs at once, alone, and no step waits
 longer than the forwards ahead of it. `BatchStats` is what the hop's status
-shows of it. Sans-IO: the caller passes the times.
+shows of it. A long prefill runs in chunks sized by `ChunkSizer`, and
+the batches that wait run between them. Sans-IO: the caller passes the
+times.
 
 How the hop server uses it: docs/design/batching.md#forming-batches-at-a-hop.
 """
@@ -22,7 +24,14 @@ from typing import Any, Final, Generic, TypeVar
 
 from runtime.inference.latency import STEP_BUCKETS_S, Histogram
 
-__all__ = ["MAX_BATCH_ROWS", "BatchStats", "DecodeQueue"]
+__all__ = [
+    "MAX_BATCH_ROWS",
+    "MIN_CHUNK_TOKENS",
+    "PREFILL_CHUNK_TOKENS",
+    "BatchStats",
+    "ChunkSizer",
+    "DecodeQueue",
+]
 
 K = TypeVar("K", bound=Hashable)
 V = TypeVar("V")
@@ -122,3 +131,70 @@ class BatchStats:
             "sizes": {str(rows): n for rows, n in sorted(self.sizes.items())},
             "wait_s": self.wait_s.to_json(),
         }
+
+
+PREFILL_CHUNK_TOKENS: Final = 512
+"""The most positions one forward of a prefill takes. A hop with no decode
+step due runs a prompt in chunks this long: the KV cache grows chunk by
+chunk, each chunk is a forward as big as a matmul needs to run at full
+speed (chunked-prefill servers, Sarathi-Serve and vLLM, budget a few
+hundred to a few thousand tokens per GPU iteration for the same reason), and a decode step that
+arrives meanwhile waits for one chunk, not the whole prompt."""
+
+MIN_CHUNK_TOKENS: Final = 16
+"""The fewest positions a chunk takes, however fast the decode batches it
+yields to: each chunk pays a thread handoff and the shard's per-layer
+Python (about a millisecond or two on the development CPU, as a one-token
+step does), so much smaller chunks would spend more on that than on the
+prompt."""
+
+CHUNK_EWMA_WEIGHT: Final = 0.5
+"""The weight of the latest decode batch in the batch time a chunk is
+sized to: steady enough that one slow batch (a GC pause, the other
+engineer's process) does not halve the next chunk, quick enough to follow
+the batch growing as sessions join."""
+
+
+@dataclass
+class ChunkSizer:
+    """How many positions the next chunk of a prefill takes.
+
+    With no decode step due, `PREFILL_CHUNK_TOKENS`. With decode steps due,
+    as many as take about one decode batch's time, measured: each decode
+    step then waits for at most one chunk beside its own batch, so the
+    sessions' inter-token time stays within about twice its time without the
+    prompt, while the prompt gets about half the shard. The chunk's cost per
+    position is the latest chunk's (it grows as the prompt's attention
+    does); before any chunk was measured, or any batch, the smallest.
+    ``smallest`` and ``largest`` bound a chunk (a huge ``smallest`` turns
+    chunking off: the tests' comparison)."""
+
+    smallest: int = MIN_CHUNK_TOKENS
+    largest: int = PREFILL_CHUNK_TOKENS
+    batch_s: float | None = None
+    """The decode batches' forward time, averaged (`CHUNK_EWMA_WEIGHT`)."""
+    per_token_s: float | None = None
+    """The latest chunk's forward time per position."""
+
+    def decoded(self, seconds: float) -> None:
+        """A decode step or batch took ``seconds``."""
+        old = self.batch_s
+        self.batch_s = seconds if old is None else old + CHUNK_EWMA_WEIGHT * (seconds - old)
+
+    def chunked(self, tokens: int, seconds: float) -> None:
+        """A chunk of ``tokens`` positions took ``seconds``."""
+        self.per_token_s = seconds / tokens
+
+    def next(self, remaining: int, *, decoding: bool) -> int:
+        """The next chunk's positions, of ``remaining``; ``decoding``: other
+        sessions' decode steps are due on this hop."""
+        if remaining < 1:
+            raise ValueError("a chunk takes at least one position")
+        size = self.largest
+        if decoding:
+            if self.batch_s is None or not self.per_token_s:
+                size = self.smallest
+            else:
+                fits = int(self.batch_s / self.per_token_s)
+                size = min(self.largest, max(self.smallest, fits))
+        return min(remaining, size)

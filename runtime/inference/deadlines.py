@@ -23,6 +23,7 @@ from mesh.routes import MIN_DECODE_TOKENS_PER_S
 
 __all__ = [
     "BATCHED_STEP_STRETCH",
+    "CHUNKED_PREFILL_STRETCH",
     "DEADLINE_CEILING_S",
     "DEADLINE_FACTOR",
     "DEADLINE_FLOOR_S",
@@ -117,6 +118,17 @@ stretched by this; a step the entry observed is not (it took whatever
 batches the hop ran). `DEADLINE_FACTOR` then allows for the wait behind
 the forward already running, as for any queue."""
 
+CHUNKED_PREFILL_STRETCH: Final = 2.0
+"""How many times its lone prefill time a loaded hop's prefill is expected
+to take. A hop whose other sessions are decoding prefills a long prompt in
+chunks that each take about one of their decode batches' time, and runs a
+batch between two chunks (docs/design/batching.md#chunked-prefill): the
+prompt gets about half the shard, so it takes about twice its compute
+(plus the chunks' own overhead, which `batcher.MIN_CHUNK_TOKENS`
+bounds). A node's stated prefill rate is its doctor's, alone, so it is
+stretched by this; an observed one is not (the hop reports the prefill's
+time from its first chunk to its last, yields included)."""
+
 UNMEASURED_PACE: Final = HopPace(prefill_s_per_token=0.005, decode_step_s=0.05)
 """For a hop the caller has no figure for (a spot check's replay, a test):
 200 prompt tokens and 20 steps a second, a 7B-class model's span on a
@@ -135,7 +147,9 @@ def expected_pace(
     has (`mesh.observed_speed.ObservedSpeeds`), else what its capability
     report states its doctor measured (a lone step's, so a decode step is
     expected to take `BATCHED_STEP_STRETCH` times it: the hop may be
-    running a full batch), else (no report: None) `UNMEASURED_PACE`.
+    running a full batch; and a prefill `CHUNKED_PREFILL_STRETCH` times
+    its stated rate's: it may yield to those batches), else (no report:
+    None) `UNMEASURED_PACE`.
 
     A stated decode rate of 0 (measurement missing) counts as
     `mesh.routes.MIN_DECODE_TOKENS_PER_S`, as routes price it; a stated
@@ -155,7 +169,8 @@ def expected_pace(
     elif claimed_prefill_tokens_per_s is None:
         per_token = UNMEASURED_PACE.prefill_s_per_token
     elif claimed_prefill_tokens_per_s > 0:
-        per_token = 1.0 / max(claimed_prefill_tokens_per_s, MIN_DECODE_TOKENS_PER_S)
+        lone = 1.0 / max(claimed_prefill_tokens_per_s, MIN_DECODE_TOKENS_PER_S)
+        per_token = lone * CHUNKED_PREFILL_STRETCH
     elif observed_step_s is None and claimed_step is not None:
         per_token = claimed_step  # no slower than its tokens one lone step at a time
     else:

@@ -7,15 +7,18 @@ activations to the next hop, or, on the last hop, the sampled token back to
 the entry. This module is what a hop does with the messages of
 `runtime.inference.protocol` (`HopServer`) and what it counts (`HopStats`).
 Decode steps that find the shard busy wait and run together, as one
-batched forward (`runtime.inference.batcher`).
+batched forward (`runtime.inference.batcher`); a long prefill runs in
+chunks, and those batches run between them.
 
 Why the hop behaves as it does (threads, bad input, errors):
 docs/design/inference-protocol.md#the-hop-server; how batches form:
-docs/design/batching.md#forming-batches-at-a-hop.
+docs/design/batching.md#forming-batches-at-a-hop; chunks:
+docs/design/batching.md#chunked-prefill.
 """
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections import Counter
@@ -31,7 +34,7 @@ from mesh.identity import Signer
 from mesh.newcomers import neighbourhood
 from mesh.transport import Plane
 from mesh.wire import MAX_ADDR_CHARS
-from runtime.inference.batcher import MAX_BATCH_ROWS, BatchStats, DecodeQueue
+from runtime.inference.batcher import MAX_BATCH_ROWS, BatchStats, ChunkSizer, DecodeQueue
 from runtime.inference.blame import (
     Contradiction,
     Receipt,
@@ -182,6 +185,9 @@ class HopStats:
     prefill_steps: int = 0
     prefill_tokens: int = 0
     prefill_compute_s: float = 0.0
+    # Forwards the prefills (and replays) ran in: more than prefill_steps
+    # when long ones were chunked (docs/design/batching.md#chunked-prefill).
+    prefill_chunks: int = 0
     reaped: int = 0  # sessions closed by the idle reaper
     # Each forward's time, by phase (``/metrics``: shardmesh_hop_step_seconds);
     # a batch of decode steps is one forward.
@@ -189,16 +195,18 @@ class HopStats:
     prefill_step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
     batching: BatchStats = field(default_factory=BatchStats)
 
-    def count(self, tokens: int, seconds: float, rows: int = 1) -> None:
-        """One forward of ``tokens`` per row took ``seconds``; ``rows`` > 1
+    def count(self, tokens: int, seconds: float, rows: int = 1, chunks: int = 1) -> None:
+        """One step of ``tokens`` per row took ``seconds``; ``rows`` > 1
         is a batch of decode steps, whose time is counted once (the shard
-        was busy that long), its steps one each."""
+        was busy that long), its steps one each; a prefill ran in
+        ``chunks`` forwards."""
         if tokens == 1:  # a decode step; more tokens are a prefill or a replay
             self.decode_steps += rows
             self.decode_compute_s += seconds
             self.decode_step_s.observe(seconds)
         else:
             self.prefill_steps += 1
+            self.prefill_chunks += chunks
             self.prefill_tokens += tokens
             self.prefill_compute_s += seconds
             self.prefill_step_s.observe(seconds)
@@ -210,6 +218,7 @@ class HopStats:
             "prefill_steps": self.prefill_steps,
             "prefill_tokens": self.prefill_tokens,
             "prefill_compute_s": round(self.prefill_compute_s, 6),
+            "prefill_chunks": self.prefill_chunks,
             "reaped": self.reaped,
             "step_s": {
                 "decode": self.decode_step_s.to_json(),
@@ -363,6 +372,9 @@ class HopServer:
         # Decode steps waiting for the busy shard, and the batcher's wake-up.
         self._decodes: DecodeQueue[str, _Row] = DecodeQueue()
         self._wake = trio.Event()
+        self.chunks = ChunkSizer()
+        """How long the next chunk of a prefill is (the batches' and the
+        chunks' forward times, measured)."""
         self._nursery: trio.Nursery | None = None
         self.leaving = False
         """Set when the node is stopping: new sessions are refused (`busy`),
@@ -667,10 +679,17 @@ class HopServer:
         batcher, whose forwards run in a worker thread: a step run on the
         loop would hold it, the others' steps would arrive only after, find
         the shard free and run alone too, and no batch would ever form."""
-        if not self._compute.available_tokens or self._decodes:
-            return False
+        return bool(self._compute.available_tokens) and not self._decoding(session)
+
+    def _decoding(self, session: _Session) -> bool:
+        """Whether decode steps of sessions other than ``session`` are due:
+        some wait for the shard, or another session stepped here within
+        ``LIVE_S``. A prefill of ``session`` then runs in chunks that take
+        about one of their batches' time each."""
+        if self._decodes:
+            return True
         horizon = trio.current_time() - LIVE_S
-        return not any(
+        return any(
             other.started and other.last_used > horizon and other is not session
             for other in self._sessions.values()
         )
@@ -701,16 +720,83 @@ class HopServer:
     async def _queued_step(self, session: _Session, work: _Step) -> _Result:
         """Run a step that waited: a decode step in the batcher's next batch;
         a prefill, a replay or a spot check's step alone, a prefill in a
-        worker thread."""
+        worker thread, in chunks when it is long."""
         tokens = work.inputs.shape[0]
         if tokens == 1 and session.check is None:
             return await self._in_batch(session, work)
         if tokens <= INLINE_MAX_TOKENS:
             async with self._compute:
                 return self._compute_step(session, work)
+        if self.chunks.next(tokens, decoding=self._decoding(session)) < tokens:
+            return await self._chunked(session, work)
         return await trio.to_thread.run_sync(
             self._compute_step, session, work, limiter=self._compute
         )
+
+    async def _chunked(self, session: _Session, work: _Step) -> _Result:
+        """A long prefill (or replay) in chunks, each a forward of its own
+        that takes the shard alone: between two chunks the shard goes to
+        the batcher if decode steps wait for it (the limiter wakes waiters
+        in order), so they wait for one chunk, not the whole prompt. The
+        cache grows chunk by chunk; the result is what one forward would
+        have given (every position's output, sampled, committed) and its
+        time is the session's, from the first chunk to the last, yields
+        included, as a batch's rows report the batch's."""
+        received, refusal = await trio.to_thread.run_sync(_received, work)
+        if refusal is not None:
+            return _refused(refusal)
+        tokens = work.inputs.shape[0]
+        outputs: list[np.ndarray] = []
+        spent: list[float] = []  # each chunk's forward time
+        began, start = time.perf_counter(), 0
+        while True:
+            stop = start + self.chunks.next(tokens - start, decoding=self._decoding(session))
+            if stop == tokens:
+                break
+            output = await trio.to_thread.run_sync(
+                self._compute_chunk, session, work, start, stop, spent, limiter=self._compute
+            )
+            outputs.append(output)
+            start = stop
+        finish = (session, work, received, outputs, spent, start, began)
+        return await trio.to_thread.run_sync(self._last_chunk, *finish, limiter=self._compute)
+
+    def _compute_chunk(
+        self, session: _Session, work: _Step, start: int, stop: int, spent: list[float]
+    ) -> np.ndarray:
+        """The shard's forward over positions [start, stop) of ``work``'s;
+        its time goes to ``spent`` and to the chunk sizer."""
+        began = time.perf_counter()
+        positions = _positions(work)[start:stop]
+        output = self.shard.forward(work.inputs[start:stop], positions, session.cache)
+        took = time.perf_counter() - began
+        self.chunks.chunked(stop - start, took)
+        spent.append(took)
+        return output
+
+    def _last_chunk(
+        self,
+        session: _Session,
+        work: _Step,
+        received: bytes,
+        outputs: list[np.ndarray],
+        spent: list[float],
+        start: int,
+        began: float,
+    ) -> _Result:
+        """The last chunk, then the step's result from every chunk's output
+        (as `_compute_step` makes it from one forward's). The stats count
+        the chunks' compute; the session is told the time it waited."""
+        tokens = work.inputs.shape[0]
+        last = time.perf_counter()
+        outputs.append(self._compute_chunk(session, work, start, tokens, spent))
+        output = np.concatenate(outputs)
+        token = self._sampled(session, output, work.step)
+        done = time.perf_counter()
+        compute = math.fsum(spent[:-1]) + done - last  # the last chunk's sampling included
+        self.stats.count(tokens, compute, chunks=len(outputs))
+        took = done - began
+        return self._committed(session, work, received, output, token, took)
 
     async def _in_batch(self, session: _Session, work: _Step) -> _Result:
         """Wait for the batcher to run ``work`` in a batch; its result, or
@@ -855,8 +941,11 @@ class HopServer:
         token = self._sampled(session, output, work.step)
         took = time.perf_counter() - began
         # Only one forward runs at a time (the compute limiter), so this is
-        # the stats' only writer even when it runs in a worker thread.
+        # the stats' (and the chunk sizer's) only writer even when it runs
+        # in a worker thread.
         self.stats.count(tokens, took)
+        if tokens == 1:
+            self.chunks.decoded(took)
         return self._committed(session, work, received, output, token, took)
 
     def _compute_rows(self, rows: list[_Row]) -> None:
@@ -893,6 +982,7 @@ class HopServer:
         ]
         took = time.perf_counter() - began
         self.stats.count(1, took, rows=len(accepted))
+        self.chunks.decoded(took)
         for (row, received), output, token in zip(accepted, outputs, tokens, strict=True):
             if row.error is None:
                 args = (row.session, row.work, received, output, token, took)

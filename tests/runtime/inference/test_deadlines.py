@@ -12,6 +12,7 @@ from mesh.routes import MIN_DECODE_TOKENS_PER_S
 from runtime.inference.batcher import MAX_BATCH_ROWS
 from runtime.inference.deadlines import (
     BATCHED_STEP_STRETCH,
+    CHUNKED_PREFILL_STRETCH,
     DEADLINE_CEILING_S,
     DEADLINE_FACTOR,
     DEADLINE_FLOOR_S,
@@ -96,7 +97,7 @@ def test_what_a_node_is_expected_to_take() -> None:
     # stretched for a batch the hop may be running.
     pace = expected_pace(claimed_prefill_tokens_per_s=1000.0, claimed_decode_tokens_per_s=100.0)
     assert (pace.prefill_s_per_token, pace.decode_step_s) == pytest.approx(
-        (0.001, 0.01 * BATCHED_STEP_STRETCH)
+        (0.001 * CHUNKED_PREFILL_STRETCH, 0.01 * BATCHED_STEP_STRETCH)
     )
     # A rate of 0 is a missing measurement: decode as slow as routes price
     # it, prefill no slower than its tokens one lone decode step at a time.
