@@ -103,6 +103,8 @@ class NodeDirectPaths:
         self.book = DirectPaths()
         self.budget = PunchBudget()
         self._nursery: trio.Nursery | None = None
+        self._carrying: dict[Key, trio.CancelScope] = {}
+        """The paths in use, each cancelled when its peer leaves `run`'s view."""
 
     def peers(self) -> int:
         """Members this node holds a direct path with, on any plane."""
@@ -130,6 +132,9 @@ class NodeDirectPaths:
                     continue
                 relayed = self._relayed()
                 self.book.forget(relayed)
+                for key, carrying in list(self._carrying.items()):
+                    if key[0] not in relayed:
+                        carrying.cancel()  # gone, or reachable directly now
                 wanted = [
                     (node, plane)
                     for node, addresses in relayed.items()
@@ -201,23 +206,30 @@ class NodeDirectPaths:
 
     async def _carry(self, key: Key, stream: trio.SocketStream, addresses: Addresses) -> None:
         """Splice `stream` to a loopback port the plane sends the peer's
-        traffic to, until either closes; then the relay again."""
+        traffic to, until either closes, the plane leaves it unused as long
+        as it keeps an idle connection, or the peer is no longer a relayed
+        member (`run` cancels it); then the relay again."""
         plane = self._planes[key[1]]
-        listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
-        via = HostPort("127.0.0.1", listeners[0].socket.getsockname()[1]).zmq()
+        listener = (await trio.open_tcp_listeners(0, host="127.0.0.1"))[0]
+        via = HostPort("127.0.0.1", listener.socket.getsockname()[1]).zmq()
         targets = _all_addresses(addresses, key[1])
-        try:
-            for target in targets:
-                plane.redirect(target, via)
-            local = await listeners[0].accept()
-            await listeners[0].aclose()
-            await splice(local, b"", stream, b"", counters=self.book.counters)
-        finally:
-            for target in targets:
-                plane.redirect(target, None)
-            self.book.lost(key, trio.current_time())
-            await stream.aclose()
-            log.info("direct path to %s (%s) closed", node_id_text(key[0])[:12], key[1])
+        with trio.CancelScope() as self._carrying[key]:
+            try:
+                for target in targets:
+                    plane.redirect(target, via)
+                with trio.move_on_after(plane.config.idle_disconnect_s):
+                    local = await listener.accept()
+                    await listener.aclose()
+                    await splice(local, b"", stream, b"", counters=self.book.counters)
+            finally:
+                del self._carrying[key]
+                for target in targets:
+                    plane.redirect(target, None)
+                self.book.lost(key, trio.current_time())
+                log.info("direct path to %s (%s) closed", node_id_text(key[0])[:12], key[1])
+                with trio.CancelScope(shield=True):
+                    await listener.aclose()
+                    await stream.aclose()
 
     # --- the answering side ------------------------------------------------------
 

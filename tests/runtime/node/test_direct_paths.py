@@ -46,7 +46,11 @@ class NoSwarm:
         return None
 
 
-async def test_a_punched_path_carries_curve_zeromq_in_place_of_the_relay() -> None:
+@pytest.mark.parametrize("ends", ["the stream closes", "the peer leaves the view"])
+async def test_a_punched_path_carries_curve_zeromq_in_place_of_the_relay(ends: str) -> None:
+    """Then it ends, and the plane sends through the relay again: when the
+    punched stream closes, or when the asking node's view no longer has the
+    peer as a relayed member (its `run` cancels the path)."""
     home, entry = Identity.generate(), Identity.generate()
     drops: collections.Counter[str] = collections.Counter()
     async with (
@@ -81,11 +85,14 @@ async def test_a_punched_path_carries_curve_zeromq_in_place_of_the_relay() -> No
             got = await control.receive()
         assert got.peer == entry.node_id and got.frames == [b"hello"], "CURVE, end to end"
         assert their_control.talks_to(RELAYED)
-        await stream.aclose()  # the path breaks: the relay again
+        if ends == "the stream closes":
+            await stream.aclose()
+        else:
+            await nursery.start(asking.run)  # its view (NoSwarm) relays nobody
         with trio.fail_after(TIMEOUT_S):
             while their_control._redirects:
                 await trio.sleep(0.01)
-        assert asking.book.state(key) == "lost"
+        assert asking.book.state(key) == ("lost" if ends == "the stream closes" else None)
         assert answering.budget.counters["answered_direct"] == 1
         nursery.cancel_scope.cancel()
     listening.close()
