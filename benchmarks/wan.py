@@ -90,7 +90,9 @@ def spec(rtt_ms: float, loss: float, homes: str = "") -> dict[str, Any]:
     b and c behind NAT routers as `HOME_NATS[homes]` says."""
     link = {"delay_ms": rtt_ms / 4, "jitter_ms": 0, "loss": loss}
     nats = HOME_NATS[homes]
-    sites = [{"name": name, **({"nat": nats[name]} if name in nats else {})} for name in SITES]
+    sites: list[dict[str, Any]] = [
+        {"name": name, **({"nat": nats[name]} if name in nats else {})} for name in SITES
+    ]
     if homes == "near":
         sites.append({"name": NEAR_RELAY_SITE, "delay_ms": NEAR_RELAY_MS})
     return {"seed": 29, "link": link, "sites": sites}
