@@ -151,8 +151,9 @@ def _compute_flags(parser: argparse.ArgumentParser) -> None:
         type=argtypes.size,
         default=None,
         metavar="SIZE",
-        help="the most memory this node offers placement for a shard, e.g. 8G or 512M "
-        "(default: what is free when it starts)",
+        help="the most memory this node gives a shard, weights and KV caches together, "
+        "e.g. 8G or 512M: placement sizes shards by it, and a session whose cache would "
+        "not fit is turned away (default: what is free when it starts)",
     )
     parser.add_argument(
         "--capability-ttl",

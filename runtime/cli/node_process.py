@@ -58,6 +58,7 @@ def node_options(args: argparse.Namespace) -> NodeOptions:
             ttl_s=args.capability_ttl or DEFAULT_TTL_S,
             refresh_s=args.capability_refresh,
             max_sessions=args.max_sessions or DEFAULT_MAX_SESSIONS,
+            max_memory=args.max_memory,
         )
     return NodeOptions(
         listen=args.listen,

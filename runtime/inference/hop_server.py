@@ -53,6 +53,7 @@ from runtime.inference.commitment import (
     ids_digest,
     sketch,
 )
+from runtime.inference.kv_memory import REASON_MEMORY, KvMemory
 from runtime.inference.latency import STEP_BUCKETS_S, Histogram
 from runtime.inference.protocol import (
     MAX_NAME_CHARS,
@@ -194,6 +195,8 @@ class HopStats:
     decode_step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
     prefill_step_s: Histogram = field(default_factory=lambda: Histogram(STEP_BUCKETS_S))
     batching: BatchStats = field(default_factory=BatchStats)
+    kv_memory: KvMemory | None = None
+    """The hop's cache budget, shown beside what it computed."""
 
     def count(self, tokens: int, seconds: float, rows: int = 1, chunks: int = 1) -> None:
         """One step of ``tokens`` per row took ``seconds``; ``rows`` > 1
@@ -225,6 +228,7 @@ class HopStats:
                 "prefill": self.prefill_step_s.to_json(),
             },
             "batching": self.batching.to_json(),
+            **({} if self.kv_memory is None else {"kv_memory": self.kv_memory.to_json()}),
         }
 
 
@@ -344,6 +348,7 @@ class HopServer:
         idle_timeout_s: float = DEFAULT_IDLE_TIMEOUT_S,
         pending_grace_s: float = PENDING_GRACE_S,
         tokenizer_dir: Path | None = None,
+        kv_memory: KvMemory | None = None,
     ) -> None:
         if max_sessions < 1 or max_budget < 1 or idle_timeout_s <= 0 or pending_grace_s <= 0:
             raise ValueError(
@@ -361,7 +366,10 @@ class HopServer:
         self._vocabulary: Vocabulary | None = None
         self._vocabulary_lock = threading.Lock()
         self.idle_timeout_s = idle_timeout_s
-        self.stats = HopStats()
+        self.kv_memory = kv_memory
+        """The caches' budget (`runtime.inference.kv_memory`; None: bounded
+        by the session count alone)."""
+        self.stats = HopStats(kv_memory=kv_memory)
         self.limits = SessionLimits(max_sessions, pending_grace_s)
         self.standing = Standing()
         """Entries that completed a session here: preferred when the hop is full."""
@@ -488,6 +496,12 @@ class HopServer:
         except BadMessage as exc:
             refuse_open(self.plane, entry, header, exc.reason, exc.detail)
             raise
+        if self.kv_memory is not None and not self.kv_memory.reserve(session_id, session.budget):
+            self._drops["engine.busy_memory"] += 1
+            self._send(
+                reply, entry, {"op": OP_BUSY, "session": session_id, "reason": REASON_MEMORY}
+            )
+            return
         if decision.displace is not None:  # only once the open is known good
             self._displace(self._sessions[decision.displace], decision.why)
         # The engine starts run() before it reads the plane, and both end together.
@@ -601,6 +615,8 @@ class HopServer:
     def _close(self, session: _Session) -> None:
         if self._sessions.get(session.id) is session:
             del self._sessions[session.id]
+            if self.kv_memory is not None:
+                self.kv_memory.release(session.id)
         session.scope.cancel()
         if session.inbox is not None:
             session.inbox.close()

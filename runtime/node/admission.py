@@ -14,6 +14,7 @@ docs/design/node.md#admission-the-doctor-gates-serving.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections import Counter
@@ -29,10 +30,12 @@ from mesh.fields import one_of
 from mesh.transport import Plane
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import DEFAULT_MAX_SESSIONS, HopServer
+from runtime.inference.kv_memory import KvMemory, kv_bytes_per_position, kv_capacity
 from runtime.model.backends import backend_available, default_backend
 from runtime.model.backends.base import ShardBackend
 from runtime.model.doctor import DoctorReport, admit, default_device, free_memory_bytes, recheck
 from runtime.model.progress import Progress
+from runtime.model.recipes import get_recipe
 
 log = logging.getLogger("shardmesh.admission")
 
@@ -64,6 +67,9 @@ class ServeOptions:
     ttl_s: float = DEFAULT_TTL_S
     refresh_s: float | None = None  # default: ttl_s * REFRESH_FRACTION
     max_sessions: int = DEFAULT_MAX_SESSIONS
+    max_memory: int | None = None
+    """`--max-memory`: weights and KV caches together (None: the device's
+    free memory bounds the caches once the weights are in)."""
 
     def __post_init__(self) -> None:
         a, b = self.layers
@@ -153,6 +159,7 @@ class Admission:
             signer=self._engine.signer,
             max_sessions=o.max_sessions,
             tokenizer_dir=o.model_dir,  # structured output's grammar reads the vocabulary
+            kv_memory=kv_memory_of(o, shard, self.backend_info),
         )
         await self._engine.attach(self.hop_server)
         self._record(report)
@@ -227,6 +234,26 @@ def _capability(report: DoctorReport, options: ServeOptions) -> records.Capabili
             : records.MAX_FAILURE_CHARS
         ],
     )
+
+
+def kv_memory_of(
+    o: ServeOptions, shard: ShardBackend, info: records.BackendInfo
+) -> KvMemory | None:
+    """The hop's cache budget: `--max-memory` beside the weights, at most
+    the device's free memory after they loaded (`runtime.inference.kv_memory`);
+    None (and a warning) for a config that does not say its heads."""
+    try:
+        config = json.loads((o.model_dir / "config.json").read_text())
+        layers = o.layers[1] - o.layers[0]
+        per_position = kv_bytes_per_position(config, layers, get_recipe(o.recipe).dtype)
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        log.warning(
+            "no KV budget for %s (%s): sessions are bounded by count alone", o.model_dir, exc
+        )
+        return None
+    weights = int(shard.info().get("weight_bytes") or 0)
+    capacity = kv_capacity(o.max_memory, weights, info.memory_bytes or None)
+    return KvMemory(capacity, per_position)
 
 
 def _backend_info(shard: ShardBackend) -> records.BackendInfo:

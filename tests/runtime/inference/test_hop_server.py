@@ -23,6 +23,7 @@ from mesh.transport import Plane, open_planes
 from mesh.wire import decode_tensor
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import HopServer
+from runtime.inference.kv_memory import REASON_MEMORY, KvMemory
 from runtime.inference.protocol import (
     OP_BUSY,
     OP_ERROR,
@@ -104,14 +105,19 @@ async def test_an_open_for_this_shard_is_opened_and_closed(whole: ShardBackend) 
         reply = await setup.ask(setup.open_header(session))
         assert (reply["op"], reply["session"]) == (OP_OPENED, session)
         assert setup.hop.sessions == 1
-        setup.entry_plane.send(
-            setup.hop_plane.address,
-            encode_message({"op": "close", "session": session}),
-            peer=setup.hop_plane.keys.node_id,
-        )
-        with trio.fail_after(10):
-            while setup.hop.sessions:
-                await trio.sleep(0.01)
+        await close(setup, session)
+
+
+async def close(setup: Setup, session: str) -> None:
+    """The entry closes `session`; returns once the hop holds no session."""
+    setup.entry_plane.send(
+        setup.hop_plane.address,
+        encode_message({"op": "close", "session": session}),
+        peer=setup.hop_plane.keys.node_id,
+    )
+    with trio.fail_after(10):
+        while setup.hop.sessions:
+            await trio.sleep(0.01)
 
 
 async def test_only_the_node_a_session_takes_forwards_from_may_send_big_messages(
@@ -167,6 +173,24 @@ async def test_a_leaving_or_full_hop_turns_newcomers_away_as_busy(whole: ShardBa
         leaving = await setup.ask(setup.open_header(new_session_id()))
         assert leaving["op"] == OP_BUSY and "leaving" in leaving["reason"]
         assert setup.drops["engine.busy"] == 2
+
+
+async def test_a_session_whose_cache_would_not_fit_is_busy_until_memory_frees(
+    whole: ShardBackend,
+) -> None:
+    """Room for one 64-position budget: a second open is refused `memory`
+    before anything is computed; once the first closes, it fits."""
+    room = KvMemory(capacity_bytes=100 * 1_000, bytes_per_position=1_000)
+    async with serving(whole, kv_memory=room) as setup:
+        first = new_session_id()
+        assert (await setup.ask(setup.open_header(first)))["op"] == OP_OPENED
+        refused = await setup.ask(setup.open_header(new_session_id()))
+        assert (refused["op"], refused["reason"]) == (OP_BUSY, REASON_MEMORY)
+        assert setup.drops["engine.busy_memory"] == 1 and setup.hop.sessions == 1
+        assert setup.hop.stats.to_json()["kv_memory"]["held_bytes"] == 64 * 1_000
+        await close(setup, first)
+        assert setup.hop.stats.to_json()["kv_memory"]["held_bytes"] == 0
+        assert (await setup.ask(setup.open_header(new_session_id())))["op"] == OP_OPENED
 
 
 # --- squatters ----------------------------------------------------------------------

@@ -6,6 +6,7 @@ The doctor's own checks are in tests/runtime/model/test_doctor.py.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections import Counter
 from pathlib import Path
@@ -13,11 +14,15 @@ from pathlib import Path
 import pytest
 import trio
 
+from mesh import records
 from mesh.identity import Identity
 from mesh.transport import open_planes
 from runtime.inference.dispatch import Engine
+from runtime.inference.kv_memory import kv_bytes_per_position
+from runtime.model.backends import load_shard
+from runtime.model.backends.base import ShardSpec
 from runtime.model.tiny import make_tiny_model
-from runtime.node.admission import ServeOptions, ShardSlot, probe_backend
+from runtime.node.admission import ServeOptions, ShardSlot, kv_memory_of, probe_backend
 
 LOOPBACK = "tcp://127.0.0.1:0"
 
@@ -33,6 +38,24 @@ def test_serve_options_are_checked() -> None:
     with pytest.raises(ValueError, match="must be positive"):
         ServeOptions(Path("m"), (0, 2), ttl_s=0)
     assert ServeOptions(Path("m"), (0, 2), ttl_s=100).refresh_interval == 50
+
+
+def test_max_memory_leaves_the_caches_what_the_weights_do_not_take(model: Path) -> None:
+    shard = load_shard(ShardSpec(model, 0, 4, "fp32"), "torch")
+    weights = shard.info()["weight_bytes"]
+    config = json.loads((model / "config.json").read_text())
+    per_position = kv_bytes_per_position(config, 4, "float32")
+    info = records.BackendInfo("torch", "cpu", 10**12)
+    capped = kv_memory_of(
+        ServeOptions(model, (0, 4), max_memory=weights + 100 * per_position), shard, info
+    )
+    assert capped is not None and capped.bytes_per_position == per_position
+    assert capped.capacity_bytes == 100 * per_position
+    assert kv_memory_of(ServeOptions(model, (0, 4)), shard, info).capacity_bytes == 10**12
+    broken = model.parent / "no-heads"
+    shutil.copytree(model, broken)
+    (broken / "config.json").write_text(json.dumps({"hidden_size": 64}))
+    assert kv_memory_of(ServeOptions(broken, (0, 4)), shard, info) is None, "a warning, no crash"
 
 
 def test_a_model_less_node_offers_at_most_its_cap() -> None:
@@ -69,6 +92,8 @@ async def test_an_admitted_shard_is_served_then_advertised_and_cleared(model: Pa
         assert capability.layers == (2, 4) and capability.expires_at > capability.validated_at
         assert slot.backend is not None and slot.backend.kind == "torch"
         assert published, "the record was republished with the capability"
+        kv = admission.hop_server.kv_memory
+        assert kv is not None and kv.bytes_per_position > 0, "the caches are budgeted"
         nursery.cancel_scope.cancel()
     slot.clear()
     assert engine.hop_server is None and slot.admission is None
