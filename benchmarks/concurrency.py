@@ -92,18 +92,21 @@ async def _stream(index: int, api: str, request: dict[str, Any]) -> dict[str, An
     transport = httpx.AsyncHTTPTransport(local_address=address)
     arrivals: list[float] = []
     usage = None
-    async with httpx.AsyncClient(transport=transport, timeout=HTTP_TIMEOUT_S) as client:
-        async with client.stream("POST", f"{api}/v1/chat/completions", json=request) as answer:
-            if answer.status_code != 200:
-                await answer.aread()
-                raise RuntimeError(f"stream {index}: {answer.status_code} {answer.text}")
-            async for line in answer.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data: "))
-                usage = chunk.get("usage") or usage
-                if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
-                    arrivals.append(time.perf_counter())
+    url = f"{api}/v1/chat/completions"
+    async with (
+        httpx.AsyncClient(transport=transport, timeout=HTTP_TIMEOUT_S) as client,
+        client.stream("POST", url, json=request) as answer,
+    ):
+        if answer.status_code != 200:
+            await answer.aread()
+            raise RuntimeError(f"stream {index}: {answer.status_code} {answer.text}")
+        async for line in answer.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line.removeprefix("data: "))
+            usage = chunk.get("usage") or usage
+            if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
+                arrivals.append(time.perf_counter())
     assert usage is not None and arrivals, f"stream {index} got no tokens"
     return {"arrivals": arrivals, "tokens": usage["completion_tokens"]}
 
@@ -208,9 +211,7 @@ async def swarm_runs(
         return [await _measure_count(swarm, nodes, name, n, tokens) for n in counts]
 
 
-def ceiling(
-    model_dir: Path, counts: Sequence[int], tokens: int, threads: int
-) -> dict[int, float]:
+def ceiling(model_dir: Path, counts: Sequence[int], tokens: int, threads: int) -> dict[int, float]:
     """transformers' batched greedy `generate` of the whole model, the same
     prompts left-padded: decode tok/s per batch size, (tokens - 1) per row
     over the time `tokens` new tokens take beyond one."""
@@ -253,10 +254,11 @@ def model_figures(
 ) -> dict[str, Any]:  # fmt: skip
     """One model's runs on each backend, each count beside the ceiling."""
     manifest = load_manifest(model_dir)
+    weights = model_dir.glob("*.safetensors")
     out: dict[str, Any] = {
         "name": manifest["name"],
         "layers": manifest["num_layers"],
-        "weights_gb": round(sum(f.stat().st_size for f in model_dir.glob("*.safetensors")) / 1e9, 3),
+        "weights_gb": round(sum(f.stat().st_size for f in weights) / 1e9, 3),
         "spans": spans(manifest["num_layers"], HOPS),
     }
     for backend in backends:
@@ -298,7 +300,11 @@ def _make_model(root: Path, kind: str) -> Path:
         return _real_model()
     if kind == "synthetic":
         assert SYNTHETIC["hidden_size"] % LARGE_HEAD_DIM == 0
-        return make_tiny_model(root / "synthetic", name="synthetic", **SYNTHETIC)
+        return make_tiny_model(
+            root / "synthetic", layers=SYNTHETIC["layers"], name="synthetic",
+            hidden_size=SYNTHETIC["hidden_size"], vocab_size=SYNTHETIC["vocab_size"],
+            intermediate_size=SYNTHETIC["intermediate_size"],
+        )  # fmt: skip
     return make_tiny_model(root / "tiny", layers=8, name="tiny")
 
 

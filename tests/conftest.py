@@ -39,6 +39,7 @@ once), while the other workers take the in-process tests."""
 
 SWARM_MODULES = frozenset(
     {
+        "tests/benchmarks/test_concurrency.py",
         "tests/benchmarks/test_wan.py",
         "tests/runtime/api/test_app.py",
         "tests/runtime/api/test_auth.py",
