@@ -91,14 +91,30 @@ def ids_digest(ids: np.ndarray) -> bytes:
     return hashlib.blake2b(data, digest_size=DIGEST_BYTES).digest()
 
 
+class _Encoded:
+    """Where a `Commitment` keeps its signed bytes and their digest once
+    encoded: slots of its own, not dataclass fields, so that neither
+    construction, ``replace`` nor ``dataclasses.fields`` sees them (a copy
+    with another field encodes its own)."""
+
+    __slots__ = ("_digest", "_signed")
+
+
 @dataclass(frozen=True, slots=True, eq=False)
-class Commitment:
+class Commitment(_Encoded):
     """One hop's signed account of one step (see the module docstring).
 
     ``inputs`` is [count, SKETCH_DIMS], or [0, SKETCH_DIMS] on the first hop
     (which commits ``inputs_digest`` instead); ``outputs`` is [count,
     SKETCH_DIMS] on a hop that passes hidden states on, [1, SKETCH_DIMS]
     (the last position's logits) on the last hop, whose ``token`` is set.
+
+    A value: its arrays are never modified once it is built, so the bytes
+    it signs (and their digest) are encoded once, on first use, and kept.
+    A hop needs them up to four times a step (its receipt, the next link's
+    ``previous``, the next hop's check of the handoff and its relay to the
+    entry), about 10 us each on a loaded machine: most of a decode step's
+    commitment cost, on every hop.
     """
 
     hop: bytes
@@ -118,6 +134,15 @@ class Commitment:
     signature: bytes = b""
 
     def signed_bytes(self) -> bytes:
+        """What the hop signs: everything but ``hop`` and the signature
+        (encoded once, see the class docstring)."""
+        encoded: bytes | None = getattr(self, "_signed", None)
+        if encoded is None:
+            encoded = self._encode_signed()
+            object.__setattr__(self, "_signed", encoded)
+        return encoded
+
+    def _encode_signed(self) -> bytes:
         sketches = hashlib.sha256(
             np.ascontiguousarray(self.inputs, dtype="<f4").tobytes()
             + np.ascontiguousarray(self.outputs, dtype="<f4").tobytes()
@@ -141,10 +166,20 @@ class Commitment:
 
     def digest(self) -> bytes:
         """What the session's next commitment names as ``previous``."""
-        return hashlib.sha256(self.signed_bytes()).digest()
+        digest: bytes | None = getattr(self, "_digest", None)
+        if digest is None:
+            digest = hashlib.sha256(self.signed_bytes()).digest()
+            object.__setattr__(self, "_digest", digest)
+        return digest
 
     def signed(self, signer: Signer) -> Commitment:
-        return replace(self, signature=signer.sign(self.signed_bytes()))
+        signed_bytes = self.signed_bytes()
+        signed = replace(self, signature=signer.sign(signed_bytes))
+        # The signature is not part of what is signed: the copy's bytes
+        # and digest are this one's.
+        object.__setattr__(signed, "_signed", signed_bytes)
+        object.__setattr__(signed, "_digest", self.digest())
+        return signed
 
     def verified(self) -> bool:
         """True when ``hop`` signed exactly this commitment."""

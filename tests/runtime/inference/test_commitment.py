@@ -111,3 +111,14 @@ def test_what_a_message_carries(hop: Identity) -> None:
     payload = made.payload()
     assert payload.shape == (4, SKETCH_DIMS) and payload.dtype == np.float32
     assert list(made.position_range) == [0, 1]
+
+
+def test_the_signed_bytes_are_encoded_once_and_never_stale(hop: Identity) -> None:
+    one = commitment(hop)
+    assert one.signed_bytes() is one.signed_bytes(), "kept, not encoded again"
+    signed = one.signed(hop)
+    assert signed.digest() == one.digest() and signed.verified()
+    changed = replace(signed, step=1)
+    assert changed.digest() != one.digest(), "a copy with another field encodes its own"
+    assert not changed.verified()
+    assert changed.digest() == replace(one, step=1).digest()
