@@ -157,10 +157,23 @@ async def itl_before_and_during(wide: Path, sizer: ChunkSizer) -> tuple[float, f
     return _p99(before, 100), _p99(during, STREAMS), chunks
 
 
+ATTEMPTS = 2
+"""Tries of the timing test below before it fails."""
+
+
 async def test_a_long_prompt_arriving_keeps_the_decoding_streams_p99_within_3x(
     wide_dir: Path,
 ) -> None:
-    before, during, chunks = await itl_before_and_during(wide_dir, ChunkSizer())
-    print(f"p99 inter-token time: {before * 1e3:.1f} ms before, {during * 1e3:.1f} ms during")
-    assert chunks > LONG_PROMPT // PREFILL_CHUNK_TOKENS
-    assert during <= WITHIN * before
+    """Measured twice at most: on a shared 2-core machine another process's
+    stall inside the short "during" window can outweigh the prefill itself
+    (seen once in a dozen runs beside a benchmark); chunking off fails both
+    tries by far (10x, see the module docstring)."""
+    ratios = []
+    for _ in range(ATTEMPTS):
+        before, during, chunks = await itl_before_and_during(wide_dir, ChunkSizer())
+        print(f"p99 inter-token time: {before * 1e3:.1f} ms before, {during * 1e3:.1f} ms during")
+        assert chunks > LONG_PROMPT // PREFILL_CHUNK_TOKENS
+        ratios.append(during / before)
+        if ratios[-1] <= WITHIN:
+            break
+    assert min(ratios) <= WITHIN, ratios
