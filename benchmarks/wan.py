@@ -17,8 +17,8 @@ direct chain at 40 ms); the same through a well-connected relay in a site
 of its own (`near_relay_per_token_vs_direct`); and with two port-keeping
 NATs, which b and c punch through (`punched_per_token_vs_direct`). Needs
 root (network namespaces). `--quick` runs one case with few tokens, for a
-test; `--relay` only the chains compared. The last line printed is one JSON object; what each key means:
-docs/benchmarks.md#wan.
+test; `--relay` only the chains compared. The last line printed is one
+JSON object; what each key means: docs/benchmarks.md#wan.
 """
 
 from __future__ import annotations
