@@ -130,14 +130,7 @@ async def test_only_the_node_a_session_takes_forwards_from_may_send_big_messages
         assert (await setup.ask(setup.open_header(session)))["op"] == OP_OPENED
         assert setup.hop.bulk_allowance(entry) == setup.hop.max_message_bytes
         assert setup.hop.bulk_allowance(stranger) == 0
-        setup.entry_plane.send(
-            setup.hop_plane.address,
-            encode_message({"op": "close", "session": session}),
-            peer=setup.hop_plane.keys.node_id,
-        )
-        with trio.fail_after(10):
-            while setup.hop.sessions:
-                await trio.sleep(0.01)
+        await close(setup, session)
         assert setup.hop.bulk_allowance(entry) == 0
 
 
