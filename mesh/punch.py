@@ -95,16 +95,22 @@ class PunchRequest:
         return {"plane": self.plane, "method": self.method, "host": self.host, "port": self.port}
 
 
-def meeting_point(body: Mapping[str, Any]) -> tuple[str, int]:
-    """(host, port) from a request or an answer: an IP address (no names:
-    nothing resolves a name a stranger chose) and a port."""
+def meeting_point(body: object) -> tuple[str, int]:
+    """(host, port) from a request or an answer: a routable unicast IP
+    address (no names: nothing resolves a name a stranger chose; never
+    loopback or link-local: a member must not make a node connect to its
+    own machine's services and splice them into a plane) and a port."""
+    if not isinstance(body, Mapping):
+        raise PunchError("a meeting point is a JSON object with host and port")
     host, port = body.get("host"), body.get("port")
     try:
         address = ipaddress.ip_address(host) if isinstance(host, str) else None
     except ValueError:
         address = None
-    if address is None or address.is_unspecified or address.is_multicast:
-        raise PunchError("host must be a unicast IP address")
+    if address is None or any(
+        (address.is_unspecified, address.is_multicast, address.is_loopback, address.is_link_local)
+    ):
+        raise PunchError("host must be a routable unicast IP address")
     if not isinstance(port, int) or isinstance(port, bool) or not 0 < port < 65536:
         raise PunchError("port must be an integer in 1..65535")
     return str(address), port

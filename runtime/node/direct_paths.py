@@ -41,7 +41,7 @@ from mesh.punch import (
     meeting_point,
     method_for,
 )
-from mesh.records import Addresses
+from mesh.records import Addresses, RelayedAt
 from mesh.transport import Plane as ZmqPlane
 from runtime.node.hostport import HostPort, parse_hostport
 from runtime.node.relay_server import STREAM_ERRORS, splice
@@ -202,7 +202,11 @@ class NodeDirectPaths:
         if reply.status_code == 429:
             raise PunchRefused(reply.text[:200])
         reply.raise_for_status()
-        return meeting_point(reply.json())
+        try:
+            answer = reply.json()
+        except ValueError:
+            raise PunchError("the peer's answer is not JSON") from None
+        return meeting_point(answer)
 
     async def _carry(self, key: Key, stream: trio.SocketStream, addresses: Addresses) -> None:
         """Splice `stream` to a loopback port the plane sends the peer's
@@ -248,29 +252,30 @@ class NodeDirectPaths:
         return {"host": reach.host, "port": port}
 
     async def _meet(self, request: PunchRequest, sock: socket.socket) -> None:
-        connected = False
+        """Dial the asker back (`reverse`) or meet it from `sock`'s port at
+        once (`simultaneous`), then splice the stream to our own plane."""
+        port = sock.getsockname()[1]
+        sock.close()  # it held the port answered with; the dial binds it again
+        stream: trio.SocketStream | None = None
         try:
             with trio.fail_after(PUNCH_TIMEOUT_S):
                 if request.method == "reverse":
-                    sock.close()
                     stream = await trio.open_tcp_stream(request.host, request.port)
                 else:
-                    port = sock.getsockname()[1]
-                    sock.close()
                     stream = await simultaneous_open(port, request.host, request.port)
                 own = self._local[request.plane]
                 plane = await trio.open_tcp_stream(own.host, own.port)
-            connected = True
         except (trio.TooSlowError, *STREAM_ERRORS):
+            self.budget.done(connected=False)
+            if stream is not None:
+                await stream.aclose()
             return
-        finally:
-            sock.close()
-            self.budget.done(connected)
+        self.budget.done(connected=True)
         await splice(stream, b"", plane, b"", counters=self.budget.counters)
 
 
-def _plane_address(addresses: Addresses, plane: PunchPlane) -> str:
-    return addresses.control if plane == "control" else addresses.data
+def _plane_address(addresses: Addresses | RelayedAt, plane: PunchPlane) -> str:
+    return str(getattr(addresses, plane))
 
 
 def _all_addresses(addresses: Addresses, plane: PunchPlane) -> list[str]:
@@ -278,19 +283,23 @@ def _all_addresses(addresses: Addresses, plane: PunchPlane) -> list[str]:
     one and each relay's it holds (a chain may name any of them)."""
     found = [_plane_address(addresses, plane)]
     for at in addresses.relayed:
-        address = at.control if plane == "control" else at.data
-        if address not in found:
-            found.append(address)
+        if _plane_address(at, plane) not in found:
+            found.append(_plane_address(at, plane))
     return found
+
+
+def _any_host(host: str) -> tuple[socket.AddressFamily, str]:
+    """The address family of `host`, and that family's wildcard to bind."""
+    return (socket.AF_INET6, "::") if ":" in host else (socket.AF_INET, "0.0.0.0")
 
 
 def _bound_socket(host: str) -> socket.socket:
     """A TCP socket bound to a free port, reusable at once (the
     simultaneous open binds the same port again)."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    family, wildcard = _any_host(host)
     sock = socket.socket(family, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", 0))
+    sock.bind((wildcard, 0))
     sock.setblocking(False)
     return sock
 
@@ -313,12 +322,12 @@ async def simultaneous_open(port: int, host: str, peer_port: int) -> trio.Socket
     """Connect from local `port` to `host:peer_port` while the peer does the
     same towards us, until it takes (the caller bounds the time): a SYN
     refused or dropped before the other NAT opened is simply sent again."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    family, wildcard = _any_host(host)
     while True:
         sock = trio.socket.socket(family, socket.SOCK_STREAM)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            await sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+            await sock.bind((wildcard, port))
             await sock.connect((host, peer_port))
             return trio.SocketStream(sock)
         except OSError as exc:

@@ -15,6 +15,7 @@ from mesh.punch import (
     PunchBudget,
     PunchError,
     PunchRequest,
+    meeting_point,
     method_for,
 )
 
@@ -24,7 +25,9 @@ C, D, E = b"c" * 32, b"d" * 32, b"e" * 32
 def test_a_request_round_trips_and_names_an_ip_never_a_name() -> None:
     request = PunchRequest("data", "simultaneous", "10.77.3.2", 45000)
     assert PunchRequest.from_json(request.to_json()) == request
-    assert PunchRequest.from_json({**request.to_json(), "host": "::1"}).host == "::1"
+    assert (
+        PunchRequest.from_json({**request.to_json(), "host": "2001:db8::1"}).host == "2001:db8::1"
+    )
 
 
 @pytest.mark.parametrize(
@@ -35,6 +38,9 @@ def test_a_request_round_trips_and_names_an_ip_never_a_name() -> None:
         {"host": "relay.example"},
         {"host": "0.0.0.0"},
         {"host": "224.0.0.1"},
+        {"host": "127.0.0.1"},  # the node's own machine: its services spliced into a plane
+        {"host": "::1"},
+        {"host": "169.254.1.1"},
         {"host": 7},
         {"port": 0},
         {"port": 65536},
@@ -46,6 +52,12 @@ def test_a_bad_request_is_refused_saying_what(change: dict[str, Any]) -> None:
     body = {"plane": "data", "method": "reverse", "host": "10.0.0.1", "port": 1, **change}
     with pytest.raises(PunchError, match=next(iter(change))):
         PunchRequest.from_json(body)
+
+
+@pytest.mark.parametrize("answer", [[1, 2], "10.0.0.1:4500", None])
+def test_an_answer_that_is_no_json_object_is_refused(answer: object) -> None:
+    with pytest.raises(PunchError, match="JSON object"):
+        meeting_point(answer)
 
 
 def test_a_reachable_node_is_dialed_and_two_behind_nat_dial_at_once() -> None:

@@ -25,9 +25,9 @@ from runtime.node.direct_paths import (
     _bound_socket,
     public_reach,
 )
-from runtime.node.hostport import parse_hostport
+from runtime.node.hostport import HostPort, parse_hostport
 from tests.runtime.lab.fixtures import MakeLab, make_lab  # noqa: F401 - the fixture
-from tests.runtime.node.test_relay_splice import loopback_planes
+from tests.runtime.node.test_relay_splice import loopback_planes, serve_api
 
 TIMEOUT_S = 10.0
 RELAYED = "tcp://127.0.0.1:9"
@@ -96,6 +96,21 @@ async def test_a_punched_path_carries_curve_zeromq_in_place_of_the_relay(ends: s
         assert answering.budget.counters["answered_direct"] == 1
         nursery.cancel_scope.cancel()
     listening.close()
+
+
+async def test_a_peer_that_answers_a_punch_with_nonsense_fails_that_punch_alone() -> None:
+    """A relay or a peer that lies in its answer (here: not JSON at all)
+    costs one failed punch, counted; the node goes on."""
+    asking = NodeDirectPaths(Identity.generate(), NoSwarm(), {}, {}, lambda: Reach("", None))
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(serve_api)  # answers its request line, as text
+        key = asking.book.to_try([(b"p" * 32, "data")], 0.0)[0]
+        api = HostPort("127.0.0.1", port).http()
+        with trio.fail_after(TIMEOUT_S):
+            await asking._punch(key, Addresses(RELAYED, RELAYED, api), Reach("direct", "127.0.0.1"))
+        nursery.cancel_scope.cancel()
+    assert asking.book.state(key) == "failed"
+    assert asking.book.counters["failed_no_answer"] == 1
 
 
 def test_how_a_node_is_met_follows_how_it_is_reached() -> None:
