@@ -60,9 +60,9 @@ class RelayedNode(Protocol):
 LOOPBACK_HOSTS: Final = frozenset({"127.0.0.1", "::1", "localhost"})
 
 
-def _local(address: str) -> HostPort:
+def _local(address: str | HostPort) -> HostPort:
     """Where this machine reaches a plane bound at `address`."""
-    bound = parse_hostport(address)
+    bound = parse_hostport(address) if isinstance(address, str) else address
     if bound.host in WILDCARD_HOSTS:
         return HostPort("::1" if ":" in bound.host else "127.0.0.1", bound.port)
     return bound
@@ -76,7 +76,7 @@ def relayed_api(bind: HostPort, url: str) -> HostPort | None:
         return None
     port = urlsplit(url).port
     assert port is not None, "the API's URL names its bound port"
-    return _local(HostPort(bind.host, port).zmq())
+    return _local(HostPort(bind.host, port))
 
 
 class NodeRelays:
@@ -239,9 +239,10 @@ class NodeRelays:
         wanted = dict(self._direct)
         if first is not None:
             wanted.update(control=first.control, data=first.data, api=self._api_of(first))
-        if wanted == self._advertised and self.relayed() == self._published:
+        relayed = self.relayed()
+        if wanted == self._advertised and relayed == self._published:
             return
-        self._advertised, self._published = wanted, self.relayed()
+        self._advertised, self._published = wanted, relayed
         node = self._node
         node.addresses.update(wanted)
         node.engine.pipeline.reply_address = wanted["data"]
