@@ -36,6 +36,7 @@ import httpx
 import trio
 
 from benchmarks.pipeline import spans
+from runtime.cli.chat_client import sse_chunks
 from runtime.cli.localswarm import LocalNode, LocalSwarm
 from runtime.model.manifest import load_manifest
 from runtime.model.tiny import LARGE_HEAD_DIM, make_tiny_model
@@ -101,10 +102,7 @@ async def _stream(index: int, api: str, request: dict[str, Any]) -> dict[str, An
         if answer.status_code != 200:
             await answer.aread()
             raise RuntimeError(f"stream {index}: {answer.status_code} {answer.text}")
-        async for line in answer.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
+        async for chunk in sse_chunks(answer):
             usage = chunk.get("usage") or usage
             if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):
                 arrivals.append(time.perf_counter())

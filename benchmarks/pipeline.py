@@ -38,6 +38,7 @@ import trio
 from benchmarks.runtime import transformers_greedy
 from mesh.identity import Identity
 from mesh.transport import open_planes
+from runtime.cli.chat_client import sse_chunks
 from runtime.cli.localswarm import LocalSwarm
 from runtime.inference.chain import ChainHop, PipelineError
 from runtime.inference.deadlines import DEFAULT_DEADLINES, Deadlines, HopPace, expected_pace
@@ -110,10 +111,7 @@ async def _stream_once(client: httpx.AsyncClient, api: str, name: str, tokens: i
         if response.status_code != 200:
             await response.aread()
             raise RuntimeError(f"chat failed: {response.status_code} {response.text}")
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
+        async for chunk in sse_chunks(response):
             usage = chunk.get("usage") or usage
             timing = chunk.get("shardmesh", {}).get("timing") or timing  # on the final chunk
             if any(c.get("delta", {}).get("content") for c in chunk.get("choices", [])):

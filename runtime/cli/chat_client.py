@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,6 +92,14 @@ async def stream_chat(
             await trio.sleep(retry_in)
 
 
+async def sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
+    """The JSON chunks of a chat completion's event stream, in order (its
+    `data:` lines, without the closing `[DONE]`)."""
+    async for line in response.aiter_lines():
+        if line.startswith("data: ") and line != "data: [DONE]":
+            yield json.loads(line.removeprefix("data: "))
+
+
 async def _stream_once(
     api: str, body: dict[str, Any], on_text: Callable[[str], None]
 ) -> ChatResult:
@@ -107,10 +115,7 @@ async def _stream_once(
             if response.status_code != 200:
                 await response.aread()
                 raise _refusal(response)
-            async for line in response.aiter_lines():
-                if not line.startswith("data: ") or line == "data: [DONE]":
-                    continue
-                chunk = json.loads(line.removeprefix("data: "))
+            async for chunk in sse_chunks(response):
                 if "error" in chunk:
                     raise ChatClientError(chunk["error"].get("message", "the stream failed"))
                 usage = chunk.get("usage") or usage

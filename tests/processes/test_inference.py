@@ -9,7 +9,6 @@ computed in this process from the same model directory.
 
 from __future__ import annotations
 
-import json
 import shutil
 import signal
 from collections.abc import Callable, Sequence
@@ -20,6 +19,7 @@ import httpx
 import pytest
 import trio
 
+from runtime.cli.chat_client import sse_chunks
 from runtime.cli.localswarm import LocalNode, LocalSwarm, Views
 from runtime.inference.chat import PREPARE_POLL_S
 from runtime.model.tiny import make_tiny_model
@@ -463,10 +463,7 @@ async def _stream_stopping(
         client.stream("POST", entry.api + "/v1/chat/completions", json=body) as response,
     ):
         assert response.status_code == 200
-        async for line in response.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
+        async for chunk in sse_chunks(response):
             assert "error" not in chunk, chunk
             choice = chunk["choices"][0]
             parts.append(choice["delta"].get("content") or "")

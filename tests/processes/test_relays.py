@@ -32,6 +32,7 @@ import httpx
 import pytest
 import trio
 
+from runtime.cli.chat_client import sse_chunks
 from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, Views, all_see
 from runtime.lab.netns import Lab
 from runtime.lab.topology import WAN_IF
@@ -148,10 +149,7 @@ async def stream_killing(entry: LocalNode, victim: LocalNode, tokens: int) -> st
         ) as r,
     ):
         assert r.status_code == 200, await r.aread()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line.removeprefix("data: "))
+        async for chunk in sse_chunks(r):
             assert "error" not in chunk, chunk
             parts.extend(c["delta"].get("content") or "" for c in chunk["choices"])
             if len(parts) == KILL_AFTER_CHUNKS:

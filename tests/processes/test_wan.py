@@ -13,7 +13,6 @@ for dead. Root only: elsewhere it skips, saying why no lab can be built.
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,6 +21,7 @@ import httpx
 import pytest
 import trio
 
+from runtime.cli.chat_client import sse_chunks
 from runtime.cli.localswarm import LocalNode, LocalSwarm, SwarmError, all_see, dead_bound
 from runtime.lab.netns import Lab
 from runtime.model.tiny import make_tiny_model
@@ -107,10 +107,9 @@ async def streamed_text(node: LocalNode) -> str:
         client.stream("POST", url, json=body) as r,
     ):
         assert r.status_code == 200, await r.aread()
-        async for line in r.aiter_lines():
-            if line.startswith("data: ") and line != "data: [DONE]":
-                for choice in json.loads(line.removeprefix("data: ")).get("choices", []):
-                    parts.append(choice.get("delta", {}).get("content") or "")
+        async for chunk in sse_chunks(r):
+            for choice in chunk.get("choices", []):
+                parts.append(choice.get("delta", {}).get("content") or "")
     return "".join(parts)
 
 
