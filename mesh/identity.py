@@ -191,14 +191,25 @@ def is_small_order(public_key: bytes) -> bool:
     return y % _FIELD_PRIME in SMALL_ORDER_Y
 
 
+@functools.lru_cache(maxsize=4096)
+def _public_key(node_id: bytes) -> Ed25519PublicKey | None:
+    """The key that is `node_id`, parsed once (None: no one's key, small
+    order). Cached, as `curve_public_key` is: a hop checks the receipt of
+    the same previous hop on every decode step, an entry the last hop's."""
+    if is_small_order(node_id):
+        return None
+    return Ed25519PublicKey.from_public_bytes(node_id)
+
+
 def verify(node_id: bytes, data: bytes, signature: bytes) -> bool:
     """True when `signature` over `data` was made by the key that is `node_id`."""
     if len(node_id) != NODE_ID_BYTES or len(signature) != SIGNATURE_BYTES:
         return False
-    if is_small_order(node_id):
-        return False
     try:
-        Ed25519PublicKey.from_public_bytes(node_id).verify(signature, data)
+        key = _public_key(bytes(node_id))
+        if key is None:
+            return False
+        key.verify(signature, data)
     except (InvalidSignature, ValueError):
         return False
     return True

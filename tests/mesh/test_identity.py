@@ -55,6 +55,9 @@ def test_signatures_verify_only_under_the_signers_id() -> None:
     assert not verify(alice.node_id, b"record!", signature)
     assert not verify(alice.node_id, b"record", signature[:-1] + bytes([signature[-1] ^ 1]))
     assert not verify(alice.node_id[:31], b"record", signature)
+    # Each id's key is parsed once and kept: checks under it stay the same.
+    assert verify(bytearray(alice.node_id), b"record", signature)
+    assert not verify(alice.node_id, b"record", bob.sign(b"record"))
 
 
 def test_node_id_text_round_trips_and_rejects_garbage() -> None:
