@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -38,12 +39,17 @@ import trio
 from benchmarks.runtime import transformers_greedy
 from mesh.identity import Identity
 from mesh.transport import open_planes
+from mesh.wire import decode_tensor
 from runtime.cli.chat_client import sse_chunks
 from runtime.cli.localswarm import LocalSwarm
+from runtime.inference import hop_server
+from runtime.inference.blame import Receipt, rows_digest
 from runtime.inference.chain import ChainHop, PipelineError
+from runtime.inference.commitment import Commitment, sketch
 from runtime.inference.deadlines import DEFAULT_DEADLINES, Deadlines, HopPace, expected_pace
 from runtime.inference.dispatch import Engine
 from runtime.inference.hop_server import HopServer
+from runtime.inference.protocol import encode_message
 from runtime.model.backends import load_shard
 from runtime.model.backends.base import KVCache, ShardBackend, ShardSpec
 from runtime.model.doctor import measure_throughput
@@ -160,6 +166,7 @@ async def _swarm(
         async with httpx.AsyncClient(timeout=300) as client:
             await _stream_once(client, nodes[0].api, name, tokens)  # warm-up
             runs = [await _stream_once(client, nodes[0].api, name, tokens) for _ in range(requests)]
+        views = await swarm.views(nodes)
     return {
         "decode_tok_s": round(statistics.median(r["decode_tok_s"] for r in runs), 2),
         "ttft_ms": round(statistics.median(r["ttft_ms"] for r in runs), 2),
@@ -169,7 +176,17 @@ async def _swarm(
             round(statistics.median(per_hop), 3)
             for per_hop in zip(*(r["hop_decode_ms"] for r in runs), strict=True)
         ],
+        # Decode steps that went through a hop's batcher (a worker thread)
+        # rather than running at once: 0 when each lone session's step took
+        # the immediate path, as it should with one request at a time.
+        "batched_steps": sum(_batched_rows(views[node.name]) for node in nodes),
     }
+
+
+def _batched_rows(view: dict[str, Any] | None) -> int:
+    """The rows a node's batcher ran (its status' hop.batching.rows)."""
+    hop = (view or {}).get("hop") or {}
+    return int((hop.get("batching") or {}).get("rows", 0))
 
 
 def _single_process(model_dir: Path, tokens: int) -> Callable[[], float]:
@@ -369,6 +386,7 @@ def _figures(
         "per_hop_overhead_ms": round(per_hop, 3),
         "per_hop_compute_penalty_ms": round(compute_penalty, 3),
         "per_hop_messaging_ms": round(per_hop - compute_penalty, 3),
+        "batched_steps": {"1hop": one["batched_steps"], "3hop": three["batched_steps"]},
         "hop_compute_ms_1hop": one["hop_compute_ms"],
         "hop_compute_ms_3hop": three["hop_compute_ms"],
         "idle_control": control,
@@ -587,6 +605,158 @@ def slow_hop(root: Path) -> dict[str, Any]:
         torch.set_num_threads(saved_threads)
 
 
+PARTS_ROUNDS = 400
+"""Calls per part in `hop_parts` (each timed alone, the median kept)."""
+ECHO_ROUNDS = 1000
+"""Round trips of a forward between two processes in `hop_parts`."""
+
+
+def _median_us(fn: Callable[[], object], rounds: int = PARTS_ROUNDS) -> float:
+    """The median CPU time of one call of ``fn`` in this thread, in us."""
+    for _ in range(rounds // 10):
+        fn()
+    times = []
+    for _ in range(rounds):
+        began = time.thread_time_ns()
+        fn()
+        times.append(time.thread_time_ns() - began)
+    return round(statistics.median(times) / 1000, 1)
+
+
+def _forward_fixed_us(model_dir: Path, layers: int) -> float:
+    """What splitting a decode step's forward over three shards adds to it
+    in one process, back to back (per extra hop): the shard's fixed cost
+    per call (inputs to tensors, masks, rotary tables), no idling."""
+    rng = np.random.default_rng(0)
+
+    def decode_us(span: tuple[int, int]) -> float:
+        shard = load_shard(ShardSpec(model_dir, span[0], span[1], "fp32"), "torch")
+        cache = shard.new_cache()
+        width = shard.hidden_size
+
+        def inputs(count: int) -> np.ndarray:
+            if shard.is_first:
+                return np.full(count, 7, dtype=np.int64)
+            return rng.standard_normal((count, width), dtype=np.float32)
+
+        shard.forward(inputs(16), np.arange(16), cache)
+        at = itertools.count(16)
+        return _median_us(lambda: shard.forward(inputs(1), np.array([next(at)]), cache), 200)
+
+    import torch
+
+    saved_threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # as a tiny model's node computes
+    try:
+        whole = decode_us((0, layers))
+        split = sum(decode_us(span) for span in spans(layers, 3))
+    finally:
+        torch.set_num_threads(saved_threads)
+    return round((split - whole) / 2, 1)
+
+
+def _echo() -> None:
+    """The far end of `hop_parts`' round trips (a child process): prints its
+    plane's address and id, reads the other's, and sends back whatever
+    comes."""
+
+    async def serve() -> None:
+        identity = Identity.generate()
+        keys = identity.plane_keys()
+        async with open_planes(LOOPBACK, LOOPBACK, drops=Counter(), keys=keys) as (_c, data):
+            print(data.address, identity.node_id.hex(), flush=True)
+            address, node = (await trio.to_thread.run_sync(sys.stdin.readline)).split()
+            while True:
+                _peer, frames = await data.receive()
+                data.send(address, frames, peer=bytes.fromhex(node))
+
+    trio.run(serve)
+
+
+async def _round_trips(frames: list[Any]) -> tuple[float, float]:
+    """Half the median round trip of ``frames`` to an echoing child process
+    over CURVE planes (wall clock: libzmq's I/O threads, loopback TCP and
+    both processes' wake-ups), and the sender's CPU in `Plane.send`."""
+    code = "from benchmarks.pipeline import _echo; _echo()"
+    child = await trio.lowlevel.open_process(
+        [sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    try:
+        assert child.stdin is not None and child.stdout is not None
+        line = b""
+        while not line.endswith(b"\n"):
+            line += await child.stdout.receive_some(256)
+        address, node = line.decode().split()
+        identity = Identity.generate()
+        keys = identity.plane_keys()
+        async with open_planes(LOOPBACK, LOOPBACK, drops=Counter(), keys=keys) as (_c, data):
+            await child.stdin.send_all(f"{data.address} {identity.node_id.hex()}\n".encode())
+            trips, sends = [], []
+            for i in range(ECHO_ROUNDS + ECHO_ROUNDS // 10):
+                began, cpu = time.perf_counter_ns(), time.thread_time_ns()
+                data.send(address, frames, peer=bytes.fromhex(node))
+                sent = time.thread_time_ns() - cpu
+                await data.receive()
+                if i >= ECHO_ROUNDS // 10:
+                    trips.append(time.perf_counter_ns() - began)
+                    sends.append(sent)
+    finally:
+        child.kill()
+        await child.wait()
+    return statistics.median(trips) / 2000, statistics.median(sends) / 1000
+
+
+def hop_parts(model_dir: Path, layers: int) -> dict[str, float]:
+    """Each part of a middle hop's decode step, measured apart with the real
+    functions on a step's real sizes (the tiny model: one row of its
+    hidden size), in us: CPU time in this thread, except ``transit``, a
+    one-way trip between two processes (wall clock). What each key is:
+    docs/benchmarks.md#pipeline."""
+    hidden = json.loads((model_dir / "config.json").read_text())["hidden_size"]
+    rng = np.random.default_rng(1)
+    rows = rng.standard_normal((1, hidden), dtype=np.float32)
+    sender, entry = Identity.generate(), Identity.generate().node_id
+
+    def commitment() -> Commitment:
+        return Commitment(
+            hop=sender.node_id, entry=entry, session="0" * 32, model="tiny", layers=(0, 3),
+            sketch_seed=5, step=9, pos=16, count=1, inputs_digest=bytes(16),
+            inputs=sketch(rows, 5), outputs=sketch(rows, 5), token=None, previous=bytes(32),
+        )  # fmt: skip
+
+    sent = commitment()
+    receipt = Receipt.of(sent, rows_digest(rows)).signed(sender)
+    header = {
+        "op": "forward", "session": "1" * 32, "step": 9, "pos": 16, "compute_us": [900],
+        "handoff": hop_server._handoff_header(sent, receipt.signature),
+    }  # fmt: skip
+    frames = encode_message(header, rows)
+    wire = [bytes(frame) for frame in frames]
+    decoded = decode_tensor(wire)[0]
+    session: Any = type("Session", (), {"prev": sender.node_id, "entry": entry})()
+    step = hop_server._Step(9, 16, rows, (900,), (sent, receipt.signature))
+
+    def parse() -> object:
+        return hop_server._handoff(session, "tiny", decoded, 9, 16, 1)
+
+    def sign() -> object:  # the commitment's digest is `commitment`'s, kept
+        return Receipt.of(sent, rows_digest(rows)).signed(sender)
+
+    transit, send = trio.run(_round_trips, frames)
+    return {
+        "transit": round(transit, 1),
+        "decode": _median_us(lambda: decode_tensor(wire)),
+        "handoff_parse": _median_us(parse),
+        "handoff_check": _median_us(lambda: hop_server._received(step)),
+        "receipt_verify": _median_us(receipt.verified),
+        "forward_fixed": _forward_fixed_us(model_dir, layers),
+        "commitment": _median_us(lambda: commitment().digest()),
+        "receipt_sign": _median_us(sign),
+        "encode": _median_us(lambda: encode_message(header, rows)),
+        "send": round(send, 1),
+    }
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -621,6 +791,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             return measure(root, model, threads, args.tokens, args.requests, pinned)
 
         tiny = generated_model("tiny")
+        parts = hop_parts(generated(root, "tiny"), MODELS["tiny"][0])
         large = None if args.skip_large else generated_model("large")
         real = None if args.skip_real else real_model(root, args.tokens, args.requests, pinned)
         slow = slow_hop(root)
@@ -633,6 +804,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "real": real,
         **{k: v for k, v in tiny.items() if k != "model"},
         "tiny_model": tiny["model"],
+        "hop_parts_us": parts,
         "large": large,
         "pinned_cores": None if pinned is None else [sorted(cores) for cores in pinned],
         "target_per_hop_overhead_ms": TARGET_PER_HOP_MS,

@@ -1,5 +1,5 @@
-"""How `benchmarks.pipeline --pin` shares out the cores, and the order its
-measurements are taken in.
+"""How `benchmarks.pipeline --pin` shares out the cores, the order its
+measurements are taken in, and how it counts batched steps.
 
 What pinning does to a node's threads is checked on a real process in
 tests/processes/test_node.py; this is the split itself.
@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.pipeline import PIN_GROUPS, _interleaved, pin_sets, spans
+from benchmarks.pipeline import PIN_GROUPS, _batched_rows, _interleaved, pin_sets, spans
 
 
 def test_sixteen_cores_make_four_disjoint_sets_of_four() -> None:
@@ -60,3 +60,10 @@ def test_the_anchor_brackets_each_swarm_and_plaintext_brackets_curve() -> None:
     taken.clear()
     assert _interleaved(anchor, swarm, curve_control=False).plain == []
     assert taken == ["anchor", "1hop-curve", "anchor", "3hop-curve", "anchor"]
+
+
+def test_batched_steps_are_read_from_each_nodes_status() -> None:
+    """A node that did not answer, or serves no shard, ran no batch."""
+    assert _batched_rows({"hop": {"batching": {"batches": 2, "rows": 5}}}) == 5
+    assert _batched_rows({"hop": None}) == 0
+    assert _batched_rows(None) == 0
