@@ -32,6 +32,8 @@ import trio
 import zmq
 
 from mesh import chunks
+from mesh.held_bytes import HeldBytes
+from mesh.held_guard import HeldGuard
 from mesh.identity import NODE_ID_BYTES, PlaneKeys, curve_public_key
 from mesh.zap import Admit, HandshakeGate, ZapHandler
 
@@ -121,6 +123,8 @@ _MONITORED_EVENTS: Final = (
     | zmq.EVENT_HANDSHAKE_SUCCEEDED
     | _HANDSHAKE_FAILED
 )
+# ...and the inbound socket: each connection's fd, for the held-bytes guard.
+_INBOUND_EVENTS: Final = zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED
 _MONITOR_HEADER = struct.Struct("=Hi")  # event id (u16), value (i32), no padding
 
 # What an owner task does with each message it reads (frames not copied).
@@ -212,6 +216,14 @@ class PlaneConfig:
         A chunked plane's byte budget per peer (`mesh.chunks.ByteBudgets`):
         what one peer's messages may bring in per second, and at once, unless
         the plane's owner allows it big messages. Only chunked planes use it.
+    held_limit_bytes / held_total_bytes:
+        The most one connection, and all of them together, may make libzmq
+        hold of what the plane has not taken: unread messages and a message
+        whose last frame has not come (`mesh.held_bytes`). A connection over
+        the first, or the largest holder while all are over the second, is
+        cut (`mesh.held_guard`). The control plane's limit is two of its
+        largest messages and a MiB; the data plane's, its receive_hwm
+        chunks, the chunk in progress and one more.
     rto_min_ms:
         The least TCP retransmission timeout of the connections this plane
         makes (Linux's per-socket TCP_RTO_MIN_US, kernel 6.15 and later;
@@ -240,6 +252,8 @@ class PlaneConfig:
     reconnect_ivl_max_ms: int = 2_000
     peer_rate_bytes_per_s: float = chunks.PEER_RATE_BYTES_PER_S
     peer_burst_bytes: float = chunks.PEER_BURST_BYTES
+    held_limit_bytes: int = 2 * CONTROL_MAX_MESSAGE_BYTES + 1024 * 1024
+    held_total_bytes: int = 24 * 1024 * 1024
     rto_min_ms: float | None = 10.0
 
     def __post_init__(self) -> None:
@@ -259,6 +273,7 @@ class PlaneConfig:
             "reconnect_ivl_max_ms": self.reconnect_ivl_max_ms,
             "peer_rate_bytes_per_s": self.peer_rate_bytes_per_s,
             "peer_burst_bytes": self.peer_burst_bytes,
+            "held_limit_bytes": self.held_limit_bytes,
         }
         for field_name, value in positive.items():
             if value <= 0:
@@ -269,6 +284,8 @@ class PlaneConfig:
             raise ValueError(f"PlaneConfig.heartbeat_ttl_ms must be <= {MAX_HEARTBEAT_TTL_MS}")
         if self.reconnect_ivl_max_ms < self.reconnect_ivl_ms:
             raise ValueError("PlaneConfig.reconnect_ivl_max_ms must be >= reconnect_ivl_ms")
+        if self.held_total_bytes < self.held_limit_bytes:
+            raise ValueError("PlaneConfig.held_total_bytes must be >= held_limit_bytes")
 
 
 DEFAULT_CONTROL_CONFIG: Final = PlaneConfig()
@@ -282,12 +299,15 @@ DEFAULT_CONTROL_CONFIG: Final = PlaneConfig()
 # hold to 4 chunks (4 MiB) before TCP back-pressure holds its sender back:
 # eight flooding keys then cost the node about 20 MiB, measured, where 16
 # let a busy reader fall 60 MiB behind; a burst past it waits in the
-# sender's queue, it is not lost.
+# sender's queue, it is not lost. So an honest connection holds at most
+# those 4 chunks and the one in progress: past 6, a peer is sending a
+# message of many frames that libzmq keeps whole (mesh/held_guard.py).
 # send_queue and receive_queue are smaller because each entry may be large.
 DEFAULT_DATA_CONFIG: Final = replace(
     DEFAULT_CONTROL_CONFIG,
     hwm=1024,
     receive_hwm=4,
+    held_limit_bytes=6 * chunks.SINGLE_MESSAGE_BYTES,
     heartbeat_ivl_ms=5_000,
     heartbeat_timeout_ms=60_000,
     heartbeat_ttl_ms=60_000,
@@ -369,6 +389,7 @@ class Plane:
         inbound: zmq.Socket[bytes],
         outbound: zmq.Socket[bytes],
         monitor: zmq.Socket[bytes],
+        inbound_monitor: zmq.Socket[bytes],
         address: str,
         max_message_bytes: int,
         drops: collections.Counter[str],
@@ -395,6 +416,11 @@ class Plane:
         self._inbound = inbound
         self._outbound = outbound
         self._monitor = monitor
+        self._inbound_monitor = inbound_monitor
+        self.held = HeldGuard(
+            name, HeldBytes(config.held_limit_bytes, config.held_total_bytes), self._drop
+        )
+        """What libzmq holds per connection that the plane never took."""
         self._peers: collections.OrderedDict[str, _Peer] = collections.OrderedDict()
         self._generation = 0
         self._outbox_send, self._outbox_receive = trio.open_memory_channel[
@@ -655,11 +681,13 @@ class Plane:
         if len(frames) < 2:  # a ROUTER always yields id + at least one frame
             self._drop("malformed")
             return
+        size = sum(len(frame) for frame in frames[1:])
+        with suppress(zmq.ZMQError):
+            self.held.took(frames[1].get(zmq.SRCFD), size, len(frames) - 1)
         peer = self._authenticated_peer(frames[1])
         if peer is None:
             self._drop("unauthenticated")
             return
-        size = sum(len(frame) for frame in frames[1:])
         if size > self.max_message_bytes:
             # libzmq's MAXMSGSIZE is per frame; this catches many frames that
             # are each under the cap but together over it.
@@ -891,6 +919,10 @@ class Plane:
         # peers simply never look "failing" and rely on the LRU and idle
         # limits instead.
         peer = self._peers.get(frames[1].bytes.decode("utf-8", errors="surrogateescape"))
+        if event == zmq.EVENT_CONNECTED:
+            self.held.opened(value)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.held.closed(value)
         if peer is None:
             return
         if event == zmq.EVENT_CONNECTED:
@@ -917,6 +949,20 @@ class Plane:
         elif event == zmq.EVENT_CONNECT_RETRIED and not peer.up and peer.down_since is None:
             peer.down_since = trio.current_time()
 
+    async def _run_inbound_monitor(self) -> None:
+        """Owner task of the inbound socket's monitor: tells the held-bytes
+        guard of each connection that opens and closes."""
+        await self._drain_forever(self._inbound_monitor, self._on_inbound_monitor_message)
+
+    async def _on_inbound_monitor_message(self, frames: list[zmq.Frame]) -> None:
+        if len(frames) != 2 or len(frames[0]) != _MONITOR_HEADER.size:
+            return
+        event, value = _MONITOR_HEADER.unpack(frames[0].bytes)
+        if event == zmq.EVENT_ACCEPTED:
+            self.held.opened(value)
+        elif event == zmq.EVENT_DISCONNECTED:
+            self.held.closed(value)
+
     # --- teardown ---------------------------------------------------------------
 
     def _close(self) -> None:
@@ -927,11 +973,13 @@ class Plane:
         self._outbox_send.close()
         self._outbox_receive.close()
         self._inbox_send.close()
-        for sock in (self._inbound, self._outbound, self._monitor):
+        monitors = (self._monitor, self._inbound_monitor)
+        for sock in (self._inbound, self._outbound, *monitors):
             trio.lowlevel.notify_closing(_int_option(sock, zmq.FD))
-        with suppress(zmq.ZMQError):
-            self._outbound.disable_monitor()
-        for sock in (self._monitor, self._outbound, self._inbound):
+        for monitored in (self._outbound, self._inbound):
+            with suppress(zmq.ZMQError):
+                monitored.disable_monitor()
+        for sock in (*monitors, self._outbound, self._inbound):
             sock.close(linger=0)
         if self._zap is not None:
             handler, domain = self._zap
@@ -953,7 +1001,7 @@ def _make_sockets(
     config: PlaneConfig,
     keys: PlaneKeys,
     zap_domain: bytes | None,
-) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes], zmq.Socket[bytes], str]:
+) -> tuple[zmq.Socket[bytes], zmq.Socket[bytes], zmq.Socket[bytes], zmq.Socket[bytes], str]:
     """Create, configure and bind; close everything again if any step fails.
     With a ZAP domain both sockets speak CURVE (inbound as the server whose
     handshakes that domain's policy admits); without one, plaintext."""
@@ -976,6 +1024,9 @@ def _make_sockets(
         inbound.setsockopt(zmq.IPV6, 1 if "[" in listen else 0)
         inbound.bind(listen)
         address = inbound.getsockopt_string(zmq.LAST_ENDPOINT)
+        inbound_monitor = inbound.get_monitor_socket(_INBOUND_EVENTS)
+        made.append(inbound_monitor)
+        inbound_monitor.setsockopt(zmq.LINGER, 0)
 
         outbound = context.socket(zmq.ROUTER)
         made.append(outbound)
@@ -1002,7 +1053,7 @@ def _make_sockets(
         for sock in reversed(made):
             sock.close(linger=0)
         raise
-    return inbound, outbound, monitor, address
+    return inbound, outbound, monitor, inbound_monitor, address
 
 
 @asynccontextmanager
@@ -1051,7 +1102,7 @@ async def open_plane(
         zap = (ZapHandler.register(context, domain, admit), domain)
     frame_limit = min(max_message_bytes, chunks.FRAME_LIMIT_BYTES if chunked else max_message_bytes)
     try:
-        inbound, outbound, monitor, address = _make_sockets(
+        inbound, outbound, monitor, inbound_monitor, address = _make_sockets(
             context, listen, frame_limit, config, keys, zap[1] if zap else None
         )
     except BaseException:
@@ -1063,6 +1114,7 @@ async def open_plane(
         inbound=inbound,
         outbound=outbound,
         monitor=monitor,
+        inbound_monitor=inbound_monitor,
         address=address,
         max_message_bytes=max_message_bytes,
         drops=drops,
@@ -1077,6 +1129,8 @@ async def open_plane(
             nursery.start_soon(plane._run_inbound, name=f"transport.{name}.inbound")
             nursery.start_soon(plane._run_outbound, name=f"transport.{name}.outbound")
             nursery.start_soon(plane._run_monitor, name=f"transport.{name}.monitor")
+            nursery.start_soon(plane._run_inbound_monitor, name=f"transport.{name}.inbound_monitor")
+            nursery.start_soon(plane.held.run, name=f"transport.{name}.held_guard")
             try:
                 yield plane
             finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import os
 import socket
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import (
     AbstractAsyncContextManager,
@@ -518,6 +519,41 @@ async def test_a_frame_over_one_chunk_drops_its_connection() -> None:
         a.send(b.address, [b"others are served"], peer=b.keys.node_id)
         with trio.fail_after(WAIT_S):
             assert (await b.receive()).frames == [b"others are served"]
+    assert not drops
+
+
+async def test_a_message_of_many_frames_is_cut_before_the_plane_holds_it_whole() -> None:
+    """libzmq keeps a message's frames until its last; 40 frames of 1 MiB,
+    each under the frame limit, make the guard cut the connection at about
+    6 MiB held. The message never arrives; others are served."""
+    drops: collections.Counter[str] = collections.Counter()
+    async with data_planes(2, drops) as (a, b):
+        b.allow_bulk(allowing(a))  # even an allowed peer may not hold that much
+        with raw_socket(zmq.DEALER, b, keys=a.keys) as raw:
+            raw.send_multipart([bytes(PIECE_BYTES)] * 40, zmq.NOBLOCK)
+            with trio.fail_after(WAIT_S):
+                while not drops["data.held_cut"]:
+                    await trio.sleep(0.01)
+        assert b.received_messages == 0 and len(b.held.ledger) < 2
+        a.send(b.address, [b"others are served"], peer=b.keys.node_id)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == [b"others are served"]
+    assert drops == collections.Counter({"data.held_cut": 1})
+
+
+async def test_a_big_message_to_a_plane_that_stalls_is_not_cut() -> None:
+    """Complete chunks that wait while the plane's thread is busy are held
+    too, but no more than the receive high-water mark lets in."""
+    drops: collections.Counter[str] = collections.Counter()
+    async with data_planes(2, drops) as (a, b):
+        b.allow_bulk(allowing(a))
+        prefill = [b"header", os.urandom(20 * PIECE_BYTES)]
+        a.send(b.address, prefill, peer=b.keys.node_id)
+        for _ in range(3):
+            time.sleep(0.2)  # the whole trio thread, guard and reader alike
+            await trio.sleep(0.01)
+        with trio.fail_after(WAIT_S):
+            assert (await b.receive()).frames == prefill
     assert not drops
 
 
