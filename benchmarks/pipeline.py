@@ -60,7 +60,9 @@ from runtime.model.sampling import SamplingParams
 from runtime.model.tiny import make_tiny_model
 
 MESSAGES = [{"role": "user", "content": "Tell me about the swarm of volunteers."}]
-TARGET_PER_HOP_MS = 1.0
+TARGET_PER_HOP_MS = 0.5
+"""Per extra hop per decode step, CURVE on (issue 31 item 5; 0.49 ms before
+the planes were encrypted)."""
 TARGET_LARGE_3HOP_RATIO = 0.9
 TARGET_REAL_3HOP_RATIO = 0.9
 """A 3-hop swarm of the real checkpoint keeps at least this share of
