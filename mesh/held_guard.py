@@ -11,7 +11,8 @@ sees the connection end, frees the half-received message, and the peer may
 reconnect, a new connection that starts from nothing. Reading every 20 ms,
 every 5 ms while anything is held (a flood fills at about 400 MB/s on
 loopback, measured), bounds what the ledger's limits let through. Where the
-kernel reports no byte counts (before Linux 4.1) the guard does nothing.
+kernel reports no byte counts (before Linux 4.1), or libzmq no source fd
+(`SRCFD` is deprecated), the guard stands down rather than guess.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def bytes_read(fd: int) -> int | None:
     kernel). The fd stays libzmq's: it is wrapped, never closed."""
     try:
         sock = socket.socket(fileno=fd)
-    except OSError:
+    except (OSError, ValueError):  # no such fd, or not a socket
         return None
     try:
         info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
@@ -72,7 +73,7 @@ def bytes_read(fd: int) -> int | None:
 def _identity(fd: int) -> _Identity | None:
     try:
         sock = socket.socket(fileno=fd)
-    except OSError:
+    except (OSError, ValueError):  # no such fd, or not a socket
         return None
     try:
         if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
@@ -89,7 +90,7 @@ def _shut_down(fd: int, identity: _Identity) -> bool:
     number libzmq closed and reused names another)."""
     try:
         sock = socket.socket(fileno=fd)
-    except OSError:
+    except (OSError, ValueError):  # no such fd, or not a socket
         return False
     try:
         if (sock.getsockname(), sock.getpeername()) != identity:
@@ -110,6 +111,8 @@ class HeldGuard:
         self.ledger = ledger
         self._drop = drop
         self._connections: dict[int, _Identity] = {}
+        self.off: str | None = None
+        """Why the guard stood down (None: it guards)."""
 
     def opened(self, fd: int) -> None:
         identity, read = _identity(fd), bytes_read(fd)
@@ -123,7 +126,16 @@ class HeldGuard:
         self.ledger.closed(fd)
 
     def took(self, fd: int, payload_bytes: int, frames: int) -> None:
+        if fd < 0:  # libzmq gave no source: every take would look held
+            self.stand_down("libzmq gives no message's source fd")
         self.ledger.took(fd, payload_bytes, frames)
+
+    def stand_down(self, why: str) -> None:
+        """Stop cutting: without every take counted, honest connections
+        would look as if they held what the plane took."""
+        if self.off is None:
+            self.off = why
+            log.warning("%s plane: no held-bytes guard: %s", self.name, why)
 
     def check(self, now: float) -> int:
         """Read every connection, cut those the ledger names; how many."""
@@ -148,7 +160,7 @@ class HeldGuard:
         return cut
 
     async def run(self) -> None:
-        while True:
+        while self.off is None:
             self.check(trio.current_time())
             busy = any(self.ledger.held(fd) > BUSY_HELD_BYTES for fd in self._connections)
             await trio.sleep(BUSY_POLL_S if busy else POLL_S)

@@ -682,8 +682,10 @@ class Plane:
             self._drop("malformed")
             return
         size = sum(len(frame) for frame in frames[1:])
-        with suppress(zmq.ZMQError):
+        try:
             self.held.took(frames[1].get(zmq.SRCFD), size, len(frames) - 1)
+        except zmq.ZMQError:
+            self.held.stand_down("libzmq has no SRCFD")
         peer = self._authenticated_peer(frames[1])
         if peer is None:
             self._drop("unauthenticated")
