@@ -104,23 +104,30 @@ class HeldBytes:
     def held_in_all(self) -> int:
         return sum(known.held for known in self._connections.values())
 
+    def largest(self) -> int:
+        """The most any one connection holds."""
+        return max((known.held for known in self._connections.values()), default=0)
+
     def to_cut(self) -> list[int]:
         """The connections to cut now: each over `limit`, then the largest
         stalled holders until the stalled rest are within `total`. They
         count as cut and leave the ledger (the driver closes them; a
         reconnection is a new connection)."""
-        connections = self._connections.items()
-        cut = [c for c, known in connections if known.held > self.limit]
-        stalled = sorted(
-            ((known.held, c) for c, known in connections if known.stalled and c not in cut),
-            reverse=True,
-        )
-        held = sum(held for held, _ in stalled)
-        for largest, connection in stalled:
-            if held <= self.total:
-                break
-            cut.append(connection)
-            held -= largest
+        cut: list[int] = []
+        stalled: list[tuple[int, int]] = []
+        held = 0  # by the stalled connections not cut already
+        for connection, known in self._connections.items():
+            if known.held > self.limit:
+                cut.append(connection)
+            elif known.stalled:
+                stalled.append((known.held, connection))
+                held += known.held
+        if held > self.total:
+            for largest, connection in sorted(stalled, reverse=True):
+                if held <= self.total:
+                    break
+                cut.append(connection)
+                held -= largest
         for connection in cut:
             self.closed(connection)
         self.cuts += len(cut)

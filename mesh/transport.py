@@ -33,7 +33,7 @@ import zmq
 
 from mesh import chunks
 from mesh.held_bytes import HeldBytes
-from mesh.held_guard import HeldGuard
+from mesh.held_guard import HeldGuard, guard
 from mesh.identity import NODE_ID_BYTES, PlaneKeys, curve_public_key
 from mesh.zap import Admit, HandshakeGate, ZapHandler
 
@@ -1071,6 +1071,7 @@ async def open_plane(
     context: zmq.Context[zmq.Socket[bytes]] | None = None,
     config: PlaneConfig | None = None,
     chunked: bool = False,
+    guarded: bool = True,
 ) -> AsyncIterator[Plane]:
     """Bind a plane on ``listen`` and run its owner tasks until the block exits.
 
@@ -1093,6 +1094,9 @@ async def open_plane(
 
     ``chunked`` makes it a data plane, with frames of one chunk at most and
     byte budgets (see :meth:`Plane.allow_bulk`, `mesh.chunks`).
+    ``guarded=False`` leaves running the plane's held-bytes guard
+    (`Plane.held`) to the caller, as `open_planes` runs both of its planes'
+    in one task.
     """
     if max_message_bytes <= 0:
         raise ValueError("max_message_bytes must be positive")
@@ -1132,7 +1136,8 @@ async def open_plane(
             nursery.start_soon(plane._run_outbound, name=f"transport.{name}.outbound")
             nursery.start_soon(plane._run_monitor, name=f"transport.{name}.monitor")
             nursery.start_soon(plane._run_inbound_monitor, name=f"transport.{name}.inbound_monitor")
-            nursery.start_soon(plane.held.run, name=f"transport.{name}.held_guard")
+            if guarded:
+                nursery.start_soon(guard, plane.held, name=f"transport.{name}.held_guard")
             try:
                 yield plane
             finally:
@@ -1173,6 +1178,7 @@ async def open_planes(
             admit=admit,
             context=context,
             config=control_config or DEFAULT_CONTROL_CONFIG,
+            guarded=False,
         ) as control,
         open_plane(
             data_listen,
@@ -1185,6 +1191,12 @@ async def open_planes(
             context=context,
             config=data_config or DEFAULT_DATA_CONFIG,
             chunked=True,
+            guarded=False,
         ) as data,
+        trio.open_nursery() as nursery,
     ):
-        yield control, data
+        nursery.start_soon(guard, control.held, data.held, name="transport.held_guard")
+        try:
+            yield control, data
+        finally:
+            nursery.cancel_scope.cancel()

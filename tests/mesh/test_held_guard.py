@@ -76,7 +76,7 @@ def test_a_number_that_now_names_another_connection_is_not_cut() -> None:
     drops: collections.Counter[str] = collections.Counter()
     held = guard(drops)
     with connection() as (reused, sender):
-        held._connections[reused.fileno()] = (("127.0.0.1", 1), ("127.0.0.1", 2))
+        held._connections[reused.fileno()] = (socket.AF_INET, ("127.0.0.1", 1), ("127.0.0.1", 2))
         held.ledger.opened(reused.fileno(), 0)
         pour(sender, reused, 2 * MIB)
         assert held.check(now=0.0) == 0
