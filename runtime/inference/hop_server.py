@@ -377,6 +377,12 @@ class HopServer:
         self._sessions: dict[str, _Session] = {}
         # One forward at a time on this shard's device (see the module docstring).
         self._compute = trio.CapacityLimiter(1)
+        # One prefill (or replay, or spot check's step) at a time takes its
+        # turn at the shard: the batcher waits behind at most one of their
+        # forwards, however many prompts arrive at once (the limiter is
+        # first come, first served, so with one turn each, 15 prompts put 15
+        # chunks ahead of every decode batch).
+        self._prefill_turn = trio.CapacityLimiter(1)
         # Decode steps waiting for the busy shard, and the batcher's wake-up.
         self._decodes: DecodeQueue[str, _Row] = DecodeQueue()
         self._wake = trio.Event()
@@ -735,11 +741,18 @@ class HopServer:
 
     async def _queued_step(self, session: _Session, work: _Step) -> _Result:
         """Run a step that waited: a decode step in the batcher's next batch;
-        a prefill, a replay or a spot check's step alone, a prefill in a
-        worker thread, in chunks when it is long."""
+        a prefill, a replay or a spot check's step alone, in its turn (one
+        such step at a time: `_prefill_turn`), a prefill in a worker
+        thread, in chunks when it is long."""
         tokens = work.inputs.shape[0]
         if tokens == 1 and session.check is None:
             return await self._in_batch(session, work)
+        async with self._prefill_turn:
+            return await self._solo_step(session, work)
+
+    async def _solo_step(self, session: _Session, work: _Step) -> _Result:
+        """A step that does not batch, in its prefill turn (see `_queued_step`)."""
+        tokens = work.inputs.shape[0]
         if tokens <= INLINE_MAX_TOKENS:
             async with self._compute:
                 return self._compute_step(session, work)
