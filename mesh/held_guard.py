@@ -10,7 +10,9 @@ names is shut down under libzmq (`shutdown(2)` on the same socket): libzmq
 sees the connection end, frees the half-received message, and the peer may
 reconnect, a new connection that starts from nothing. Reading every 20 ms,
 every 5 ms while anything is held (a flood fills at about 400 MB/s on
-loopback, measured), bounds what the ledger's limits let through. Where the
+loopback, measured), bounds what the ledger's limits let through. Between
+readings nothing is read while libzmq's I/O threads have hardly run (their
+CPU time, `IoThreads`): no connection can have brought much in. Where the
 kernel reports no byte counts (before Linux 4.1), or libzmq no source fd
 (`SRCFD` is deprecated), the guard stands down rather than guess.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import fcntl
 import logging
+import os
 import socket
 import struct
 import termios
@@ -39,6 +42,14 @@ connection, and at most what a flood reads in 20 ms before it is seen."""
 BUSY_POLL_S: Final = 0.005
 """Between readings while some connection holds more than `BUSY_HELD_BYTES`."""
 BUSY_HELD_BYTES: Final = 256 * 1024
+IO_QUIET_NS: Final = 50_000
+"""libzmq's I/O threads' CPU time between two readings under which nothing
+is read: 50 us decrypts and frames about 50 KiB, far below any limit (an
+idle node's heartbeats and gossip take a few us). A flood of any size
+costs more, and is read within one interval."""
+FULL_READING_S: Final = 1.0
+"""Every connection is read at least this often even when the I/O threads
+were quiet: closed connections leave, and what is held decays."""
 
 _TCP_INFO_BYTES: Final = 136
 _BYTES_RECEIVED: Final = struct.Struct("=Q")
@@ -107,6 +118,40 @@ def _shut_down(fd: int, identity: _Identity) -> bool:
     return True
 
 
+class IoThreads:
+    """CPU time so far of libzmq's I/O threads in this process (named
+    `ZMQbg/IO/<n>` by libzmq on Linux), from their `schedstat`; None where
+    there is no such thread or file (then every interval reads)."""
+
+    def __init__(self) -> None:
+        self._files: list[int] = []
+        try:
+            tasks = os.listdir("/proc/self/task")
+        except OSError:
+            return
+        for task in tasks:
+            try:
+                with open(f"/proc/self/task/{task}/comm") as comm:
+                    if not comm.read().startswith("ZMQbg/IO/"):
+                        continue
+                self._files.append(os.open(f"/proc/self/task/{task}/schedstat", os.O_RDONLY))
+            except OSError:
+                continue
+
+    def cpu_ns(self) -> int | None:
+        if not self._files:
+            return None
+        try:
+            return sum(int(os.pread(fd, 64, 0).split()[0]) for fd in self._files)
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def close(self) -> None:
+        for fd in self._files:
+            os.close(fd)
+        self._files = []
+
+
 class HeldGuard:
     """One plane's guard: the ledger, the connections' identities, the task."""
 
@@ -170,12 +215,22 @@ class HeldGuard:
 
 async def guard(*guards: HeldGuard) -> None:
     """Run ``guards`` (a node's two planes') in one task, so that a node
-    wakes once per reading, not once per plane: an idle node's guard costs
-    about 0.3% of a core (measured with ten connections a plane)."""
-    while guarding := [held for held in guards if held.off is None]:
-        now = trio.current_time()
-        busy = False
-        for held in guarding:
-            held.check(now)
-            busy = busy or held.busy()
-        await trio.sleep(BUSY_POLL_S if busy else POLL_S)
+    wakes once per interval, not once per plane, and reads its connections
+    only when libzmq's I/O threads ran (`IO_QUIET_NS`), something is held,
+    or `FULL_READING_S` passed."""
+    io = IoThreads()
+    try:
+        busy, io_ns, full_at = True, io.cpu_ns(), trio.current_time()
+        while guarding := [held for held in guards if held.off is None]:
+            await trio.sleep(BUSY_POLL_S if busy else POLL_S)
+            now, was = trio.current_time(), io_ns
+            io_ns = io.cpu_ns()
+            quiet = io_ns is not None and was is not None and io_ns - was < IO_QUIET_NS
+            if quiet and not busy and now - full_at < FULL_READING_S:
+                continue
+            full_at, busy = now, False
+            for held in guarding:
+                held.check(now)
+                busy = busy or held.busy()
+    finally:
+        io.close()

@@ -9,8 +9,10 @@ import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+import zmq
+
 from mesh.held_bytes import HeldBytes
-from mesh.held_guard import HeldGuard, bytes_read
+from mesh.held_guard import HeldGuard, IoThreads, bytes_read
 
 MIB = 1024 * 1024
 
@@ -89,3 +91,28 @@ def test_a_take_with_no_source_stands_the_guard_down() -> None:
     held = guard(collections.Counter())
     held.took(-1, 100, frames=1)
     assert held.off is not None
+
+
+def test_the_io_threads_cpu_time_grows_with_what_they_read() -> None:
+    """The tripwire between readings: libzmq's I/O threads of this process
+    are found by name, and their CPU time grows when they move bytes."""
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    io = IoThreads()
+    try:
+        port = pull.bind_to_random_port("tcp://127.0.0.1")
+        push.connect(f"tcp://127.0.0.1:{port}")
+        io.close()
+        io = IoThreads()  # the context's threads exist once it has a socket
+        before = io.cpu_ns()
+        assert before is not None
+        for _ in range(20):
+            push.send(bytes(MIB))
+            pull.recv()
+        after = io.cpu_ns()
+        assert after is not None and after - before > 50_000
+    finally:
+        io.close()
+        for sock in (pull, push):
+            sock.close(linger=0)
+        context.term()
