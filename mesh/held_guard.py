@@ -10,11 +10,11 @@ names is shut down under libzmq (`shutdown(2)` on the same socket): libzmq
 sees the connection end, frees the half-received message, and the peer may
 reconnect, a new connection that starts from nothing. Reading every 20 ms,
 every 5 ms while anything is held (a flood fills at about 400 MB/s on
-loopback, measured), bounds what the ledger's limits let through. Between
-readings nothing is read while libzmq's I/O threads have hardly run (their
-CPU time, `IoThreads`): no connection can have brought much in. Where the
-kernel reports no byte counts (before Linux 4.1), or libzmq no source fd
-(`SRCFD` is deprecated), the guard stands down rather than guess.
+loopback, measured), bounds what the ledger's limits let through. An
+interval in which libzmq's I/O threads hardly ran (their CPU time,
+`IoThreads`) skips its reading: no connection can have brought much in.
+Where the kernel reports no byte counts (before Linux 4.1), or libzmq no
+source fd (`SRCFD` is deprecated), the guard stands down rather than guess.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import trio
 
 from mesh.held_bytes import HeldBytes
 
-__all__ = ["BUSY_POLL_S", "POLL_S", "HeldGuard", "bytes_read", "guard"]
+__all__ = ["BUSY_POLL_S", "POLL_S", "HeldGuard", "IoThreads", "bytes_read", "guard"]
 
 log = logging.getLogger(__name__)
 
