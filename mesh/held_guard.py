@@ -121,10 +121,17 @@ def _shut_down(fd: int, identity: _Identity) -> bool:
 class IoThreads:
     """CPU time so far of libzmq's I/O threads in this process (named
     `ZMQbg/IO/<n>` by libzmq on Linux), from their `schedstat`; None where
-    there is no such thread or file (then every interval reads)."""
+    there is no such thread or file (then every interval reads). A thread
+    names itself once it runs, so `find` is worth repeating while none is
+    found."""
 
     def __init__(self) -> None:
         self._files: list[int] = []
+        self.find()
+
+    def find(self) -> None:
+        """Look for the threads (again)."""
+        self.close()
         try:
             tasks = os.listdir("/proc/self/task")
         except OSError:
@@ -229,6 +236,8 @@ async def guard(*guards: HeldGuard) -> None:
             if quiet and not busy and now - full_at < FULL_READING_S:
                 continue
             full_at, busy = now, False
+            if io_ns is None:
+                io.find()
             for held in guarding:
                 held.check(now)
                 busy = busy or held.busy()

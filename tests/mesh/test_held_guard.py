@@ -102,8 +102,9 @@ def test_the_io_threads_cpu_time_grows_with_what_they_read() -> None:
     try:
         port = pull.bind_to_random_port("tcp://127.0.0.1")
         push.connect(f"tcp://127.0.0.1:{port}")
-        io.close()
-        io = IoThreads()  # the context's threads exist once it has a socket
+        push.send(b"once")  # a round trip: the I/O thread runs, and has named itself
+        pull.recv()
+        io.find()
         before = io.cpu_ns()
         assert before is not None
         for _ in range(20):
