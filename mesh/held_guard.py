@@ -25,7 +25,8 @@ import os
 import socket
 import struct
 import termios
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Final
 
 import trio
@@ -60,25 +61,37 @@ _INT: Final = struct.Struct("=i")
 _Identity = tuple[int, object, object]  # (family, our address, the peer's) of a TCP connection
 
 
-def bytes_read(fd: int, family: int | None = None) -> int | None:
-    """How many bytes the process has read off TCP socket `fd` so far;
-    None if `fd` is no TCP socket with byte counts (closed, reused, old
-    kernel). The fd stays libzmq's: it is wrapped, never closed. Naming
-    its `family` spares the wrapper asking the kernel."""
+@contextmanager
+def _borrowed(fd: int, family: int | None = None) -> Iterator[socket.socket | None]:
+    """libzmq's socket `fd` wrapped for a moment (None: no such socket),
+    and let go again, never closed. Naming its `family` spares the
+    wrapper asking the kernel."""
     try:
         if family is None:
             sock = socket.socket(fileno=fd)
         else:
             sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP, fd)
     except (OSError, ValueError):  # no such fd, or not a socket
-        return None
+        yield None
+        return
     try:
-        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
-        (unread,) = _INT.unpack(fcntl.ioctl(fd, termios.FIONREAD, bytes(_INT.size)))
-    except OSError:
-        return None
+        yield sock
     finally:
         sock.detach()
+
+
+def bytes_read(fd: int, family: int | None = None) -> int | None:
+    """How many bytes the process has read off TCP socket `fd` so far;
+    None if `fd` is no TCP socket with byte counts (closed, reused, old
+    kernel)."""
+    with _borrowed(fd, family) as sock:
+        if sock is None:
+            return None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+            (unread,) = _INT.unpack(fcntl.ioctl(fd, termios.FIONREAD, bytes(_INT.size)))
+        except OSError:
+            return None
     if len(info) < _BYTES_RECEIVED_AT + _BYTES_RECEIVED.size:
         return None
     (received,) = _BYTES_RECEIVED.unpack_from(info, _BYTES_RECEIVED_AT)
@@ -86,35 +99,29 @@ def bytes_read(fd: int, family: int | None = None) -> int | None:
 
 
 def _identity(fd: int) -> _Identity | None:
-    try:
-        sock = socket.socket(fileno=fd)
-    except (OSError, ValueError):  # no such fd, or not a socket
-        return None
-    try:
-        if sock.type != socket.SOCK_STREAM or sock.family not in (socket.AF_INET, socket.AF_INET6):
+    with _borrowed(fd) as sock:
+        if sock is None or sock.type != socket.SOCK_STREAM:
             return None
-        return sock.family, sock.getsockname(), sock.getpeername()
-    except OSError:
-        return None
-    finally:
-        sock.detach()
+        if sock.family not in (socket.AF_INET, socket.AF_INET6):
+            return None
+        try:
+            return sock.family, sock.getsockname(), sock.getpeername()
+        except OSError:
+            return None
 
 
 def _shut_down(fd: int, identity: _Identity) -> bool:
     """Shut `fd`'s connection down, if `fd` is still that connection (a
     number libzmq closed and reused names another)."""
-    try:
-        sock = socket.socket(fileno=fd)
-    except (OSError, ValueError):  # no such fd, or not a socket
+    if _identity(fd) != identity:
         return False
-    try:
-        if (sock.family, sock.getsockname(), sock.getpeername()) != identity:
+    with _borrowed(fd, identity[0]) as sock:
+        if sock is None:
             return False
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        return False
-    finally:
-        sock.detach()
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            return False
     return True
 
 
@@ -171,7 +178,8 @@ class HeldGuard:
         """Why the guard stood down (None: it guards)."""
 
     def opened(self, fd: int) -> None:
-        identity, read = _identity(fd), bytes_read(fd)
+        identity = _identity(fd)
+        read = None if identity is None else bytes_read(fd, identity[0])
         if identity is None or read is None:
             return
         self._connections[fd] = identity

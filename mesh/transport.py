@@ -220,8 +220,8 @@ class PlaneConfig:
         The most one connection, and all of them together, may make libzmq
         hold of what the plane has not taken: unread messages and a message
         whose last frame has not come (`mesh.held_bytes`). A connection over
-        the first, or the largest holder while all are over the second, is
-        cut (`mesh.held_guard`). The control plane's limit is two of its
+        the first, or the largest stalled holder while the stalled ones hold
+        more than the second, is cut (`mesh.held_guard`). The control plane's limit is two of its
         largest messages and a MiB; the data plane's, its receive_hwm
         chunks, the chunk in progress and one more.
     rto_min_ms:
@@ -921,10 +921,7 @@ class Plane:
         # peers simply never look "failing" and rely on the LRU and idle
         # limits instead.
         peer = self._peers.get(frames[1].bytes.decode("utf-8", errors="surrogateescape"))
-        if event == zmq.EVENT_CONNECTED:
-            self.held.opened(value)
-        elif event == zmq.EVENT_DISCONNECTED:
-            self.held.closed(value)
+        self._note_connection(event, value)
         if peer is None:
             return
         if event == zmq.EVENT_CONNECTED:
@@ -959,11 +956,15 @@ class Plane:
     async def _on_inbound_monitor_message(self, frames: list[zmq.Frame]) -> None:
         if len(frames) != 2 or len(frames[0]) != _MONITOR_HEADER.size:
             return
-        event, value = _MONITOR_HEADER.unpack(frames[0].bytes)
-        if event == zmq.EVENT_ACCEPTED:
-            self.held.opened(value)
+        self._note_connection(*_MONITOR_HEADER.unpack(frames[0].bytes))
+
+    def _note_connection(self, event: int, fd: int) -> None:
+        """Tell the held-bytes guard of a connection libzmq opened (either
+        socket's monitor) or closed."""
+        if event in (zmq.EVENT_ACCEPTED, zmq.EVENT_CONNECTED):
+            self.held.opened(fd)
         elif event == zmq.EVENT_DISCONNECTED:
-            self.held.closed(value)
+            self.held.closed(fd)
 
     # --- teardown ---------------------------------------------------------------
 
